@@ -1,0 +1,152 @@
+"""The compare-and-swap commit loop shared by every engine.
+
+Each attempt re-observes the branch head's ledger and lets the pure core decide
+(:func:`ingest.core.commit.decide`). A conflict or an unknown outcome never retries the same
+append blindly: it loops to the next observation, which settles whether the batch landed,
+must be committed again, or was fenced by another writer. Attempts are bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from ingest.iceberg import DataFile
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from ingest.core.commit import Decision, dead_letter_step, decide
+from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, encode, find_ledger, register
+from ingest.core.ledger import registered_pipelines
+from ingest.core.plan import Batch
+from ingest.errors import CommitGaveUp, LedgerLost
+from ingest.iceberg import CommitConflict, CommitUnknown, IcebergTable
+
+log = logging.getLogger(__name__)
+
+
+class _Again(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: Decision
+    snapshot_id: int | None
+
+
+def observe(table: IcebergTable, pipeline: str) -> Found | None:
+    """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger."""
+    head = table.refresh()
+    found = find_ledger(pipeline, table.ancestry())
+    if found is None and pipeline in registered_pipelines(head.properties):
+        raise LedgerLost(pipeline, table.identifier)
+    return found
+
+
+def _retrying(max_attempts: int) -> Retrying:
+    return Retrying(
+        stop=stop_after_attempt(max_attempts),
+        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        retry=retry_if_exception_type(_Again),
+        reraise=True,
+    )
+
+
+def _attempt(table: IcebergTable, write: Callable[[], int]) -> int:
+    try:
+        return write()
+    except CommitConflict as error:
+        log.info("commit to %s conflicted (%s); observing again", table.identifier, error)
+        raise _Again() from None
+    except CommitUnknown as error:
+        log.warning("commit to %s has an unknown outcome (%s); observing again", table.identifier, error)
+        raise _Again() from None
+
+
+def commit_rows(
+    table: IcebergTable,
+    pipeline: str,
+    batch: Batch,
+    ledger: Ledger,
+    files: Sequence[DataFile],
+    counts: BatchCounts,
+    max_attempts: int,
+) -> Outcome:
+    """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once."""
+    summary = encode(pipeline, ledger, counts)
+    try:
+        for attempt in _retrying(max_attempts):
+            with attempt:
+                found = observe(table, pipeline)
+                decision = decide(found.ledger if found else None, batch)
+                if decision is not Decision.COMMIT:
+                    return Outcome(decision, found.snapshot_id if found else None)
+                props = register(table.head().properties, pipeline)
+                snapshot_id = _attempt(table, lambda: table.try_commit(files, summary, props))
+                return Outcome(Decision.COMMIT, snapshot_id)
+    except _Again:
+        pass
+    raise CommitGaveUp(
+        f"batch {batch.number} of {pipeline!r}: the commit to {table.identifier} did not settle after "
+        f"{max_attempts} attempts (catalog contention or errors). Nothing was duplicated; run again."
+    )
+
+
+def commit_dead_letters(
+    table: IcebergTable,
+    pipeline: str,
+    batch: Batch,
+    dead_letters: pa.Table,
+    max_attempts: int,
+) -> int:
+    """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
+
+    Runs before the rows commit. The dead-letter ledger is a floor below which every dead letter
+    is already in the table (see :class:`ingest.core.commit.DeadLetterStep`), so a re-run after a
+    crash between the two commits, or a concurrent copy, adds nothing twice.
+    """
+    if dead_letters.num_rows == 0:
+        return 0
+    written_for: tuple[dict[TopicPartition, int], list[DataFile], int] | None = None
+    try:
+        for attempt in _retrying(max_attempts):
+            with attempt:
+                found = observe(table, pipeline)
+                step = dead_letter_step(found.ledger if found else None, batch)
+                if written_for is None or written_for[0] != step.floor:
+                    kept = _above_floor(dead_letters, step.floor)
+                    written_for = (dict(step.floor), table.write(kept), kept.num_rows)
+                floor, files, count = written_for
+                if count == 0:
+                    return 0
+                ledger = Ledger(
+                    batch=(found.ledger.batch + 1) if found else 1,
+                    offsets=step.new_floor,
+                    start_offsets=batch.start,
+                    cluster_id=batch.cluster_id,
+                )
+                summary = encode(pipeline, ledger, BatchCounts(dead_letters=count))
+                props = register(table.head().properties, pipeline)
+                _attempt(table, lambda: table.try_commit(files, summary, props))
+                return count
+    except _Again:
+        pass
+    raise CommitGaveUp(
+        f"batch {batch.number} of {pipeline!r}: the dead-letter commit to {table.identifier} did not settle "
+        f"after {max_attempts} attempts. Nothing was duplicated; run again."
+    )
+
+
+def _above_floor(dead_letters: pa.Table, floor: dict[TopicPartition, int]) -> pa.Table:
+    if not floor:
+        return dead_letters
+    keep = None
+    for tp, offset in floor.items():
+        mine = pc.and_(pc.equal(dead_letters["topic"], tp.topic), pc.equal(dead_letters["partition"], tp.partition))
+        below = pc.and_(mine, pc.less(dead_letters["offset"], offset))
+        keep = below if keep is None else pc.or_(keep, below)
+    assert keep is not None
+    return dead_letters.filter(pc.invert(keep))

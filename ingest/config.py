@@ -1,0 +1,247 @@
+"""Pipeline configuration: a YAML file validated by pydantic, with ``${ENV_VAR}`` interpolation.
+
+Every validation error is reported as a :class:`~ingest.errors.ConfigError` naming the key
+(``batch.max_records: ...``) so the user can fix the file without reading code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ingest.errors import ConfigError
+
+PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+TYPE_NAME = re.compile(
+    r"^(boolean|int|long|float|double|date|timestamp|timestamptz|string|decimal\(\s*\d+\s*,\s*\d+\s*\))$"
+)
+TRANSFORM = re.compile(
+    r"^(?:(?P<fn>identity|year|month|day|hour|bucket|truncate)\((?:(?P<n>\d+)\s*,\s*)?(?P<col>\w+)\)|(?P<bare>\w+))$"
+)
+ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas")
+RESERVED_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class FieldSpec(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    type: str
+    required: bool = False
+    doc: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        normalized = value.strip().lower()
+        if not TYPE_NAME.match(normalized):
+            raise ValueError(
+                f"unknown Iceberg type {value!r}; use one of boolean, int, long, float, double, "
+                "decimal(P,S), date, timestamp, timestamptz, string"
+            )
+        return re.sub(r"\s+", "", normalized)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_COLUMNS:
+            raise ValueError(f"{value!r} is a column the pipeline adds itself; rename the field")
+        return value
+
+
+class BatchSpec(_Strict):
+    max_records: Annotated[int, Field(gt=0)] = 500_000
+    #: records decoded and written together; bounds memory independently of the batch size
+    chunk_records: Annotated[int, Field(gt=0)] = 200_000
+    #: seconds without progress from Kafka before the batch gives up (retryable)
+    read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+
+
+class CommitSpec(_Strict):
+    max_attempts: Annotated[int, Field(gt=0, le=100)] = 8
+    #: how often a fenced batch is planned again within one run before giving up (retryable)
+    max_replans: Annotated[int, Field(ge=0, le=100)] = 3
+
+
+class PipelineConfig(_Strict):
+    pipeline: str
+    kafka: dict[str, str | int | float | bool]
+    topics: Annotated[list[str], Field(min_length=1)]
+    start: Literal["earliest", "latest"] = "earliest"
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    catalog: dict[str, str]
+    table: str
+    schema_: Annotated[list[FieldSpec], Field(alias="schema", min_length=1)]
+    partition_by: list[str] = []
+    dead_letter_table: str | None = None
+    batch: BatchSpec = BatchSpec()
+    commit: CommitSpec = CommitSpec()
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_id(cls, value: str) -> str:
+        if not PIPELINE_ID.match(value):
+            raise ValueError(
+                "must be a stable id of letters, digits, '_' and '-' (it scopes the ledger keys "
+                "'ingest.<pipeline>.*'), never a run id or host name"
+            )
+        return value
+
+    @field_validator("table", "dead_letter_table")
+    @classmethod
+    def _table_id(cls, value: str | None) -> str | None:
+        if value is not None and not TABLE_ID.match(value):
+            raise ValueError("must be 'namespace.table'")
+        return value
+
+    @field_validator("kafka")
+    @classmethod
+    def _bootstrap(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "bootstrap.servers" not in value:
+            raise ValueError("needs 'bootstrap.servers' (librdkafka properties are passed through)")
+        for managed in ("enable.auto.commit", "auto.offset.reset", "isolation.level"):
+            if managed in value:
+                raise ValueError(f"{managed!r} is set by the pipeline for exactly-once reads; remove it")
+        return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog(cls, value: dict[str, str]) -> dict[str, str]:
+        if "name" not in value:
+            raise ValueError("needs 'name' (the rest are pyiceberg catalog properties)")
+        return value
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not TRANSFORM.match(item.replace(" ", "")):
+                raise ValueError(
+                    f"{item!r} is not a partition transform; use col, identity(col), year(col), month(col), "
+                    "day(col), hour(col), bucket(N, col) or truncate(W, col)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        names = [f.name for f in self.schema_]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"schema: duplicate field names {dupes}")
+        for item in self.partition_by:
+            match = TRANSFORM.match(item.replace(" ", ""))
+            column = match and (match.group("col") or match.group("bare"))
+            if column not in names:
+                raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
+        if self.dead_letter_table == self.table:
+            raise ValueError("dead_letter_table must differ from table")
+        return self
+
+    @property
+    def dead_letters(self) -> str:
+        return self.dead_letter_table or f"{self.table}_dead_letter"
+
+    @property
+    def group_id(self) -> str:
+        """Consumer group for the advisory offset commit (lag dashboards); never read back."""
+        return str(self.kafka.get("group.id", f"ingest-{self.pipeline}"))
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict, with credentials masked, for display."""
+        data = self.model_dump(by_alias=True)
+        for section in ("kafka", "catalog"):
+            data[section] = {
+                k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in data[section].items()
+            }
+        return data
+
+
+def interpolate(text: str, env: dict[str, str] | None = None) -> str:
+    """Replace ``${NAME}`` and ``${NAME:-default}``; an unset variable without default is an error."""
+    env = dict(os.environ) if env is None else env
+    missing: list[str] = []
+
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group("name"), match.group("default")
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        missing.append(name)
+        return ""
+
+    result = ENV_REF.sub(sub, text)
+    if missing:
+        raise ConfigError(f"environment variable(s) {', '.join(sorted(set(missing)))} referenced but not set")
+    return result
+
+
+def _interpolate_values(data: Any, env: dict[str, str] | None) -> Any:
+    """Interpolate inside string values only (never keys or comments)."""
+    if isinstance(data, str):
+        return interpolate(data, env)
+    if isinstance(data, dict):
+        return {k: _interpolate_values(v, env) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_interpolate_values(v, env) for v in data]
+    return data
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative warehouse and SQLite paths are relative to the config file's directory."""
+    catalog = data.get("catalog")
+    if not isinstance(catalog, dict):
+        return
+    warehouse = catalog.get("warehouse")
+    if isinstance(warehouse, str) and "://" not in warehouse:
+        catalog["warehouse"] = (base / warehouse).resolve().as_uri()
+    uri = catalog.get("uri")
+    prefix = "sqlite:///"
+    if isinstance(uri, str) and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        catalog["uri"] = prefix + str((base / uri[len(prefix) :]).resolve())
+
+
+def _format(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see conf/orders.yaml for the keys)"
+        elif item["type"] == "missing":
+            message = "required key is missing"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def parse(data: Any, source: str = "<config>") -> PipelineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys at the top level")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(f"{source} is invalid:\n{_format(error)}") from None
+
+
+def load(path: str | Path, env: dict[str, str] | None = None) -> PipelineConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    try:
+        data = _interpolate_values(yaml.safe_load(text), env)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if isinstance(data, dict):
+        _resolve_paths(data, path.resolve().parent)
+    return parse(data, str(path))

@@ -1,0 +1,70 @@
+"""The commit decision: compare-and-swap on the ledger.
+
+Before every commit attempt the adapter re-reads the branch head's ledger (``observed``) and asks
+:func:`decide` what to do. A conflict or an unknown outcome (timeout, 5xx, a lost acknowledgement)
+is never retried blindly: the next observation settles it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from ingest.core.ledger import Ledger, TopicPartition
+from ingest.core.plan import Batch
+
+
+class Decision(Enum):
+    #: the head still carries the ledger this batch was planned from: commit, requiring that head
+    COMMIT = "commit"
+    #: the head carries exactly this batch's end ledger: an earlier attempt (or an identical
+    #: concurrent copy) landed and its acknowledgement was lost; nothing to do
+    LANDED = "landed"
+    #: another writer advanced the ledger elsewhere: this batch's files are orphans; plan again
+    FENCED = "fenced"
+
+
+def _same(a: Ledger | None, batch_number: int | None, offsets: Mapping[TopicPartition, int] | None) -> bool:
+    if a is None or offsets is None:
+        return a is None and offsets is None
+    return a.batch == batch_number and dict(a.offsets) == dict(offsets)
+
+
+def decide(observed: Ledger | None, batch: Batch) -> Decision:
+    base_number = batch.base.batch if batch.base is not None else None
+    base_offsets = batch.base.offsets if batch.base is not None else None
+    if _same(observed, base_number, base_offsets):
+        return Decision.COMMIT
+    if _same(observed, batch.number, batch.end):
+        return Decision.LANDED
+    return Decision.FENCED
+
+
+@dataclass(frozen=True)
+class DeadLetterStep:
+    """How a batch's dead letters go into the dead-letter table, given that table's own ledger.
+
+    The dead-letter ledger ``floor`` means: every dead letter at an offset below ``floor[tp]`` is in
+    the dead-letter table exactly once. A batch adds only its dead letters at or above the floor
+    and moves the floor to ``max(floor, end)``; re-running a batch after a crash between the two
+    table commits (or an identical concurrent copy) therefore adds nothing twice, in any order.
+    """
+
+    floor: Mapping[TopicPartition, int]
+    new_floor: Mapping[TopicPartition, int]
+
+    def keeps(self, tp: TopicPartition, offset: int) -> bool:
+        return offset >= self.floor.get(tp, -1)
+
+    @property
+    def moves(self) -> bool:
+        return dict(self.new_floor) != dict(self.floor)
+
+
+def dead_letter_step(floor: Ledger | None, batch: Batch) -> DeadLetterStep:
+    current = dict(floor.offsets) if floor is not None else {}
+    new_floor = dict(current)
+    for tp, end in batch.end.items():
+        new_floor[tp] = max(current.get(tp, end), end)
+    return DeadLetterStep(floor=current, new_floor=new_floor)

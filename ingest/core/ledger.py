@@ -1,0 +1,183 @@
+"""The ledger: per topic-partition, the **next offset to read** (last consumed + 1).
+
+Every range in this project is half-open, ``[start, end)``; an offset stored anywhere means "the next
+offset to read". The ledger travels in Iceberg snapshot summaries under keys scoped by the pipeline
+id (``ingest.<pipeline>.*``); this module is its codec and the ancestry lookup, with no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+FORMAT_VERSION = 1
+REGISTRY_PROPERTY = "ingest.pipelines"
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+Offsets = Mapping[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class LostRange:
+    """Offsets ``[start, end)`` of a partition that retention deleted before they were read."""
+
+    tp: TopicPartition
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What one pipeline had committed as of one snapshot."""
+
+    batch: int
+    offsets: Mapping[TopicPartition, int]
+    start_offsets: Mapping[TopicPartition, int] = field(default_factory=dict)
+    cluster_id: str | None = None
+    #: newest committed record timestamp per partition (ms since epoch), carried across batches
+    timestamps: Mapping[TopicPartition, int] = field(default_factory=dict)
+    lost: tuple[LostRange, ...] = ()
+
+    @property
+    def valid_through(self) -> int | None:
+        """Min over partitions of the newest committed record timestamp: all data up to it is in."""
+        return min(self.timestamps.values()) if self.timestamps else None
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    records: int = 0
+    dead_letters: int = 0
+    bytes: int = 0
+
+
+def _key(pipeline: str, name: str) -> str:
+    return f"ingest.{pipeline}.{name}"
+
+
+def _encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        nested.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
+    return json.dumps(nested, separators=(",", ":"), sort_keys=True)
+
+
+def _decode_offsets(text: str) -> dict[TopicPartition, int]:
+    nested = json.loads(text)
+    return {
+        TopicPartition(topic, int(partition)): int(offset)
+        for topic, partitions in nested.items()
+        for partition, offset in partitions.items()
+    }
+
+
+def encode(pipeline: str, ledger: Ledger, counts: BatchCounts) -> dict[str, str]:
+    """Snapshot summary properties carrying the full ledger (every partition, idle ones too)."""
+    props = {
+        _key(pipeline, "format"): str(FORMAT_VERSION),
+        _key(pipeline, "batch"): str(ledger.batch),
+        _key(pipeline, "offsets"): _encode_offsets(ledger.offsets),
+        _key(pipeline, "start-offsets"): _encode_offsets(ledger.start_offsets),
+        _key(pipeline, "timestamps"): _encode_offsets(ledger.timestamps),
+        _key(pipeline, "records"): str(counts.records),
+        _key(pipeline, "dead-letters"): str(counts.dead_letters),
+        _key(pipeline, "bytes"): str(counts.bytes),
+    }
+    if ledger.cluster_id is not None:
+        props[_key(pipeline, "kafka-cluster")] = ledger.cluster_id
+    if ledger.valid_through is not None:
+        props[_key(pipeline, "valid-through")] = str(ledger.valid_through)
+    if ledger.lost:
+        props[_key(pipeline, "lost-ranges")] = json.dumps(
+            [[r.tp.topic, r.tp.partition, r.start, r.end] for r in ledger.lost], separators=(",", ":")
+        )
+    return props
+
+
+class LedgerFormatError(ValueError):
+    """A summary carries this pipeline's keys in a form this version cannot read."""
+
+
+def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
+    """The ledger in one snapshot summary, or None if the snapshot is not this pipeline's."""
+    offsets = summary.get(_key(pipeline, "offsets"))
+    if offsets is None:
+        return None
+    version = int(summary.get(_key(pipeline, "format"), "1"))
+    if version != FORMAT_VERSION:
+        raise LedgerFormatError(
+            f"snapshot summary has ledger format {version} for pipeline {pipeline!r}; this version of "
+            f"lakehouse-ingest reads format {FORMAT_VERSION}. Upgrade lakehouse-ingest."
+        )
+    lost_text = summary.get(_key(pipeline, "lost-ranges"))
+    lost = tuple(
+        LostRange(TopicPartition(t, int(p)), int(s), int(e)) for t, p, s, e in json.loads(lost_text or "[]")
+    )
+    return Ledger(
+        batch=int(summary[_key(pipeline, "batch")]),
+        offsets=_decode_offsets(offsets),
+        start_offsets=_decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}")),
+        cluster_id=summary.get(_key(pipeline, "kafka-cluster")),
+        timestamps=_decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
+        lost=lost,
+    )
+
+
+def decode_counts(pipeline: str, summary: Mapping[str, str]) -> BatchCounts:
+    return BatchCounts(
+        records=int(summary.get(_key(pipeline, "records"), "0")),
+        dead_letters=int(summary.get(_key(pipeline, "dead-letters"), "0")),
+        bytes=int(summary.get(_key(pipeline, "bytes"), "0")),
+    )
+
+
+@dataclass(frozen=True)
+class SnapshotView:
+    """What the lookup needs of a snapshot: its id and summary properties."""
+
+    snapshot_id: int
+    summary: Mapping[str, str]
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Found:
+    snapshot_id: int
+    ledger: Ledger
+
+
+def find_ledger(pipeline: str, ancestry: Iterable[SnapshotView]) -> Found | None:
+    """First snapshot, walking back from the branch head, that carries this pipeline's ledger.
+
+    Snapshots of other writers (compaction, deletes, other pipelines) lack the key and are
+    skipped. ``ancestry`` ends where the parent chain ends or breaks (expiry can remove parents).
+    """
+    for snap in ancestry:
+        ledger = decode(pipeline, snap.summary)
+        if ledger is not None:
+            return Found(snap.snapshot_id, ledger)
+    return None
+
+
+def registered_pipelines(properties: Mapping[str, str]) -> list[str]:
+    """Pipelines that ever committed to a table (table properties survive snapshot expiry)."""
+    text = properties.get(REGISTRY_PROPERTY, "")
+    return [name for name in text.split(",") if name]
+
+
+def register(properties: Mapping[str, str], pipeline: str) -> dict[str, str]:
+    """Property updates that add ``pipeline`` to the registry; empty if it is there already."""
+    names = registered_pipelines(properties)
+    if pipeline in names:
+        return {}
+    return {REGISTRY_PROPERTY: ",".join([*names, pipeline])}

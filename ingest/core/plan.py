@@ -1,0 +1,143 @@
+"""Batch planning: from the committed ledger and what Kafka holds now, the next batch's ranges.
+
+Pure: the caller passes what it read from Kafka (:class:`KafkaView`) and gets a :class:`Batch`
+or a domain error. Offsets are "next offset to read"; ranges are half-open ``[start, end)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ingest.core.ledger import Ledger, LostRange, TopicPartition
+from ingest.errors import DataLoss, TopicRecreated
+
+StartPosition = Literal["earliest", "latest"]
+DataLossPolicy = Literal["fail", "skip"]
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """``low``: earliest retained offset; ``high``: end of readable data (last stable offset)."""
+
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class KafkaView:
+    cluster_id: str | None
+    partitions: Mapping[TopicPartition, Watermarks]
+
+
+@dataclass(frozen=True)
+class PlanPolicy:
+    start: StartPosition = "earliest"
+    on_data_loss: DataLossPolicy = "fail"
+    max_records: int = 500_000
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One planned batch: ranges ``[start[tp], end[tp])`` for every known partition."""
+
+    number: int
+    #: the ledger this batch was planned from (None: the pipeline's first batch)
+    base: Ledger | None
+    start: Mapping[TopicPartition, int]
+    end: Mapping[TopicPartition, int]
+    cluster_id: str | None
+    lost: tuple[LostRange, ...] = field(default=())
+
+    def ranges(self) -> list[tuple[TopicPartition, int, int]]:
+        """The non-empty ranges, in partition order."""
+        return [(tp, self.start[tp], self.end[tp]) for tp in sorted(self.end) if self.end[tp] > self.start[tp]]
+
+    @property
+    def planned_records(self) -> int:
+        """Upper bound on records: offsets are not contiguous (markers, aborted, compacted)."""
+        return sum(end - start for _, start, end in self.ranges())
+
+    @property
+    def moves_ledger(self) -> bool:
+        """Whether committing this batch changes the ledger at all (data, skipped loss, new partitions)."""
+        if self.base is None:
+            # the first batch always pins the start position, even with nothing to read
+            return bool(self.end)
+        return dict(self.end) != dict(self.base.offsets) or bool(self.lost)
+
+
+def fair_caps(available: Mapping[TopicPartition, int], limit: int) -> dict[TopicPartition, int]:
+    """Split ``limit`` records across partitions by water-filling: no partition starves another.
+
+    Each partition gets ``min(available, share)``; what small partitions leave over is shared by
+    the rest. Deterministic (remainders go to partitions in sorted order).
+    """
+    caps = {tp: 0 for tp in available}
+    pending = sorted(tp for tp, n in available.items() if n > 0)
+    budget = limit
+    while pending and budget > 0:
+        share, extra = divmod(budget, len(pending))
+        if share == 0:
+            for tp in pending[:extra]:
+                caps[tp] += 1
+            break
+        still = []
+        for tp in pending:
+            grant = min(share, available[tp] - caps[tp])
+            caps[tp] += grant
+            budget -= grant
+            if caps[tp] < available[tp]:
+                still.append(tp)
+        pending = still
+    return caps
+
+
+def plan_batch(ledger: Ledger | None, kafka: KafkaView, policy: PlanPolicy) -> Batch:
+    """Plan the next batch, failing on data loss (unless ``skip``) and on recreated topics."""
+    if ledger is not None and ledger.cluster_id and kafka.cluster_id and ledger.cluster_id != kafka.cluster_id:
+        raise TopicRecreated(
+            f"Kafka cluster id changed: the ledger was written against cluster {ledger.cluster_id!r}, "
+            f"the brokers now report {kafka.cluster_id!r}. The offsets in the ledger do not apply to this "
+            "cluster. Point `kafka.bootstrap.servers` at the original cluster, or start a new pipeline id."
+        )
+    known = dict(ledger.offsets) if ledger is not None else {}
+    missing = sorted(set(known) - set(kafka.partitions))
+    if missing:
+        raise TopicRecreated(
+            f"partitions {', '.join(map(str, missing))} are in the ledger but no longer in Kafka: the topic was "
+            "deleted or recreated with fewer partitions. Offsets cannot be trusted; start a new pipeline id."
+        )
+    start: dict[TopicPartition, int] = {}
+    lost: list[LostRange] = []
+    for tp, wm in sorted(kafka.partitions.items()):
+        if tp not in known:
+            # the pipeline's first batch uses the configured position; partitions added later
+            # start at earliest so nothing written to them is missed
+            start[tp] = wm.high if (ledger is None and policy.start == "latest") else wm.low
+            continue
+        offset = known[tp]
+        if offset > wm.high:
+            raise TopicRecreated(
+                f"{tp}: the ledger resumes at offset {offset} but the partition ends at {wm.high}: the topic "
+                "was deleted and recreated. The ledger's offsets do not apply to it; start a new pipeline id "
+                "or reset the ledger."
+            )
+        if offset < wm.low:
+            if policy.on_data_loss == "fail":
+                raise DataLoss(tp.topic, tp.partition, offset, wm.low)
+            lost.append(LostRange(tp, offset, wm.low))
+            offset = wm.low
+        start[tp] = offset
+    available = {tp: kafka.partitions[tp].high - start[tp] for tp in start}
+    caps = fair_caps(available, policy.max_records)
+    end = {tp: start[tp] + caps[tp] for tp in start}
+    return Batch(
+        number=(ledger.batch + 1) if ledger is not None else 1,
+        base=ledger,
+        start=start,
+        end=end,
+        cluster_id=kafka.cluster_id,
+        lost=tuple(lost),
+    )

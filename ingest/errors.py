@@ -1,0 +1,126 @@
+"""The one error hierarchy of lakehouse-ingest.
+
+Every domain failure is an :class:`IngestError`, split into :class:`RetryableError` (running the
+same command again later is the right move: a broker or catalog is unavailable, a concurrent
+writer fenced this batch) and :class:`FatalError` (retrying cannot help: data loss, a lost ledger,
+a mismatched table). :class:`ConfigError` is fatal too but gets its own exit code so an
+orchestrator can tell "the job is broken" from "the data is in trouble".
+
+Anything that is not an ``IngestError`` is a bug and is never treated as retryable.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of the ``ingest`` CLI (sysexits.h values, documented in the README)."""
+
+    OK = 0
+    #: unexpected error (a bug): not retryable
+    INTERNAL = 1
+    #: data problem: data loss, ledger lost, recreated topic, verify found a discrepancy
+    FATAL = 65
+    #: temporary failure: broker or catalog unavailable, fenced by a concurrent writer
+    RETRYABLE = 75
+    #: the configuration file is invalid
+    CONFIG = 78
+
+
+class IngestError(Exception):
+    """Root of all lakehouse-ingest errors."""
+
+    exit_code: ExitCode = ExitCode.FATAL
+    retryable: bool = False
+
+
+class RetryableError(IngestError):
+    """Running the same command again later is safe and expected to succeed."""
+
+    exit_code = ExitCode.RETRYABLE
+    retryable = True
+
+
+class FatalError(IngestError):
+    """Retrying cannot help; a person has to look."""
+
+    exit_code = ExitCode.FATAL
+
+
+class ConfigError(FatalError):
+    """The configuration is invalid; the message names the bad key."""
+
+    exit_code = ExitCode.CONFIG
+
+
+# --- retryable -------------------------------------------------------------------------------
+
+
+class BrokerUnavailable(RetryableError):
+    """Kafka could not be reached, or stopped answering mid-batch."""
+
+
+class CatalogUnavailable(RetryableError):
+    """The Iceberg catalog or object store could not be reached."""
+
+
+class Fenced(RetryableError):
+    """Another writer advanced this pipeline's ledger; this batch's files are orphans."""
+
+    def __init__(self, pipeline: str, table: str, batch: int, observed_batch: int | None) -> None:
+        self.pipeline, self.table, self.batch, self.observed_batch = pipeline, table, batch, observed_batch
+        super().__init__(
+            f"batch {batch} of pipeline {pipeline!r} was fenced on {table}: another writer committed "
+            f"batch {observed_batch} first. Nothing was duplicated; run again to continue from the new ledger."
+        )
+
+
+class CommitGaveUp(RetryableError):
+    """The commit loop could not settle the outcome within its bounded attempts."""
+
+
+# --- fatal -----------------------------------------------------------------------------------
+
+
+class LedgerLost(FatalError):
+    """The table says this pipeline committed before, but no snapshot carries its ledger."""
+
+    def __init__(self, pipeline: str, table: str) -> None:
+        self.pipeline, self.table = pipeline, table
+        super().__init__(
+            f"ledger lost: table {table} lists pipeline {pipeline!r} in its 'ingest.pipelines' property, but no "
+            f"snapshot in the current branch's ancestry carries 'ingest.{pipeline}.offsets' (expired, rolled back "
+            "or rewritten by another tool). Refusing to guess where to resume. Fix: roll the table back to a "
+            "snapshot that carries the ledger, or, to start over from `start:` deliberately, remove "
+            f"{pipeline!r} from the table property 'ingest.pipelines'."
+        )
+
+
+class DataLoss(FatalError):
+    """Records the pipeline has not read were deleted (retention) before it read them."""
+
+    def __init__(self, topic: str, partition: int, start: int, low: int) -> None:
+        self.topic, self.partition, self.start, self.low = topic, partition, start, low
+        super().__init__(
+            f"data loss on {topic}[{partition}]: the ledger resumes at offset {start} but the earliest "
+            f"retained offset is {low}; offsets [{start}, {low}) were deleted before they were ingested. "
+            "Nothing was written. Re-ingest them from another source, or set `on_data_loss: skip` to record "
+            "the lost range in the snapshot summary and continue."
+        )
+
+
+class TopicRecreated(FatalError):
+    """The topic or cluster is not the one the ledger was written against."""
+
+
+class TopicNotFound(FatalError):
+    """A configured topic does not exist."""
+
+
+class TableMismatch(FatalError):
+    """An existing table does not fit the configured schema."""
+
+
+class VerificationFailed(FatalError):
+    """``ingest verify`` found offsets missing or duplicated."""

@@ -1,0 +1,293 @@
+"""Iceberg adapter: the only module that imports pyiceberg.
+
+It turns the catalog into what the protocol needs: the branch head and its ancestry as
+:class:`~ingest.core.ledger.SnapshotView`, Parquet data files written under unique names, and one
+commit attempt that either lands, conflicts, or has an unknown outcome. It never retries a commit
+itself, and it makes sure pyiceberg does not either (``commit.retry.num-retries=0``): pyiceberg's
+own retry rebases an append onto the new head and lands a second copy of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile  # re-exported: engines pass these around
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
+
+from ingest.config import TRANSFORM, FieldSpec
+from ingest.core.ledger import REGISTRY_PROPERTY, SnapshotView
+from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
+
+log = logging.getLogger(__name__)
+
+NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def _iceberg_type(name: str) -> IcebergType:
+    match = _DECIMAL.fullmatch(name)
+    if match:
+        return DecimalType(int(match.group(1)), int(match.group(2)))
+    return {
+        "boolean": BooleanType(),
+        "int": IntegerType(),
+        "long": LongType(),
+        "float": FloatType(),
+        "double": DoubleType(),
+        "date": DateType(),
+        "timestamp": TimestampType(),
+        "timestamptz": TimestamptzType(),
+        "string": StringType(),
+        "binary": BinaryType(),
+    }[name]
+
+
+def rows_schema(fields: Sequence[FieldSpec]) -> Schema:
+    kafka = [
+        NestedField(1, "_kafka_topic", StringType(), required=True),
+        NestedField(2, "_kafka_partition", IntegerType(), required=True),
+        NestedField(3, "_kafka_offset", LongType(), required=True),
+        NestedField(4, "_kafka_timestamp", TimestamptzType(), required=False),
+        NestedField(5, "_kafka_key", BinaryType(), required=False),
+    ]
+    declared = [
+        NestedField(6 + i, f.name, _iceberg_type(f.type), required=f.required, doc=f.doc) for i, f in enumerate(fields)
+    ]
+    return Schema(*kafka, *declared)
+
+
+def dead_letter_schema() -> Schema:
+    header = StructType(
+        NestedField(10, "key", StringType(), required=True), NestedField(11, "value", BinaryType(), required=False)
+    )
+    return Schema(
+        NestedField(1, "topic", StringType(), required=True),
+        NestedField(2, "partition", IntegerType(), required=True),
+        NestedField(3, "offset", LongType(), required=True),
+        NestedField(4, "timestamp", TimestamptzType(), required=False),
+        NestedField(5, "key", BinaryType(), required=False),
+        NestedField(6, "value", BinaryType(), required=False),
+        NestedField(7, "headers", ListType(9, header, element_required=True), required=False),
+        NestedField(8, "error", StringType(), required=True),
+    )
+
+
+def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec:
+    if not partition_by:
+        return UNPARTITIONED_PARTITION_SPEC
+    fields = []
+    for i, item in enumerate(partition_by):
+        match = TRANSFORM.match(item.replace(" ", ""))
+        assert match is not None  # validated in config
+        fn, n, column = match.group("fn") or "identity", match.group("n"), match.group("col") or match.group("bare")
+        transform: Transform[Any, Any]
+        if fn in ("bucket", "truncate"):
+            if n is None:
+                raise ConfigError(f"partition_by: {item!r} needs a width, e.g. {fn}(16, {column})")
+            transform = BucketTransform(int(n)) if fn == "bucket" else TruncateTransform(int(n))
+            name = f"{column}_{fn}_{n}"
+        else:
+            transform = {
+                "identity": IdentityTransform(),
+                "year": YearTransform(),
+                "month": MonthTransform(),
+                "day": DayTransform(),
+                "hour": HourTransform(),
+            }[fn]
+            name = column if fn == "identity" else f"{column}_{fn}"
+        source = schema.find_field(column)
+        fields.append(PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name=name))
+    return PartitionSpec(*fields)
+
+
+def connect(properties: Mapping[str, str]) -> Catalog:
+    props = dict(properties)
+    name = props.pop("name")
+    try:
+        return load_catalog(name, **props)
+    except (ValueError, NotImplementedError) as error:
+        raise ConfigError(f"catalog: {error}") from None
+    except Exception as error:  # driver errors of every catalog backend
+        raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
+
+
+class CommitConflict(Exception):
+    """The catalog refused the commit: the branch head was no longer the snapshot we required."""
+
+
+class CommitUnknown(Exception):
+    """The commit attempt failed in a way that does not say whether it was applied."""
+
+
+@dataclass(frozen=True)
+class Head:
+    snapshot_id: int | None
+    properties: Mapping[str, str]
+
+
+class IcebergTable:
+    """One Iceberg table as the protocol uses it (main branch)."""
+
+    def __init__(self, catalog: Catalog, identifier: str, table: Table) -> None:
+        self.catalog = catalog
+        self.identifier = identifier
+        self._table = table
+
+    @classmethod
+    def open(
+        cls, catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
+    ) -> IcebergTable:
+        """Load the table, creating it (and its namespace) if missing; adopt it for exact commits."""
+        try:
+            table = _load_or_create(catalog, identifier, schema, spec)
+        except (ConfigError, TableMismatch):
+            raise
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
+        _check_compatible(identifier, table, schema)
+        if table.properties.get("commit.retry.num-retries") != "0":
+            log.info("setting commit.retry.num-retries=0 on %s (library retries duplicate batches)", identifier)
+            table = table.transaction().set_properties(NO_LIBRARY_RETRIES).commit_transaction()
+        return cls(catalog, identifier, table)
+
+    @property
+    def table(self) -> Table:
+        return self._table
+
+    def refresh(self) -> Head:
+        try:
+            self._table = self._table.refresh()
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot refresh table {self.identifier}: {error}") from None
+        return self.head()
+
+    def head(self) -> Head:
+        current = self._table.metadata.current_snapshot_id
+        return Head(current, dict(self._table.properties))
+
+    def ancestry(self) -> Iterator[SnapshotView]:
+        """Snapshots from the main head back through parent links, until the chain ends or breaks."""
+        metadata = self._table.metadata
+        snapshot_id = metadata.current_snapshot_id
+        seen: set[int] = set()
+        while snapshot_id is not None and snapshot_id not in seen:
+            seen.add(snapshot_id)
+            snapshot = metadata.snapshot_by_id(snapshot_id)
+            if snapshot is None:  # parent expired: the chain is broken here
+                return
+            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+            yield SnapshotView(snapshot_id, dict(summary), snapshot.timestamp_ms)
+            snapshot_id = snapshot.parent_snapshot_id
+
+    def all_snapshots(self) -> list[SnapshotView]:
+        return [
+            SnapshotView(s.snapshot_id, dict(s.summary.additional_properties if s.summary else {}), s.timestamp_ms)
+            for s in self._table.metadata.snapshots
+        ]
+
+    def write(self, data: pa.Table) -> list[DataFile]:
+        """Parquet files under unique names in the table location; invisible until committed."""
+        if data.num_rows == 0:
+            return []
+        try:
+            return list(_dataframe_to_data_files(self._table.metadata, data, self._table.io, write_uuid=uuid.uuid4()))
+        except OSError as error:
+            raise CatalogUnavailable(f"writing data files for {self.identifier} failed: {error}") from None
+
+    def try_commit(
+        self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]
+    ) -> int:
+        """One commit attempt: a snapshot with ``files`` and ``summary``, requiring the current head.
+
+        Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
+        :class:`CommitUnknown` for any failure that leaves the outcome open.
+        """
+        transaction = self._table.transaction()
+        if properties:
+            transaction.set_properties(dict(properties))
+        with transaction.update_snapshot(snapshot_properties=dict(summary)).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+            snapshot_id = append.snapshot_id
+        try:
+            self._table = transaction.commit_transaction()
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from None
+        except Exception as error:
+            raise CommitUnknown(f"{type(error).__name__}: {error}") from None
+        return snapshot_id
+
+    def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
+        return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
+
+    def registered(self) -> bool:
+        return bool(self._table.properties.get(REGISTRY_PROPERTY))
+
+
+def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec) -> Table:
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        pass
+    namespace = identifier.rsplit(".", 1)[0]
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        return catalog.create_table(identifier, schema=schema, partition_spec=spec, properties=NO_LIBRARY_RETRIES)
+    except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first
+        return catalog.load_table(identifier)
+
+
+def _check_compatible(identifier: str, table: Table, schema: Schema) -> None:
+    try:
+        _check_pyarrow_schema_compatible(table.schema(), schema.as_arrow())
+    except ValueError as error:
+        raise TableMismatch(
+            f"table {identifier} exists with a schema that does not fit the configured one: {error}\n"
+            "Fix `schema:` to match the table, or evolve the table's schema first."
+        ) from None
