@@ -1,0 +1,147 @@
+"""Real components for the integration suite: the broker process and SQLite/PostgreSQL catalogs.
+
+The broker is tansu started on a free port for the session, or an external Kafka when
+``KAFKA_BOOTSTRAP_SERVERS`` is set. Every test gets its own topic, namespace and warehouse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest import config as config_module
+from ingest.broker import EmbeddedBroker
+from ingest.config import PipelineConfig
+from ingest.kafka import create_topic, produce
+
+POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REPO = Path(__file__).resolve().parents[2]
+
+SCHEMA = [
+    {"name": "order_id", "type": "long", "required": True},
+    {"name": "amount", "type": "decimal(12,2)"},
+    {"name": "created_at", "type": "timestamptz"},
+]
+
+
+@pytest.fixture(scope="session")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(log_path=log) as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def catalog_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+BAD_VALUES: list[bytes | None] = [b"{not json", b'{"amount": 1}', b'{"order_id": "x"}', b"[1]", None]
+
+
+def record(i: int, partitions: int, bad: int | None) -> tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]:
+    """Record ``i``; ``bad`` picks one of the kinds of poison in BAD_VALUES (None: a good record)."""
+    partition = i % partitions
+    if bad is not None:
+        value: bytes | None = BAD_VALUES[bad % len(BAD_VALUES)]
+    else:
+        value = json.dumps(
+            {"order_id": i, "amount": f"{i % 1000}.25", "created_at": f"2026-11-{1 + i % 28:02d}T10:00:00Z"}
+        ).encode()
+    return partition, f"k{i}".encode(), value, [("trace", str(i).encode())]
+
+
+@dataclass
+class Env:
+    """One test's pipeline: a unique topic and tables, a config file, and helpers to drive them."""
+
+    bootstrap: str
+    topic: str
+    partitions: int
+    config_path: Path
+    produced: int = 0
+    bad: int = 0
+
+    @property
+    def config(self) -> PipelineConfig:
+        return config_module.load(self.config_path)
+
+    def produce(self, count: int, bad_every: int = 0) -> None:
+        start = self.produced
+        records = []
+        for i in range(start, start + count):
+            is_bad = bool(bad_every) and i % bad_every == bad_every - 1
+            records.append(record(i, self.partitions, self.bad if is_bad else None))
+            self.bad += is_bad
+        produce(self.bootstrap, self.topic, records)
+        self.produced += count
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ingest", *args]
+        if args and args[0] in ("run", "status", "history", "verify"):
+            command += ["-c", str(self.config_path)]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+        )
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ingest", *args, "-c", str(self.config_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=REPO,
+        )
+
+    def verify(self) -> dict[str, Any]:
+        result = self.cli("verify", "--json")
+        data = json.loads(result.stdout.splitlines()[0])
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        assert data["ok"], data
+        return data
+
+    def counts(self) -> tuple[int, int]:
+        """(rows, dead letters) in the tables, as a reader of the tables sees them."""
+        from ingest.pipeline import Pipeline
+
+        pipeline = Pipeline.open(self.config)
+        rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
+        dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
+        return rows, dead
+
+
+@pytest.fixture
+def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore[no-untyped-def]
+    def factory(partitions: int = 4, **overrides: Any) -> Env:
+        name = f"t{uuid.uuid4().hex[:10]}"
+        create_topic(bootstrap, name, partitions)
+        warehouse = tmp_path / "warehouse"
+        warehouse.mkdir(exist_ok=True)
+        uri = f"sqlite:///{tmp_path}/catalog.db" if catalog_kind == "sqlite" else POSTGRES_URI
+        data: dict[str, Any] = {
+            "pipeline": "orders",
+            "kafka": {"bootstrap.servers": bootstrap},
+            "topics": [name],
+            "catalog": {"name": f"lake_{catalog_kind}", "type": "sql", "uri": uri, "warehouse": warehouse.as_uri()},
+            "table": f"{name}.orders",
+            "schema": SCHEMA,
+            "partition_by": ["day(created_at)"],
+            "batch": {"max_records": 2_000, "read_timeout_s": 20},
+            **overrides,
+        }
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return Env(bootstrap, name, partitions, path)
+
+    return factory

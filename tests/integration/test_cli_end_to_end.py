@@ -1,0 +1,105 @@
+"""A user's session with the CLI against the real broker and real catalogs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _batches(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_run_until_caught_up_lands_every_record_once(make_env) -> None:
+    env = make_env()
+    env.produce(5_000, bad_every=97)
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    assert result.returncode == 0, result.stderr
+    batches = _batches(result.stdout)
+    assert [b["status"] for b in batches] == ["committed"] * len(batches)
+    assert len(batches) == 3  # 5,000 records in batches of at most 2,000
+    assert sum(b["records"] + b["dead_letters"] for b in batches) == 5_000
+    assert env.counts() == (5_000 - env.bad, env.bad)
+    env.verify()
+
+
+def test_default_run_is_one_batch_and_rerun_on_caught_up_writes_no_snapshot(make_env) -> None:
+    env = make_env()
+    env.produce(1_000)
+    first = env.cli("run", "--json")
+    assert first.returncode == 0, first.stderr
+    assert [b["status"] for b in _batches(first.stdout)] == ["committed"]
+
+    again = env.cli("run", "--json")
+    assert again.returncode == 0, again.stderr
+    assert [b["status"] for b in _batches(again.stdout)] == ["empty"]
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert [h["batch"] for h in history] == [1]
+
+
+def test_status_history_and_verify_report_what_landed(make_env) -> None:
+    env = make_env(batch={"max_records": 600})
+    env.produce(1_000, bad_every=50)
+    assert env.cli("run", "--max-batches", "1").returncode == 0
+
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert status["batch"] == 1
+    assert sum(p["committed"] for p in status["partitions"]) == 600
+    assert status["lag"] == 400
+    assert status["valid_through_ms"] is not None
+
+    env.cli("run", "--until-caught-up")
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert status["lag"] == 0
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert [h["batch"] for h in history] == [2, 1]
+    assert sum(h["records"] + h["dead_letters"] for h in history) == 1_000
+    assert sum(r["end"] - r["start"] for h in history for r in h["ranges"]) == 1_000
+    data = env.verify()
+    assert sum(p["rows"] for p in data["partitions"]) == 1_000 - env.bad
+    assert sum(p["dead_letters"] for p in data["partitions"]) == env.bad
+
+    human = env.cli("verify")
+    assert human.returncode == 0 and "ok" in human.stdout
+
+
+def test_dead_letters_keep_raw_record_and_error(make_env) -> None:
+    from ingest.pipeline import Pipeline
+
+    env = make_env()
+    env.produce(50, bad_every=5)
+    assert env.cli("run").returncode == 0
+
+    dead = Pipeline.open(env.config).dead.table.scan().to_arrow().sort_by("offset").to_pylist()
+    assert len(dead) == 10
+    by_value = {d["value"]: d for d in dead}
+    assert "not valid JSON" in by_value[b"{not json"]["error"]
+    assert "required field(s) 'order_id'" in by_value[b'{"amount": 1}']["error"]
+    assert "expected long" in by_value[b'{"order_id": "x"}']["error"]
+    assert "not an object" in by_value[b"[1]"]["error"]
+    assert "tombstone" in by_value[None]["error"]
+    sample = dead[0]
+    assert sample["topic"] == env.topic and sample["key"].startswith(b"k")
+    assert sample["headers"][0]["key"] == "trace"
+    assert sample["timestamp"] is not None
+
+
+def test_table_rows_carry_kafka_coordinates(make_env) -> None:
+    from ingest.pipeline import Pipeline
+
+    env = make_env(partitions=2)
+    env.produce(10)
+    assert env.cli("run").returncode == 0
+    rows = Pipeline.open(env.config).rows.table.scan().to_arrow().sort_by("order_id").to_pylist()
+    first = rows[0]
+    assert first["_kafka_topic"] == env.topic
+    assert first["_kafka_partition"] == 0 and first["_kafka_offset"] == 0
+    assert first["_kafka_key"] == b"k0"
+    assert first["_kafka_timestamp"] is not None
+    assert str(first["amount"]) == "0.25"
+    assert first["created_at"].isoformat() == "2026-11-01T10:00:00+00:00"
