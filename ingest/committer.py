@@ -49,7 +49,7 @@ def observe(table: IcebergTable, pipeline: str) -> Found | None:
 def _retrying(max_attempts: int) -> Retrying:
     return Retrying(
         stop=stop_after_attempt(max_attempts),
-        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
         retry=retry_if_exception_type(_Again),
         reraise=True,
     )

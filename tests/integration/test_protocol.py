@@ -1,0 +1,264 @@
+"""The protocol's failure cases against the real broker and catalogs.
+
+Where the broker cannot produce a situation (retention loss, a recreated topic or cluster), it is
+injected at the adapter boundary: the Kafka adapter reports the watermarks a real cluster would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from ingest.config import BatchSpec
+from ingest.core.plan import Batch, KafkaView, Watermarks
+from ingest.errors import DataLoss, Fenced, LedgerLost, TopicRecreated
+from ingest.iceberg import CommitUnknown
+from ingest.pipeline import LocalEngine, Pipeline, Produced
+
+pytestmark = pytest.mark.integration
+
+
+def _view(pipeline: Pipeline, change) -> KafkaView:  # type: ignore[no-untyped-def]
+    real = type(pipeline.source).describe(pipeline.source)
+    return change(real)
+
+
+class _InjectedSource:
+    """The real Kafka adapter, reporting watermarks/cluster id the way a real cluster would."""
+
+    def __init__(self, pipeline: Pipeline, change) -> None:  # type: ignore[no-untyped-def]
+        self.pipeline, self.change = pipeline, change
+
+    def __call__(self) -> KafkaView:
+        return _view(self.pipeline, self.change)
+
+
+def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
+    env = make_env()
+    env.produce(1_500, bad_every=100)
+    pipeline = Pipeline.open(env.config)
+    for table in (pipeline.rows, pipeline.dead):
+        real = table.try_commit
+        calls = []
+
+        def applied_then_timeout(files, summary, props, real=real, calls=calls):  # type: ignore[no-untyped-def]
+            snapshot_id = real(files, summary, props)
+            calls.append(snapshot_id)
+            if len(calls) == 1:
+                raise CommitUnknown("simulated timeout after the catalog applied the commit")
+            return snapshot_id
+
+        table.try_commit = applied_then_timeout  # type: ignore[method-assign]
+
+    result = pipeline.run_batch()
+
+    assert result.status == "landed"
+    assert env.counts() == (1_500 - env.bad, env.bad)
+    env.verify()
+    assert len(pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots) == 1
+
+
+def test_foreign_commit_between_plan_and_commit(make_env) -> None:
+    env = make_env()
+    env.produce(1_000)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    env.produce(1_000)
+    other = Pipeline.open(env.config)
+
+    class ForeignWriterMidBatch(LocalEngine):
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            table = other.rows.table.refresh()
+            foreign = pa.Table.from_pylist(
+                [{"_kafka_topic": "elsewhere", "_kafka_partition": 0, "_kafka_offset": 0, "order_id": -1,
+                  "created_at": datetime(2026, 1, 1, tzinfo=UTC)}],
+                schema=table.schema().as_arrow(),
+            )
+            table.append(foreign)  # another writer's snapshot, without this pipeline's ledger
+            return produced
+
+    result = pipeline.run_batch(ForeignWriterMidBatch(pipeline.config, pipeline.source, pipeline.rows))
+
+    assert result.status == "committed" and result.batch == 2
+    summaries = [s.summary.additional_properties for s in pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots]
+    assert ["ingest.orders.offsets" in s for s in summaries] == [True, False, True]
+    env.verify()
+    rows, dead = env.counts()
+    assert (rows - 1, dead) == (2_000, 0)  # one foreign row
+
+
+def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
+    env = make_env()
+    env.produce(3_000, bad_every=7)
+    slow = Pipeline.open(env.config)
+    fast = Pipeline.open(env.config)
+
+    class RacedEngine(LocalEngine):
+        raced = False
+
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            if not RacedEngine.raced:
+                RacedEngine.raced = True
+                assert fast.run_batch().status == "committed"  # same offsets, commits first
+            return produced
+
+    result = slow.run_batch(RacedEngine(slow.config, slow.source, slow.rows))
+
+    # the slow copy's batch 1 had identical offsets to the fast one: recognised as landed
+    assert (result.batch, result.status) == (1, "landed")
+    env.produce(500)
+    assert slow.run_batch().batch == 2
+    for _ in slow.run(until_caught_up=True, max_batches=None):
+        pass
+    assert env.counts() == (3_500 - env.bad, env.bad)
+    env.verify()
+
+
+def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(1_000, bad_every=9)
+    slow = Pipeline.open(env.config)
+    fast = Pipeline.open(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
+
+    class RacedEngine(LocalEngine):
+        raced = False
+
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            if not RacedEngine.raced:
+                RacedEngine.raced = True
+                env.produce(400, bad_every=9)
+                assert fast.run_batch().status == "committed"  # a larger batch 1 lands first
+                assert sum(fast.ledger().ledger.offsets.values()) == 1_200  # type: ignore[union-attr]
+            return produced
+
+    result = slow.run_batch(RacedEngine(slow.config, slow.source, slow.rows))
+
+    assert (result.batch, result.status) == (2, "committed")  # fenced, then planned again
+    assert env.counts() == (1_400 - env.bad, env.bad)
+    env.verify()
+
+
+def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
+    env = make_env(commit={"max_replans": 0})
+    env.produce(500)
+    slow = Pipeline.open(env.config)
+    fast = Pipeline.open(env.config)
+
+    class AlwaysRaced(LocalEngine):
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            env.produce(10)
+            fast.run_batch()
+            return produced
+
+    with pytest.raises(Fenced) as caught:
+        slow.run_batch(AlwaysRaced(slow.config, slow.source, slow.rows))
+    assert caught.value.retryable and "run again" in str(caught.value)
+    env.verify()
+
+
+def test_retention_loss_fails_closed_by_default(make_env, monkeypatch) -> None:
+    env = make_env(partitions=2)
+    env.produce(200)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    env.produce(200)
+    committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+
+    def retention_ran(view: KafkaView) -> KafkaView:
+        parts = dict(view.partitions)
+        tp = sorted(parts)[0]
+        parts[tp] = Watermarks(committed[tp] + 30, parts[tp].high)
+        return dataclasses.replace(view, partitions=parts)
+
+    monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, retention_ran))
+    with pytest.raises(DataLoss) as caught:
+        pipeline.run_batch()
+    assert "on_data_loss: skip" in str(caught.value)
+    assert pipeline.ledger().ledger.batch == 1  # type: ignore[union-attr]
+
+
+def test_retention_loss_with_skip_records_the_lost_range(make_env, monkeypatch) -> None:
+    env = make_env(partitions=2, on_data_loss="skip")
+    env.produce(200)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    env.produce(200)
+    committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    tp = sorted(committed)[0]
+
+    def retention_ran(view: KafkaView) -> KafkaView:
+        parts = dict(view.partitions)
+        parts[tp] = Watermarks(committed[tp] + 30, parts[tp].high)
+        return dataclasses.replace(view, partitions=parts)
+
+    monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, retention_ran))
+    result = pipeline.run_batch()
+
+    assert result.status == "committed"
+    lost = pipeline.ledger().ledger.lost  # type: ignore[union-attr]
+    assert [(r.tp, r.start, r.end) for r in lost] == [(tp, committed[tp], committed[tp] + 30)]
+    assert env.counts() == (400 - 30, 0)
+    env.verify()  # the lost range is excluded, everything else is there exactly once
+
+
+@pytest.mark.parametrize("how", ["offsets-reset", "cluster-id", "partition-gone"])
+def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
+    env = make_env(partitions=2)
+    env.produce(100)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+
+    def recreated(view: KafkaView) -> KafkaView:
+        parts = dict(view.partitions)
+        if how == "offsets-reset":
+            parts = {tp: Watermarks(0, 3) for tp in parts}
+        elif how == "partition-gone":
+            parts.pop(max(parts))
+        else:
+            return dataclasses.replace(view, cluster_id="another-cluster")
+        return dataclasses.replace(view, partitions=parts)
+
+    monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, recreated))
+    with pytest.raises(TopicRecreated):
+        pipeline.run_batch()
+
+
+def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
+    env = make_env()
+    env.produce(100)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    table = pipeline.rows.table.refresh()
+    table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))  # foreign, no ledger
+    table = table.refresh()
+    table.maintenance.expire_snapshots().older_than(datetime.now(tz=UTC)).commit()
+
+    with pytest.raises(LedgerLost) as caught:
+        pipeline.run_batch()
+    assert "ingest.pipelines" in str(caught.value)
+
+
+def test_new_partitions_start_at_earliest(make_env, monkeypatch) -> None:
+    env = make_env(partitions=4)
+    env.produce(400)
+    pipeline = Pipeline.open(env.config)
+    hidden = sorted(type(pipeline.source).describe(pipeline.source).partitions)[-1]
+
+    def fewer(view: KafkaView) -> KafkaView:  # the topic had 3 partitions at first
+        return dataclasses.replace(view, partitions={k: v for k, v in view.partitions.items() if k != hidden})
+
+    monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, fewer))
+    pipeline.run_batch()
+    assert hidden not in pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    monkeypatch.undo()
+    result = pipeline.run_batch()  # partition added: read from its earliest offset
+    assert result.records == 100
+    assert env.counts() == (400, 0)
+    env.verify()
