@@ -1,0 +1,150 @@
+"""The commit decision and the dead-letter floor (ingest.core.commit)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ingest.core.commit import Decision, dead_letter_step, decide
+from ingest.core.ledger import Ledger, TopicPartition
+from ingest.core.plan import Batch
+
+P0 = TopicPartition("orders", 0)
+P1 = TopicPartition("orders", 1)
+
+
+def batch_from(base: Ledger | None, end: dict[TopicPartition, int]) -> Batch:
+    start = dict(base.offsets) if base is not None else dict.fromkeys(end, 0)
+    return Batch(
+        number=(base.batch + 1) if base is not None else 1, base=base, start=start, end=end, cluster_id="c"
+    )
+
+
+BASE = Ledger(batch=4, offsets={P0: 10, P1: 20}, cluster_id="c")
+BATCH = batch_from(BASE, {P0: 15, P1: 22})
+
+
+# --- decide ------------------------------------------------------------------------------------
+
+
+def test_commit_when_the_head_still_carries_the_base_ledger() -> None:
+    assert decide(Ledger(batch=4, offsets={P0: 10, P1: 20}), BATCH) is Decision.COMMIT
+
+
+def test_commit_compares_ledgers_by_value_not_identity() -> None:
+    # the observed ledger was decoded from a summary: equal, but another object (and mapping type)
+    observed = Ledger(batch=4, offsets=dict(reversed(list(BASE.offsets.items()))), cluster_id="c")
+
+    assert decide(observed, BATCH) is Decision.COMMIT
+
+
+def test_commit_for_a_fresh_pipeline() -> None:
+    assert decide(None, batch_from(None, {P0: 5})) is Decision.COMMIT
+
+
+def test_landed_when_the_head_carries_this_batchs_end_with_the_same_number() -> None:
+    assert decide(Ledger(batch=5, offsets={P0: 15, P1: 22}), BATCH) is Decision.LANDED
+
+
+def test_landed_for_a_fresh_pipelines_first_batch() -> None:
+    first = batch_from(None, {P0: 5})
+
+    assert decide(Ledger(batch=1, offsets={P0: 5}), first) is Decision.LANDED
+
+
+def test_fenced_by_another_writers_batch_with_a_different_end() -> None:
+    assert decide(Ledger(batch=5, offsets={P0: 12, P1: 22}), BATCH) is Decision.FENCED
+
+
+def test_fenced_by_the_same_end_under_a_different_batch_number() -> None:
+    # e.g. two later batches that together reached the same offsets: not this batch's commit
+    assert decide(Ledger(batch=6, offsets={P0: 15, P1: 22}), BATCH) is Decision.FENCED
+
+
+def test_fenced_when_the_ledger_moved_further() -> None:
+    assert decide(Ledger(batch=9, offsets={P0: 99, P1: 99}), BATCH) is Decision.FENCED
+
+
+def test_fenced_when_a_fresh_pipeline_finds_another_writers_first_batch() -> None:
+    assert decide(Ledger(batch=1, offsets={P0: 3}), batch_from(None, {P0: 5})) is Decision.FENCED
+
+
+def test_fenced_when_the_ledger_vanished_under_a_planned_batch() -> None:
+    # planned from a ledger, but the head now has none (rolled back past the first batch)
+    assert decide(None, BATCH) is Decision.FENCED
+
+
+def test_base_with_the_right_offsets_but_another_number_is_not_the_base() -> None:
+    assert decide(Ledger(batch=3, offsets={P0: 10, P1: 20}), BATCH) is Decision.FENCED
+
+
+def test_a_ledger_with_an_extra_partition_is_not_the_base() -> None:
+    observed = Ledger(batch=4, offsets={P0: 10, P1: 20, TopicPartition("orders", 2): 0})
+
+    assert decide(observed, BATCH) is Decision.FENCED
+
+
+# --- dead_letter_step --------------------------------------------------------------------------
+
+
+def test_absent_floor_keeps_everything_and_moves_to_the_batch_end() -> None:
+    step = dead_letter_step(None, BATCH)
+
+    assert step.floor == {}
+    assert step.keeps(P0, 0) and step.keeps(P0, 10) and step.keeps(P1, 21)
+    assert step.new_floor == {P0: 15, P1: 22}
+    assert step.moves
+
+
+def test_floor_keeps_offsets_at_or_above_it_only() -> None:
+    step = dead_letter_step(Ledger(batch=2, offsets={P0: 12}), BATCH)
+
+    assert not step.keeps(P0, 11)
+    assert step.keeps(P0, 12)
+    assert step.keeps(P0, 14)
+    assert step.keeps(P1, 20)  # no floor on this partition: keep
+
+
+def test_new_floor_is_the_max_of_floor_and_end_per_partition() -> None:
+    # floor ahead on P0 (a crash between the two commits), behind on P1 (no bad records lately),
+    # and a partition of the dead-letter ledger that this batch does not cover
+    other = TopicPartition("payments", 0)
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 40, P1: 5, other: 7}), BATCH)
+
+    assert step.new_floor == {P0: 40, P1: 22, other: 7}
+    assert step.moves
+
+
+def test_a_floor_at_or_beyond_the_batch_end_does_not_move() -> None:
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}), BATCH)
+
+    assert step.new_floor == {P0: 15, P1: 30}
+    assert not step.moves
+    assert not any(step.keeps(P0, o) for o in range(10, 15))
+
+
+floors = st.dictionaries(st.sampled_from([P0, P1]), st.integers(0, 50))
+ends = st.fixed_dictionaries({P0: st.integers(10, 60), P1: st.integers(20, 60)})
+
+
+@given(floor=floors, end=ends, tp=st.sampled_from([P0, P1]), offset=st.integers(0, 80))
+def test_dead_letter_step_properties(floor, end, tp, offset) -> None:
+    step = dead_letter_step(Ledger(batch=1, offsets=floor) if floor else None, batch_from(BASE, end))
+
+    assert step.keeps(tp, offset) == (offset >= floor.get(tp, 0))
+    for p in set(floor) | set(end):
+        assert step.new_floor[p] == max(floor.get(p, end.get(p, 0)), end.get(p, 0))
+    # the floor never moves back
+    assert all(step.new_floor[p] >= f for p, f in floor.items())
+
+
+@pytest.mark.parametrize("floor", [None, Ledger(batch=1, offsets={P0: 12, P1: 21})])
+def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor) -> None:
+    first = dead_letter_step(floor, BATCH)
+    after = Ledger(batch=2, offsets=first.new_floor)
+    second = dead_letter_step(after, BATCH)
+
+    dead = [(P0, 10), (P0, 13), (P1, 20), (P1, 21)]
+    assert [d for d in dead if second.keeps(*d)] == []
+    assert not second.moves

@@ -1,0 +1,272 @@
+"""The ledger codec and the ancestry lookup (ingest.core.ledger): pure, nothing running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ingest.core.ledger import (
+    FORMAT_VERSION,
+    REGISTRY_PROPERTY,
+    BatchCounts,
+    Ledger,
+    LedgerFormatError,
+    LostRange,
+    SnapshotView,
+    TopicPartition,
+    decode,
+    decode_counts,
+    encode,
+    find_ledger,
+    register,
+    registered_pipelines,
+)
+
+A0 = TopicPartition("orders", 0)
+A1 = TopicPartition("orders", 1)
+B0 = TopicPartition("payments", 0)
+
+
+def full_ledger() -> Ledger:
+    return Ledger(
+        batch=7,
+        offsets={A0: 120, A1: 99, B0: 5},
+        start_offsets={A0: 100, A1: 99, B0: 0},
+        cluster_id="kafka-cluster-xyz",
+        timestamps={A0: 1_700_000_300_000, A1: 1_700_000_100_000, B0: 1_700_000_200_000},
+        lost=(LostRange(A0, 40, 60), LostRange(B0, 0, 3)),
+    )
+
+
+# --- encode / decode ---------------------------------------------------------------------------
+
+
+def test_round_trip_keeps_every_field() -> None:
+    ledger = full_ledger()
+    summary = encode("orders", ledger, BatchCounts(records=18, dead_letters=2, bytes=4096))
+
+    assert decode("orders", summary) == ledger
+    assert decode_counts("orders", summary) == BatchCounts(records=18, dead_letters=2, bytes=4096)
+
+
+def test_summary_layout_matches_the_protocol() -> None:
+    summary = encode("orders", full_ledger(), BatchCounts(records=18, dead_letters=2, bytes=4096))
+
+    assert json.loads(summary["ingest.orders.offsets"]) == {"orders": {"0": 120, "1": 99}, "payments": {"0": 5}}
+    assert json.loads(summary["ingest.orders.start-offsets"]) == {
+        "orders": {"0": 100, "1": 99},
+        "payments": {"0": 0},
+    }
+    assert summary["ingest.orders.batch"] == "7"
+    assert summary["ingest.orders.format"] == str(FORMAT_VERSION)
+    assert summary["ingest.orders.kafka-cluster"] == "kafka-cluster-xyz"
+    assert json.loads(summary["ingest.orders.lost-ranges"]) == [["orders", 0, 40, 60], ["payments", 0, 0, 3]]
+    assert summary["ingest.orders.records"] == "18"
+    assert summary["ingest.orders.dead-letters"] == "2"
+    assert summary["ingest.orders.bytes"] == "4096"
+    # every value is a string: Iceberg snapshot summaries are string -> string
+    assert all(isinstance(v, str) for v in summary.values())
+
+
+def test_valid_through_is_the_oldest_partition_timestamp() -> None:
+    ledger = full_ledger()
+    summary = encode("orders", ledger, BatchCounts())
+
+    assert ledger.valid_through == 1_700_000_100_000
+    assert summary["ingest.orders.valid-through"] == "1700000100000"
+
+
+def test_minimal_ledger_omits_optional_keys_and_round_trips() -> None:
+    ledger = Ledger(batch=1, offsets={A0: 0})
+    summary = encode("p", ledger, BatchCounts())
+
+    assert "ingest.p.kafka-cluster" not in summary
+    assert "ingest.p.valid-through" not in summary
+    assert "ingest.p.lost-ranges" not in summary
+    assert ledger.valid_through is None
+    decoded = decode("p", summary)
+    assert decoded == ledger
+    assert decoded is not None and decoded.cluster_id is None and decoded.lost == ()
+
+
+def test_decode_of_a_summary_without_optional_keys_uses_defaults() -> None:
+    # what an older writer (or a hand-written summary) might carry: offsets and batch only
+    summary = {"ingest.p.offsets": '{"orders":{"0":5}}', "ingest.p.batch": "2"}
+
+    assert decode("p", summary) == Ledger(batch=2, offsets={A0: 5})
+    assert decode_counts("p", summary) == BatchCounts()
+
+
+tps = st.builds(TopicPartition, st.sampled_from(["a", "b.c", "d-e_f"]), st.integers(0, 64))
+offset_maps = st.dictionaries(tps, st.integers(0, 2**62), max_size=6)
+
+
+@given(
+    batch=st.integers(1, 2**40),
+    offsets=offset_maps,
+    starts=offset_maps,
+    timestamps=st.dictionaries(tps, st.integers(0, 2**45), max_size=6),
+    cluster=st.none() | st.text(min_size=1, max_size=20),
+    lost=st.lists(st.builds(LostRange, tps, st.integers(0, 100), st.integers(100, 200)), max_size=3),
+)
+def test_round_trip_property(batch, offsets, starts, timestamps, cluster, lost) -> None:
+    ledger = Ledger(batch, offsets, starts, cluster, timestamps, tuple(lost))
+
+    assert decode("pipe-1", encode("pipe-1", ledger, BatchCounts())) == ledger
+
+
+# --- scoping by pipeline id --------------------------------------------------------------------
+
+
+def test_two_pipelines_in_one_summary_do_not_see_each_other() -> None:
+    orders = Ledger(batch=3, offsets={A0: 10}, cluster_id="c1")
+    payments = Ledger(batch=9, offsets={B0: 77}, cluster_id="c2")
+    summary = {
+        **encode("orders", orders, BatchCounts(records=1)),
+        **encode("payments", payments, BatchCounts(records=2)),
+    }
+
+    assert decode("orders", summary) == orders
+    assert decode("payments", summary) == payments
+    assert decode_counts("orders", summary).records == 1
+    assert decode_counts("payments", summary).records == 2
+    assert decode("inventory", summary) is None
+    assert all(k.startswith(("ingest.orders.", "ingest.payments.")) for k in summary)
+
+
+def test_a_pipeline_whose_name_is_a_prefix_of_another_is_separate() -> None:
+    summary = encode("orders-eu", Ledger(batch=1, offsets={A0: 1}), BatchCounts())
+
+    assert decode("orders", summary) is None
+
+
+def test_a_summary_without_ledger_keys_is_not_this_pipelines() -> None:
+    assert decode("orders", {}) is None
+    assert decode("orders", {"operation": "replace", "added-data-files": "3"}) is None
+
+
+# --- format versions ---------------------------------------------------------------------------
+
+
+def test_unknown_format_version_raises_with_an_upgrade_message() -> None:
+    summary = encode("orders", Ledger(batch=1, offsets={A0: 1}), BatchCounts())
+    summary["ingest.orders.format"] = str(FORMAT_VERSION + 1)
+
+    with pytest.raises(LedgerFormatError, match=r"Upgrade lakehouse-ingest") as caught:
+        decode("orders", summary)
+    assert f"format {FORMAT_VERSION + 1}" in str(caught.value)
+    assert "'orders'" in str(caught.value)
+
+
+def test_unknown_format_of_another_pipeline_does_not_concern_this_one() -> None:
+    summary = {
+        **encode("orders", Ledger(batch=1, offsets={A0: 1}), BatchCounts()),
+        **encode("payments", Ledger(batch=1, offsets={B0: 1}), BatchCounts()),
+    }
+    summary["ingest.payments.format"] = "99"
+
+    assert decode("orders", summary) == Ledger(batch=1, offsets={A0: 1})
+
+
+def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
+    # walking past a newer-format snapshot to an older ledger would resume too early (duplicates)
+    newer = encode("orders", Ledger(batch=2, offsets={A0: 20}), BatchCounts())
+    newer["ingest.orders.format"] = "2"
+    older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
+
+    with pytest.raises(LedgerFormatError):
+        find_ledger("orders", [SnapshotView(2, newer), SnapshotView(1, older)])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/core/ledger.py decode(): the format check runs only when the 'offsets' key is "
+    "present, so a future format that renames it is silently treated as 'not this pipeline' and "
+    "find_ledger walks back to an older ledger instead of raising LedgerFormatError",
+)
+def test_a_future_format_without_the_v1_offsets_key_is_not_silently_skipped() -> None:
+    newer = {"ingest.orders.format": "2", "ingest.orders.batch": "2", "ingest.orders.ledger": "{}"}
+    older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
+
+    with pytest.raises(LedgerFormatError):
+        find_ledger("orders", [SnapshotView(2, newer), SnapshotView(1, older)])
+
+
+# --- find_ledger -------------------------------------------------------------------------------
+
+
+def _snap(snapshot_id: int, pipeline: str | None, batch: int = 1, offset: int = 0) -> SnapshotView:
+    if pipeline is None:
+        return SnapshotView(snapshot_id, {"operation": "replace", "deleted-data-files": "4"})
+    return SnapshotView(snapshot_id, encode(pipeline, Ledger(batch, {A0: offset}), BatchCounts()))
+
+
+def test_find_ledger_skips_foreign_snapshots_and_returns_the_newest_of_this_pipeline() -> None:
+    ancestry = [
+        _snap(60, None),  # compaction
+        _snap(50, "payments", batch=40, offset=999),  # another pipeline feeding the same table
+        _snap(40, None),
+        _snap(30, "orders", batch=3, offset=300),
+        _snap(20, "orders", batch=2, offset=200),
+    ]
+
+    found = find_ledger("orders", ancestry)
+
+    assert found is not None
+    assert found.snapshot_id == 30
+    assert found.ledger == Ledger(3, {A0: 300})
+
+
+def test_find_ledger_returns_the_head_when_it_carries_the_ledger() -> None:
+    found = find_ledger("orders", [_snap(2, "orders", 2, 20), _snap(1, "orders", 1, 10)])
+
+    assert found is not None and found.snapshot_id == 2 and found.ledger.batch == 2
+
+
+def test_find_ledger_stops_reading_at_the_first_match() -> None:
+    def ancestry():
+        yield _snap(2, "orders", 2, 20)
+        raise AssertionError("walked past the ledger-bearing snapshot")
+
+    found = find_ledger("orders", ancestry())
+
+    assert found is not None and found.snapshot_id == 2
+
+
+def test_find_ledger_on_an_empty_ancestry_is_none() -> None:
+    assert find_ledger("orders", []) is None
+
+
+def test_find_ledger_on_a_broken_ancestry_without_this_pipeline_is_none() -> None:
+    # expiry removed the parents: the chain ends after foreign snapshots only
+    assert find_ledger("orders", iter([_snap(9, None), _snap(8, "payments")])) is None
+
+
+# --- the pipeline registry (table property) ----------------------------------------------------
+
+
+def test_registered_pipelines_of_a_fresh_table_is_empty() -> None:
+    assert registered_pipelines({}) == []
+    assert registered_pipelines({REGISTRY_PROPERTY: ""}) == []
+
+
+def test_register_adds_a_pipeline_once_and_keeps_the_others() -> None:
+    first = register({}, "orders")
+    assert first == {REGISTRY_PROPERTY: "orders"}
+
+    props = {"write.format.default": "parquet", **first}
+    second = register(props, "payments")
+    assert registered_pipelines({**props, **second}) == ["orders", "payments"]
+
+    assert register({**props, **second}, "orders") == {}
+    assert register({**props, **second}, "payments") == {}
+
+
+def test_registered_pipelines_matches_whole_names_only() -> None:
+    props = {REGISTRY_PROPERTY: "orders-eu,payments"}
+
+    assert "orders" not in registered_pipelines(props)
+    assert register(props, "orders") == {REGISTRY_PROPERTY: "orders-eu,payments,orders"}
