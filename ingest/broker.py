@@ -49,6 +49,10 @@ class EmbeddedBroker:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115

@@ -59,7 +59,9 @@ def _guarded(json_output: bool, action: Callable[[], T]) -> T:
         kind = "retryable" if error.retryable else ("config" if isinstance(error, ConfigError) else "fatal")
         if json_output:
             print(json.dumps({"error": str(error), "kind": kind, "type": type(error).__name__}))
-        err.print(f"[bold red]error[/] ({kind}, {type(error).__name__}): {error}", markup=True, highlight=False)
+        err.print(
+            f"[bold red]error[/] ({kind}, {type(error).__name__}): {error}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(int(error.exit_code)) from None
 
 

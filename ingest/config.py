@@ -213,13 +213,13 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
 def _format(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        where = ".".join(str(p) for p in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see conf/orders.yaml for the keys)"
         elif item["type"] == "missing":
             message = "required key is missing"
-        lines.append(f"  {where}: {message}")
+        lines.append(f"  {where}: {message}" if where else f"  {message}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,127 @@
+"""What a user sees when something is wrong: the message, the exit code, and no data lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.core.plan import Batch
+from ingest.errors import BrokerUnavailable, ExitCode
+from ingest.kafka import create_topic
+from ingest.pipeline import LocalEngine, Pipeline, Produced
+
+from .conftest import REPO, Env
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ingest", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def _write(tmp_path: Path, env: Env, **changes) -> Path:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load(env.config_path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"topic": ["x"]}, "topic: unknown key"),
+        ({"pipeline": None}, "pipeline: required key is missing"),
+        ({"schema": [{"name": "a", "type": "varchar"}]}, "unknown Iceberg type 'varchar'"),
+        ({"batch": {"max_records": 0}}, "batch.max_records"),
+        ({"kafka": {"group.id": "g"}}, "bootstrap.servers"),
+        ({"partition_by": ["day(nope)"]}, "'nope', which is not in schema"),
+    ],
+)
+def test_bad_config_names_the_key_and_exits_78(make_env, tmp_path: Path, change, expected) -> None:
+    path = _write(tmp_path, make_env(), **change)
+    result = _cli("run", "-c", str(path))
+    assert result.returncode == ExitCode.CONFIG
+    assert expected in result.stderr
+
+
+def test_missing_environment_variable(make_env, tmp_path: Path) -> None:
+    path = _write(tmp_path, make_env(), kafka={"bootstrap.servers": "${INGEST_TEST_UNSET_VAR}"})
+    result = _cli("status", "-c", str(path))
+    assert result.returncode == ExitCode.CONFIG
+    assert "INGEST_TEST_UNSET_VAR" in result.stderr
+
+
+def test_missing_config_file() -> None:
+    result = _cli("run", "-c", "/nonexistent/pipeline.yaml")
+    assert result.returncode == ExitCode.CONFIG
+    assert "cannot read config file" in result.stderr
+
+
+def test_broker_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
+    env = make_env(batch={"read_timeout_s": 2})
+    path = _write(tmp_path, env, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    result = _cli("run", "-c", str(path))
+    assert result.returncode == ExitCode.RETRYABLE
+    assert "cannot reach Kafka" in result.stderr
+
+
+@pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)
+def test_catalog_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
+    env = make_env()
+    catalog = yaml.safe_load(env.config_path.read_text())["catalog"]
+    catalog["uri"] = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
+    result = _cli("run", "-c", str(_write(tmp_path, env, catalog=catalog)))
+    assert result.returncode == ExitCode.RETRYABLE
+    assert "catalog" in result.stderr
+
+
+def test_unknown_topic_is_fatal(make_env, tmp_path: Path) -> None:
+    env = make_env()
+    result = _cli("run", "-c", str(_write(tmp_path, env, topics=["no-such-topic-here"])))
+    assert result.returncode == ExitCode.FATAL
+    assert "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
+    """A broker that stops answering mid-read fails the batch (retryable); the rerun completes it."""
+    with EmbeddedBroker(log_path=tmp_path / "own-broker.log") as broker:
+        env = make_env(batch={"read_timeout_s": 3})
+        data = yaml.safe_load(env.config_path.read_text())
+        data["kafka"] = {"bootstrap.servers": broker.bootstrap_servers}
+        env.config_path.write_text(yaml.safe_dump(data))
+        env.bootstrap = broker.bootstrap_servers
+        create_topic(broker.bootstrap_servers, env.topic, env.partitions)
+        env.produce(2_000, bad_every=10)
+        pipeline = Pipeline.open(env.config)
+        assert broker.pid is not None
+
+        class Hang(LocalEngine):
+            def produce(self, batch: Batch) -> Produced:
+                os.kill(broker.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+                return super().produce(batch)
+
+        try:
+            with pytest.raises(BrokerUnavailable) as caught:
+                pipeline.run_batch(Hang(pipeline.config, pipeline.source, pipeline.rows))
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        assert "no progress from Kafka" in str(caught.value)
+        assert pipeline.ledger() is None  # nothing committed
+
+        assert pipeline.run_batch().status == "committed"
+        assert env.counts() == (2_000 - env.bad, env.bad)
+        env.verify()
