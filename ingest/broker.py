@@ -57,9 +57,21 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._process = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--cluster-id", self.cluster_id, "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=log, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--cluster-id",
+                self.cluster_id,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
         self._wait_ready(timeout_s)
         return self

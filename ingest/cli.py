@@ -59,9 +59,7 @@ def _guarded(json_output: bool, action: Callable[[], T]) -> T:
         kind = "retryable" if error.retryable else ("config" if isinstance(error, ConfigError) else "fatal")
         if json_output:
             print(json.dumps({"error": str(error), "kind": kind, "type": type(error).__name__}))
-        err.print(
-            f"[bold red]error[/] ({kind}, {type(error).__name__}): {error}", highlight=False, soft_wrap=True
-        )
+        err.print(f"[bold red]error[/] ({kind}, {type(error).__name__}): {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(int(error.exit_code)) from None
 
 
@@ -78,7 +76,9 @@ def _ms(value: int | None) -> str:
 
 
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False) -> None:
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False,
+) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -90,7 +90,8 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log pro
 def run(
     config: ConfigOption,
     until_caught_up: Annotated[
-        bool, typer.Option("--until-caught-up", help="Run batches until the end offsets seen at start are in.")
+        bool,
+        typer.Option("--until-caught-up", help="Run batches until the end offsets seen at start are in."),
     ] = False,
     every: Annotated[
         str | None, typer.Option("--every", help="Keep running: one catch-up every DURATION (e.g. 5m).")
@@ -119,8 +120,13 @@ def _run_once(pipeline: Any, catch_up: bool, max_batches: int | None, json_outpu
     show_progress = catch_up and not json_output and err.is_terminal
     total = sum(p["lag"] for p in _status(pipeline)["partitions"]) if show_progress else 0
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, disable=not show_progress, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show_progress,
+        transient=True,
     ) as progress:
         task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
         for result in pipeline.run(until_caught_up=catch_up, max_batches=max_batches):
@@ -182,8 +188,12 @@ def history(
         for row in rows:
             ranges = ", ".join(f"{r['topic']}[{r['partition']}] {r['start']}..{r['end']}" for r in row["ranges"])
             table.add_row(
-                str(row["batch"]), str(row["snapshot_id"]), _ms(row["timestamp_ms"]), str(row["records"]),
-                str(row["dead_letters"]), ranges or "(ledger only)",
+                str(row["batch"]),
+                str(row["snapshot_id"]),
+                _ms(row["timestamp_ms"]),
+                str(row["records"]),
+                str(row["dead_letters"]),
+                ranges or "(ledger only)",
             )
         out.print(table)
 
@@ -206,8 +216,12 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
             for p in data["partitions"]:
                 problems = [f"{k} {p[k]}" for k in ("missing", "duplicated", "unexpected") if p[k]]
                 table.add_row(
-                    f"{p['topic']}[{p['partition']}]", f"[{p['start']}, {p['end']})", str(p["in_kafka"]),
-                    str(p["rows"]), str(p["dead_letters"]), "ok" if p["ok"] else "; ".join(problems),
+                    f"{p['topic']}[{p['partition']}]",
+                    f"[{p['start']}, {p['end']})",
+                    str(p["in_kafka"]),
+                    str(p["rows"]),
+                    str(p["dead_letters"]),
+                    "ok" if p["ok"] else "; ".join(problems),
                 )
             out.print(table)
         if not data["ok"]:

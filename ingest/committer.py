@@ -9,20 +9,27 @@ must be committed again, or was fenced by another writer. Attempts are bounded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from ingest.iceberg import DataFile
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from ingest.core.commit import Decision, dead_letter_step, decide
-from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, encode, find_ledger, register
-from ingest.core.ledger import registered_pipelines
+from ingest.core.ledger import (
+    BatchCounts,
+    Found,
+    Ledger,
+    TopicPartition,
+    encode,
+    find_ledger,
+    register,
+    registered_pipelines,
+)
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
-from ingest.iceberg import CommitConflict, CommitUnknown, IcebergTable
+from ingest.iceberg import CommitConflict, CommitUnknown, DataFile, IcebergTable
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +62,11 @@ def _retrying(max_attempts: int) -> Retrying:
     )
 
 
-def _attempt(table: IcebergTable, write: Callable[[], int]) -> int:
+def _attempt(
+    table: IcebergTable, files: Sequence[DataFile], summary: Mapping[str, str], props: Mapping[str, str]
+) -> int:
     try:
-        return write()
+        return table.try_commit(files, summary, props)
     except CommitConflict as error:
         log.info("commit to %s conflicted (%s); observing again", table.identifier, error)
         raise _Again() from None
@@ -85,7 +94,7 @@ def commit_rows(
                 if decision is not Decision.COMMIT:
                     return Outcome(decision, found.snapshot_id if found else None)
                 props = register(table.head().properties, pipeline)
-                snapshot_id = _attempt(table, lambda: table.try_commit(files, summary, props))
+                snapshot_id = _attempt(table, files, summary, props)
                 return Outcome(Decision.COMMIT, snapshot_id)
     except _Again:
         pass
@@ -119,7 +128,7 @@ def commit_dead_letters(
                 if written_for is None or written_for[0] != step.floor:
                     kept = _above_floor(dead_letters, step.floor)
                     written_for = (dict(step.floor), table.write(kept), kept.num_rows)
-                floor, files, count = written_for
+                _, files, count = written_for
                 if count == 0:
                     return 0
                 ledger = Ledger(
@@ -130,7 +139,7 @@ def commit_dead_letters(
                 )
                 summary = encode(pipeline, ledger, BatchCounts(dead_letters=count))
                 props = register(table.head().properties, pipeline)
-                _attempt(table, lambda: table.try_commit(files, summary, props))
+                _attempt(table, files, summary, props)
                 return count
     except _Again:
         pass
@@ -140,7 +149,7 @@ def commit_dead_letters(
     )
 
 
-def _above_floor(dead_letters: pa.Table, floor: dict[TopicPartition, int]) -> pa.Table:
+def _above_floor(dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
     if not floor:
         return dead_letters
     keep = None

@@ -145,10 +145,7 @@ class Decoder:
         parts: list[tuple[list[int], pa.Table]] = []
         self._parse(values, candidates, parts, bad)
         good = [i for indices, _ in parts for i in indices]
-        if parts:
-            fields = pa.concat_tables([t for _, t in parts]).combine_chunks()
-        else:
-            fields = self._field_schema.empty_table()
+        fields = pa.concat_tables([t for _, t in parts]).combine_chunks() if parts else self._field_schema.empty_table()
         rows = self._assemble(chunk, good, fields)
         return Decoded(rows=rows, dead_letters=self._dead_letters(chunk, bad))
 
@@ -214,7 +211,11 @@ class Decoder:
         self._keep(table, indices, parts, bad)
 
     def _keep(
-        self, table: pa.Table, indices: list[int], parts: list[tuple[list[int], pa.Table]], bad: dict[int, str]
+        self,
+        table: pa.Table,
+        indices: list[int],
+        parts: list[tuple[list[int], pa.Table]],
+        bad: dict[int, str],
     ) -> None:
         """Split off rows with nulls in required fields; keep the rest."""
         missing = None
@@ -226,9 +227,7 @@ class Decoder:
             flags = missing.to_pylist()
             for row, flag in enumerate(flags):
                 if flag:
-                    names = [
-                        s.name for s in self.fields if s.required and not table.column(s.name)[row].is_valid
-                    ]
+                    names = [s.name for s in self.fields if s.required and not table.column(s.name)[row].is_valid]
                     bad[indices[row]] = f"required field(s) {', '.join(map(repr, names))} missing or null"
             table = table.filter(pc.invert(missing))
             indices = [i for i, flag in zip(indices, flags, strict=True) if not flag]

@@ -80,13 +80,17 @@ def main(records: int, config_path: Path, console: Console) -> None:
         console.print(f"produced {sent} order events to 'orders' ({PARTITIONS} partitions)")
         pipeline = Pipeline.open(config)
         for result in pipeline.run(until_caught_up=True, max_batches=None):
-            console.print(f"  batch {result.batch}: {result.status}, {result.records} rows, "
-                          f"{result.dead_letters} dead letters in {result.seconds:.2f}s")
+            console.print(
+                f"  batch {result.batch}: {result.status}, {result.records} rows, "
+                f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
+            )
         sent = produce(broker.bootstrap_servers, "orders", order_events(records - first, first + 1, seed=2))
         console.print(f"produced {sent} more; running again")
         for result in pipeline.run(until_caught_up=True, max_batches=None):
-            console.print(f"  batch {result.batch}: {result.status}, {result.records} rows, "
-                          f"{result.dead_letters} dead letters in {result.seconds:.2f}s")
+            console.print(
+                f"  batch {result.batch}: {result.status}, {result.records} rows, "
+                f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
+            )
         result = pipeline.run_batch()
         console.print(f"  one more batch with nothing new: {result.status} (no snapshot written)")
         _show(pipeline, console)
@@ -103,12 +107,23 @@ def _show(pipeline: Pipeline, console: Console) -> None:
         value = row["value"][:40].decode(errors="replace") if row["value"] is not None else "null"
         sample.add_row(f"{row['topic']}[{row['partition']}]@{row['offset']}", row["error"], value)
     console.print(sample)
-    snapshots = Table("batch", "snapshot", "records", "dead letters", "ledger after (next offset per partition)",
-                      title="snapshots and their ledgers")
+    snapshots = Table(
+        "batch",
+        "snapshot",
+        "records",
+        "dead letters",
+        "ledger after (next offset per partition)",
+        title="snapshots and their ledgers",
+    )
     for entry in report.history(pipeline):
         ends = " ".join(f"{r['partition']}:{r['end']}" for r in entry["ranges"])
-        snapshots.add_row(str(entry["batch"]), str(entry["snapshot_id"]), str(entry["records"]),
-                          str(entry["dead_letters"]), ends)
+        snapshots.add_row(
+            str(entry["batch"]),
+            str(entry["snapshot_id"]),
+            str(entry["records"]),
+            str(entry["dead_letters"]),
+            ends,
+        )
     console.print(snapshots)
     status = report.status(pipeline)
     lag = Table("partition", "committed", "end", "lag", title="lag")

@@ -9,6 +9,7 @@ own retry rebases an append onto the new head and lands a second copy of the bat
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
@@ -25,7 +26,7 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
 )
 from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile  # re-exported: engines pass these around
+from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -101,7 +102,8 @@ def rows_schema(fields: Sequence[FieldSpec]) -> Schema:
 
 def dead_letter_schema() -> Schema:
     header = StructType(
-        NestedField(10, "key", StringType(), required=True), NestedField(11, "value", BinaryType(), required=False)
+        NestedField(10, "key", StringType(), required=True),
+        NestedField(11, "value", BinaryType(), required=False),
     )
     return Schema(
         NestedField(1, "topic", StringType(), required=True),
@@ -122,7 +124,11 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
     for i, item in enumerate(partition_by):
         match = TRANSFORM.match(item.replace(" ", ""))
         assert match is not None  # validated in config
-        fn, n, column = match.group("fn") or "identity", match.group("n"), match.group("col") or match.group("bare")
+        fn, n, column = (
+            match.group("fn") or "identity",
+            match.group("n"),
+            match.group("col") or match.group("bare"),
+        )
         transform: Transform[Any, Any]
         if fn in ("bucket", "truncate"):
             if n is None:
@@ -178,7 +184,11 @@ class IcebergTable:
 
     @classmethod
     def open(
-        cls, catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
+        cls,
+        catalog: Catalog,
+        identifier: str,
+        schema: Schema,
+        spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
     ) -> IcebergTable:
         """Load the table, creating it (and its namespace) if missing; adopt it for exact commits."""
         try:
@@ -237,9 +247,7 @@ class IcebergTable:
         except OSError as error:
             raise CatalogUnavailable(f"writing data files for {self.identifier} failed: {error}") from None
 
-    def try_commit(
-        self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]
-    ) -> int:
+    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
         """One commit attempt: a snapshot with ``files`` and ``summary``, requiring the current head.
 
         Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
@@ -273,10 +281,8 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: Par
     except NoSuchTableError:
         pass
     namespace = identifier.rsplit(".", 1)[0]
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent copy created it
         catalog.create_namespace(namespace)
-    except NamespaceAlreadyExistsError:
-        pass
     try:
         return catalog.create_table(identifier, schema=schema, partition_spec=spec, properties=NO_LIBRARY_RETRIES)
     except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
@@ -75,8 +75,8 @@ class KafkaSource:
                     f"topic {topic!r} does not exist on {self._props['bootstrap.servers']}; create it or fix `topics:`"
                 )
             tps.extend(TopicPartition(topic, p) for p in sorted(info.partitions))
-        low = self._list_offsets(tps, OffsetSpec.earliest())
-        high = self._list_offsets(tps, OffsetSpec.latest())
+        low = self._list_offsets(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        high = self._list_offsets(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
         return KafkaView(
             cluster_id=metadata.cluster_id,
             partitions={tp: Watermarks(low[tp], max(low[tp], high[tp])) for tp in tps},
@@ -92,15 +92,11 @@ class KafkaSource:
             futures = self._admin.list_offsets(
                 request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
             )
-            return {
-                TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()
-            }
+            return {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
         except KafkaException as error:
             raise BrokerUnavailable(f"listing offsets failed on {self._props['bootstrap.servers']}: {error}") from None
 
-    def read(
-        self, ranges: Sequence[tuple[TopicPartition, int, int]], chunk_records: int
-    ) -> Iterator[RawChunk]:
+    def read(self, ranges: Sequence[tuple[TopicPartition, int, int]], chunk_records: int) -> Iterator[RawChunk]:
         """Every record at offsets ``[start, end)`` of each range, in chunks of ~``chunk_records``."""
         remaining = {tp: end for tp, start, end in ranges if end > start}
         if not remaining:
@@ -122,15 +118,15 @@ class KafkaSource:
             progressed = bool(messages)
             for message in messages:
                 error = message.error()
-                tp = TopicPartition(message.topic(), message.partition())
-                end = remaining.get(tp)
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         continue
-                    self._raise(error, tp)
-                if end is None:
-                    continue
+                    self._raise(error, message)
+                tp = TopicPartition(str(message.topic()), int(message.partition() or 0))
+                end = remaining.get(tp)
                 offset = message.offset()
+                if end is None or offset is None:
+                    continue
                 if offset >= end:
                     self._finish(consumer, remaining, tp)
                     continue
@@ -164,13 +160,14 @@ class KafkaSource:
             consumer.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
 
     @staticmethod
-    def _raise(error: KafkaError, tp: TopicPartition) -> None:
+    def _raise(error: KafkaError, message: Message) -> None:
+        where = f"{message.topic()}[{message.partition()}]" if message.topic() else "Kafka"
         if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
             raise BrokerUnavailable(
-                f"{tp}: planned offsets were deleted by retention while the batch read them ({error.str()}). "
+                f"{where}: planned offsets were deleted by retention while the batch read them ({error.str()}). "
                 "Nothing was committed; the next run plans again and applies `on_data_loss`."
             )
-        raise BrokerUnavailable(f"{tp}: Kafka error while reading: {error.str()}")
+        raise BrokerUnavailable(f"{where}: Kafka error while reading: {error.str()}")
 
     def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Consumer-group offsets for lag dashboards. Never read back; failures are only logged."""
@@ -187,7 +184,6 @@ class KafkaSource:
             consumer.close()
 
 
-
 def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
     """Whether a broker answers a metadata request."""
     try:
@@ -198,12 +194,10 @@ def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
 
 
 def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 10.0) -> None:
-    from confluent_kafka.admin import NewTopic
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    futures = admin.create_topics(
-        [NewTopic(topic, partitions, 1)], operation_timeout=timeout_s
-    )
+    futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout_s)
     for future in futures.values():
         try:
             future.result()
@@ -223,8 +217,13 @@ def produce(
     end offset of a partition from its last record batch report it right.
     """
     producer = Producer(
-        {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "compression.type": "lz4",
-         "linger.ms": 20, "batch.num.messages": 10_000}
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "compression.type": "lz4",
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+        }
     )
     last: dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = {}
     count = 0
@@ -241,11 +240,17 @@ def produce(
     return count
 
 
-def _send(producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
-          headers: list[tuple[str, bytes]] | None) -> None:
+def _send(
+    producer: Producer,
+    topic: str,
+    partition: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes]] | None,
+) -> None:
     while True:
         try:
-            producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
+            producer.produce(topic, value=value, key=key, partition=partition, headers=headers)  # type: ignore[arg-type]
             return
         except BufferError:
             producer.poll(0.1)
@@ -267,9 +272,10 @@ class _ChunkBuilder:
 
     def add(self, message: Message, offset: int) -> None:
         value, key = message.value(), message.key()
+        assert not isinstance(value, str) and not isinstance(key, str)  # no deserializer configured
         kind, ts = message.timestamp()
-        self.topics.append(message.topic())
-        self.partitions.append(message.partition())
+        self.topics.append(str(message.topic()))
+        self.partitions.append(int(message.partition() or 0))
         self.offsets.append(offset)
         self.timestamps.append(ts * 1000 if kind else None)
         self.keys.append(key)
@@ -282,7 +288,10 @@ class _ChunkBuilder:
 
         def headers(i: int) -> Headers:
             raw = messages[i].headers()
-            return [(k, v) for k, v in raw] if raw else None
+            if not raw:
+                return None
+            pairs = raw.items() if isinstance(raw, dict) else raw
+            return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
 
         return RawChunk(
             topic=pa.array(self.topics, type=pa.string()),

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest import failpoints
 from ingest.committer import commit_dead_letters, commit_rows, observe
@@ -112,7 +111,8 @@ class LocalEngine:
             records += len(chunk)
             nbytes += chunk.nbytes
             timestamps = _merge_max(
-                timestamps, _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp")
+                timestamps,
+                _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp"),
             )
             timestamps = _merge_max(
                 timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp")
@@ -160,12 +160,20 @@ class Pipeline:
             result = self._attempt(batch, engine)
             if result is not None:
                 return result
-            log.warning("batch %d of %r was fenced by another writer; planning again", batch.number,
-                        self.config.pipeline)
+            log.warning(
+                "batch %d of %r was fenced by another writer; planning again",
+                batch.number,
+                self.config.pipeline,
+            )
             fenced = batch
             batch = self.plan()
         observed = self.ledger()
-        raise Fenced(self.config.pipeline, self.config.table, fenced.number, observed.ledger.batch if observed else None)
+        raise Fenced(
+            self.config.pipeline,
+            self.config.table,
+            fenced.number,
+            observed.ledger.batch if observed else None,
+        )
 
     def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
         started = time.monotonic()
@@ -191,7 +199,13 @@ class Pipeline:
             bytes=produced.nbytes,
         )
         outcome = commit_rows(
-            self.rows, self.config.pipeline, batch, ledger, produced.files, counts, self.config.commit.max_attempts
+            self.rows,
+            self.config.pipeline,
+            batch,
+            ledger,
+            produced.files,
+            counts,
+            self.config.commit.max_attempts,
         )
         if outcome.decision is Decision.FENCED:
             return None

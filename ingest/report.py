@@ -57,7 +57,12 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[dict[str, Any]
             continue
         counts = decode_counts(name, snap.summary)
         ranges = [
-            {"topic": tp.topic, "partition": tp.partition, "start": ledger.start_offsets.get(tp, end), "end": end}
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "start": ledger.start_offsets.get(tp, end),
+                "end": end,
+            }
             for tp, end in sorted(ledger.offsets.items())
             if ledger.start_offsets.get(tp, end) != end
         ]
@@ -71,8 +76,10 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[dict[str, Any]
                 "bytes": counts.bytes,
                 "valid_through_ms": ledger.valid_through,
                 "ranges": ranges,
-                "lost": [{"topic": r.tp.topic, "partition": r.tp.partition, "start": r.start, "end": r.end}
-                         for r in ledger.lost],
+                "lost": [
+                    {"topic": r.tp.topic, "partition": r.tp.partition, "start": r.start, "end": r.end}
+                    for r in ledger.lost
+                ],
             }
         )
         if limit is not None and len(rows) >= limit:
@@ -98,9 +105,17 @@ class PartitionCheck:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "topic": self.tp.topic, "partition": self.tp.partition, "start": self.start, "end": self.end,
-            "in_kafka": self.in_kafka, "rows": self.rows, "dead_letters": self.dead_letters,
-            "missing": self.missing, "duplicated": self.duplicated, "unexpected": self.unexpected, "ok": self.ok,
+            "topic": self.tp.topic,
+            "partition": self.tp.partition,
+            "start": self.start,
+            "end": self.end,
+            "in_kafka": self.in_kafka,
+            "rows": self.rows,
+            "dead_letters": self.dead_letters,
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "unexpected": self.unexpected,
+            "ok": self.ok,
         }
 
 
@@ -169,7 +184,9 @@ def verify(pipeline: Pipeline) -> dict[str, Any]:
             check.duplicated = _sample(counts.field("values").filter(pc.greater(counts.field("counts"), 1)))
             beyond = landed.filter(pc.greater_equal(landed, end))
             in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, end)))
-            check.unexpected = _sample(pa.concat_arrays([beyond, in_range.filter(pc.invert(pc.is_in(in_range, kafka)))]))
+            check.unexpected = _sample(
+                pa.concat_arrays([beyond, in_range.filter(pc.invert(pc.is_in(in_range, kafka)))])
+            )
         for lost_tp, lost_start, lost_end in lost:  # recorded by `on_data_loss: skip`
             if lost_tp == tp and len(kafka):
                 gone = pc.and_(pc.greater_equal(kafka, lost_start), pc.less(kafka, lost_end))

@@ -120,9 +120,7 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
             f"lakehouse-ingest reads format {FORMAT_VERSION}. Upgrade lakehouse-ingest."
         )
     lost_text = summary.get(_key(pipeline, "lost-ranges"))
-    lost = tuple(
-        LostRange(TopicPartition(t, int(p)), int(s), int(e)) for t, p, s, e in json.loads(lost_text or "[]")
-    )
+    lost = tuple(LostRange(TopicPartition(t, int(p)), int(s), int(e)) for t, p, s, e in json.loads(lost_text or "[]"))
     return Ledger(
         batch=int(summary[_key(pipeline, "batch")]),
         offsets=_decode_offsets(offsets),

@@ -90,18 +90,29 @@ class Env:
         produce(self.bootstrap, self.topic, records)
         self.produced += count
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "ingest", *args]
         if args and args[0] in ("run", "status", "history", "verify"):
             command += ["-c", str(self.config_path)]
         return subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
         )
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "ingest", *args, "-c", str(self.config_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
         )
 
     def verify(self) -> dict[str, Any]:
@@ -133,7 +144,12 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore
             "pipeline": "orders",
             "kafka": {"bootstrap.servers": bootstrap},
             "topics": [name],
-            "catalog": {"name": f"lake_{catalog_kind}", "type": "sql", "uri": uri, "warehouse": warehouse.as_uri()},
+            "catalog": {
+                "name": f"lake_{catalog_kind}",
+                "type": "sql",
+                "uri": uri,
+                "warehouse": warehouse.as_uri(),
+            },
             "table": f"{name}.orders",
             "schema": SCHEMA,
             "partition_by": ["day(created_at)"],

@@ -62,10 +62,10 @@ def test_concurrent_copies_of_one_pipeline(make_env, copies: int) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(4_000, bad_every=17)
     processes = [env.popen("run", "--until-caught-up", "--json") for _ in range(copies)]
-    outcomes = [p.communicate(timeout=300) + (p.returncode,) for p in processes]
+    outcomes = [(*p.communicate(timeout=300), p.returncode) for p in processes]
 
     # every copy either finished or stopped with a retryable error (fenced too often, catalog busy)
-    for stdout, stderr, code in outcomes:
+    for _, stderr, code in outcomes:
         assert code in (0, 75), stderr
     statuses = [json.loads(line).get("status") for o in outcomes for line in o[0].splitlines()]
     assert "committed" in statuses

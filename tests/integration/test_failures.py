@@ -23,8 +23,9 @@ pytestmark = pytest.mark.integration
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def _write(tmp_path: Path, env: Env, **changes) -> Path:  # type: ignore[no-untyped-def]

@@ -74,8 +74,15 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
             produced = super().produce(batch)
             table = other.rows.table.refresh()
             foreign = pa.Table.from_pylist(
-                [{"_kafka_topic": "elsewhere", "_kafka_partition": 0, "_kafka_offset": 0, "order_id": -1,
-                  "created_at": datetime(2026, 1, 1, tzinfo=UTC)}],
+                [
+                    {
+                        "_kafka_topic": "elsewhere",
+                        "_kafka_partition": 0,
+                        "_kafka_offset": 0,
+                        "order_id": -1,
+                        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+                    }
+                ],
                 schema=table.schema().as_arrow(),
             )
             table.append(foreign)  # another writer's snapshot, without this pipeline's ledger
@@ -84,7 +91,9 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
     result = pipeline.run_batch(ForeignWriterMidBatch(pipeline.config, pipeline.source, pipeline.rows))
 
     assert result.status == "committed" and result.batch == 2
-    summaries = [s.summary.additional_properties for s in pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots]
+    summaries = [
+        s.summary.additional_properties for s in pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots
+    ]
     assert ["ingest.orders.offsets" in s for s in summaries] == [True, False, True]
     env.verify()
     rows, dead = env.counts()

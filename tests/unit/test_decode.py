@@ -1,0 +1,441 @@
+"""Decoding Kafka JSON values into Arrow rows, with poison records split off (ingest.decode).
+
+Invariant everywhere: every input record is either a row or a dead letter, exactly once, and
+rows keep their input order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.config import FieldSpec
+from ingest.decode import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, Decoder, RawChunk
+
+UTC = dt.UTC
+FIELDS = [
+    FieldSpec(name="id", type="long", required=True),
+    FieldSpec(name="n", type="int"),
+    FieldSpec(name="x", type="double"),
+    FieldSpec(name="f", type="float"),
+    FieldSpec(name="amt", type="decimal(12, 2)"),
+    FieldSpec(name="day", type="date"),
+    FieldSpec(name="at", type="timestamptz"),
+    FieldSpec(name="s", type="string"),
+    FieldSpec(name="ok", type="boolean"),
+]
+TS0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def chunk(
+    values: list[bytes | None],
+    offsets: list[int] | None = None,
+    *,
+    topic: str = "orders",
+    partition: int = 3,
+    keys: list[bytes | None] | None = None,
+    headers=None,
+) -> RawChunk:
+    n = len(values)
+    offsets = list(range(100, 100 + n)) if offsets is None else offsets
+    keys = [f"k{o}".encode() for o in offsets] if keys is None else keys
+    return RawChunk(
+        topic=pa.array([topic] * n, pa.string()),
+        partition=pa.array([partition] * n, pa.int32()),
+        offset=pa.array(offsets, pa.int64()),
+        timestamp=pa.array([TS0 + dt.timedelta(seconds=o) for o in offsets], pa.timestamp("us", tz="UTC")),
+        key=pa.array(keys, pa.binary()),
+        values=values,
+        headers=headers or (lambda i: None),
+        nbytes=sum(len(v or b"") for v in values),
+    )
+
+
+def decode(values: list[bytes | None], fields=FIELDS, **kwargs) -> Decoded:
+    return Decoder(fields).decode(chunk(values, **kwargs))
+
+
+def assert_exactly_once(decoded: Decoded, offsets: list[int]) -> None:
+    rows = decoded.rows.column("_kafka_offset").to_pylist()
+    dead = decoded.dead_letters.column("offset").to_pylist()
+    assert decoded.rows.num_rows + decoded.dead_letters.num_rows == len(offsets)
+    assert sorted(rows + dead) == sorted(offsets)
+    assert len(set(rows + dead)) == len(offsets)
+    assert rows == [o for o in offsets if o in set(rows)]  # input order kept
+    assert dead == sorted(dead)
+
+
+def good(i: int, **extra) -> bytes:
+    return json.dumps({"id": i, "s": f"row-{i}", **extra}).encode()
+
+
+# --- good records ------------------------------------------------------------------------------
+
+
+def test_good_records_decode_to_the_declared_arrow_types() -> None:
+    value = {
+        "id": 2**40,
+        "n": -7,
+        "x": 1.25,
+        "f": 2.5,
+        "amt": 12.34,
+        "day": "2024-01-02",
+        "at": "2024-01-02T03:04:05.250+02:00",
+        "s": "grüße",
+        "ok": True,
+        "ignored": {"nested": [1, 2]},  # fields not in the schema are ignored
+    }
+    decoded = decode([json.dumps(value).encode(), b'{"id": 5, "amt": "99.10", "at": "2024-01-02T03:04:05Z"}'])
+
+    assert decoded.dead_letters.num_rows == 0
+    schema = decoded.rows.schema
+    assert schema.names == [*KAFKA_COLUMNS.names, *(f.name for f in FIELDS)]
+    assert schema.field("id").type == pa.int64() and not schema.field("id").nullable
+    assert schema.field("n").type == pa.int32()
+    assert schema.field("x").type == pa.float64()
+    assert schema.field("f").type == pa.float32()
+    assert schema.field("amt").type == pa.decimal128(12, 2)
+    assert schema.field("day").type == pa.date32()
+    assert schema.field("at").type == pa.timestamp("us", tz="UTC")
+    assert schema.field("s").type == pa.string()
+    assert schema.field("ok").type == pa.bool_()
+    first, second = decoded.rows.to_pylist()
+    assert first["id"] == 2**40
+    assert first["n"] == -7
+    assert first["x"] == 1.25
+    assert first["f"] == 2.5
+    assert first["amt"] == Decimal("12.34")
+    assert first["day"] == dt.date(2024, 1, 2)
+    assert first["at"] == dt.datetime(2024, 1, 2, 1, 4, 5, 250_000, tzinfo=UTC)
+    assert first["s"] == "grüße"
+    assert first["ok"] is True
+    assert second["amt"] == Decimal("99.10")  # decimal from a string keeps its exact value
+    assert second["at"] == dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert second["n"] is None and second["s"] is None  # optional fields may be absent
+
+
+def test_rows_carry_their_kafka_coordinates() -> None:
+    decoded = decode([good(1), good(2)], offsets=[7, 9], keys=[b"a", None], topic="t", partition=11)
+
+    rows = decoded.rows.to_pylist()
+    assert [(r["_kafka_topic"], r["_kafka_partition"], r["_kafka_offset"], r["_kafka_key"]) for r in rows] == [
+        ("t", 11, 7, b"a"),
+        ("t", 11, 9, None),
+    ]
+    assert rows[0]["_kafka_timestamp"] == TS0 + dt.timedelta(seconds=7)
+
+
+def test_an_integer_is_accepted_for_a_double_and_a_decimal() -> None:
+    row = decode([b'{"id": 1, "x": 5, "amt": 7}']).rows.to_pylist()[0]
+
+    assert row["x"] == 5.0 and row["amt"] == Decimal("7.00")
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"])
+def test_a_pretty_printed_multi_line_value_is_kept(eol: bytes) -> None:
+    pretty = json.dumps({"id": 7, "s": "multi\nline text"}, indent=2).encode().replace(b"\n", eol)
+    assert eol in pretty
+
+    decoded = decode([good(1), pretty, good(3)])
+
+    assert decoded.dead_letters.num_rows == 0
+    assert decoded.rows.column("id").to_pylist() == [1, 7, 3]
+    assert decoded.rows.column("s").to_pylist()[1] == "multi\nline text"
+
+
+def test_an_empty_chunk() -> None:
+    decoded = decode([])
+
+    assert decoded.rows.num_rows == 0 and decoded.dead_letters.num_rows == 0
+    assert decoded.dead_letters.schema == DEAD_LETTER_SCHEMA
+
+
+# --- bad records -------------------------------------------------------------------------------
+
+BAD = [
+    pytest.param(b'{"id": 1, "s": ', "not valid JSON", id="not-json"),
+    pytest.param(b"\xff\xfe{}", "not valid JSON", id="not-utf8"),
+    pytest.param(b"[1, 2]", "JSON value is not an object (got list)", id="list"),
+    pytest.param(b"42", "JSON value is not an object (got int)", id="number"),
+    pytest.param(b'"hello"', "JSON value is not an object (got str)", id="string"),
+    pytest.param(b"true", "JSON value is not an object (got bool)", id="boolean"),
+    pytest.param(None, "value is null (a tombstone)", id="tombstone"),
+    pytest.param(b"", "value is empty", id="empty"),
+    pytest.param(b" \t ", "value is empty", id="blank"),
+    pytest.param(b'{"s": "no id"}', "required field(s) 'id' missing or null", id="missing-required"),
+    pytest.param(b'{"id": null, "s": "x"}', "required field(s) 'id' missing or null", id="null-required"),
+    pytest.param(b'{"id": "abc"}', "field 'id': expected long, got a JSON string", id="string-for-long"),
+    pytest.param(b'{"id": 1, "ok": "yes"}', "field 'ok': expected boolean, got a JSON string", id="string-for-bool"),
+    pytest.param(b'{"id": 1, "s": {"a": 1}}', "field 's': expected string, got a JSON object", id="object-for-string"),
+    pytest.param(b'{"id": 1, "day": 20240101}', "field 'day': expected date, got a JSON number", id="number-for-date"),
+    pytest.param(b'{"id": 1, "day": "2024-02-30"}', "field 'day': cannot convert to date", id="bad-date"),
+    pytest.param(b'{"id": 1.5}', "field 'id': cannot convert 1.5 to long", id="fraction-for-long"),
+    pytest.param(b'{"id": 1, "amt": 1.234}', "requires scale 3", id="decimal-scale"),
+    pytest.param(b'{"id": 1, "amt": "1.234"}', "requires scale 3", id="decimal-scale-string"),
+    pytest.param(b'{"id": 1, "amt": 123456789012}', "requires precision", id="decimal-precision"),
+    pytest.param(b'{"id": 1, "n": 3000000000}', "field 'n': cannot convert 3000000000 to int", id="int-overflow"),
+    pytest.param(b'{"id": 1, "n": -2147483649}', "field 'n': cannot convert -2147483649 to int", id="int-underflow"),
+    pytest.param(b'{"id": 9223372036854775808}', "field 'id': cannot convert", id="long-overflow"),
+    pytest.param(b'{"id": 1, "at": "yesterday"}', "couldn't parse:yesterday", id="bad-timestamp"),
+    pytest.param(b'{"id": 1}{"id": 2}', "not valid JSON: Extra data", id="two-documents"),
+    pytest.param(b'{"id": 1} {"id": 2}', "not valid JSON: Extra data", id="two-documents-spaced"),
+    pytest.param(b'{"id": 1}\n{"id": 2}', "not valid JSON: Extra data", id="two-documents-two-lines"),
+    pytest.param(b'{\n  "id": "x"\n}', "field 'id': expected long, got a JSON string", id="multi-line-wrong-type"),
+    pytest.param(b'{"id": 1, "s": "\\ud800"}', "surrogate", id="lone-surrogate"),
+]
+
+
+@pytest.mark.parametrize("size", [3, 41], ids=["one-by-one", "bisected"])
+@pytest.mark.parametrize(("value", "message"), BAD)
+def test_a_bad_record_goes_to_the_dead_letters_and_the_rest_are_kept(value, message, size) -> None:
+    # small chunks are parsed record by record; big ones in one go, bisected around the bad record
+    bad_at = size // 2
+    values = [good(i) for i in range(size)]
+    values[bad_at] = value
+    offsets = list(range(100, 100 + size))
+
+    decoded = decode(values)
+
+    assert_exactly_once(decoded, offsets)
+    assert decoded.rows.column("id").to_pylist() == [i for i in range(size) if i != bad_at]
+    [dead] = decoded.dead_letters.to_pylist()
+    assert dead["offset"] == 100 + bad_at
+    assert dead["value"] == value  # raw, as read from Kafka (not the re-serialised form)
+    assert message in dead["error"]
+
+
+def test_many_bad_records_in_one_chunk_each_get_their_own_message() -> None:
+    bad = [p.values for p in BAD]
+    values: list[bytes | None] = []
+    expected_rows = []
+    for i, (value, _) in enumerate(bad):
+        values += [good(i), value]
+        expected_rows.append(i)
+    offsets = list(range(100, 100 + len(values)))
+
+    decoded = decode(values)
+
+    assert_exactly_once(decoded, offsets)
+    assert decoded.rows.column("id").to_pylist() == expected_rows
+    errors = decoded.dead_letters.column("error").to_pylist()
+    assert [message in error for (_, message), error in zip(bad, errors, strict=True)] == [True] * len(bad)
+
+
+def test_a_chunk_of_only_bad_records() -> None:
+    values = [None, b"", b"[]", b"{oops"] * 10
+
+    decoded = decode(values)
+
+    assert decoded.rows.num_rows == 0
+    assert decoded.rows.schema == Decoder(FIELDS).decode(chunk([good(1)])).rows.schema
+    assert_exactly_once(decoded, list(range(100, 140)))
+
+
+def test_dead_letters_keep_raw_key_value_headers_and_coordinates() -> None:
+    calls: list[int] = []
+
+    def headers(i: int):
+        calls.append(i)
+        return [("trace-id", b"abc"), ("empty", None)] if i == 1 else None
+
+    values = [good(0), b"\x00garbage\n", good(2), None]
+    decoded = decode(values, offsets=[40, 42, 45, 46], keys=[b"k0", b"\xffbinary-key", b"k2", None],
+                     topic="payments", partition=5, headers=headers)
+
+    assert decoded.dead_letters.schema == DEAD_LETTER_SCHEMA
+    first, tombstone = decoded.dead_letters.to_pylist()
+    assert first["topic"] == "payments"
+    assert first["partition"] == 5
+    assert first["offset"] == 42
+    assert first["timestamp"] == TS0 + dt.timedelta(seconds=42)
+    assert first["key"] == b"\xffbinary-key"
+    assert first["value"] == b"\x00garbage\n"
+    assert first["headers"] == [{"key": "trace-id", "value": b"abc"}, {"key": "empty", "value": None}]
+    assert first["error"].startswith("not valid JSON")
+    assert (tombstone["offset"], tombstone["key"], tombstone["value"], tombstone["headers"]) == (46, None, None, [])
+    # headers are fetched only for dead letters
+    assert sorted(calls) == [1, 3]
+
+
+def test_non_contiguous_offsets_are_kept_as_they_are() -> None:
+    offsets = [10, 11, 15, 20, 21, 30]
+    values = [good(0), b"bad", good(2), None, good(4), good(5)]
+
+    decoded = decode(values, offsets=offsets)
+
+    assert_exactly_once(decoded, offsets)
+    assert decoded.rows.column("_kafka_offset").to_pylist() == [10, 15, 21, 30]
+
+
+# --- known bugs --------------------------------------------------------------------------------
+
+
+def _decode_in_subprocess(values: list[bytes | None], fields: list[tuple[str, str, bool]]) -> subprocess.CompletedProcess:
+    """Run the decoder in a child process: the input may crash the interpreter (SIGSEGV)."""
+    script = textwrap.dedent(
+        """
+        import ast, json, sys
+        import pyarrow as pa
+        from ingest.config import FieldSpec
+        from ingest.decode import Decoder, RawChunk
+        values, fields = ast.literal_eval(sys.stdin.read())
+        n = len(values)
+        chunk = RawChunk(
+            topic=pa.array(["t"] * n), partition=pa.array([0] * n, pa.int32()),
+            offset=pa.array(range(n), pa.int64()), timestamp=pa.array([None] * n, pa.timestamp("us", tz="UTC")),
+            key=pa.array([None] * n, pa.binary()), values=values, headers=lambda i: None, nbytes=0)
+        out = Decoder([FieldSpec(name=a, type=b, required=c) for a, b, c in fields]).decode(chunk)
+        print(json.dumps({"rows": out.rows.column("_kafka_offset").to_pylist(),
+                          "dead": out.dead_letters.column("offset").to_pylist()}))
+        """
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], input=repr((values, fields)), capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py Decoder._try: a value that is the JSON literal null is handed to "
+    "pyarrow.json.read_json, which crashes the process with SIGSEGV (pyarrow 26.0.1) when the payload "
+    "starts with 'null': one poison record kills every run of the pipeline",
+)
+@pytest.mark.parametrize("value", [b"null", b" null "])
+def test_a_json_null_value_is_dead_lettered_not_a_crash(value: bytes) -> None:
+    result = _decode_in_subprocess([b'{"id": 1}', value, b'{"id": 3}'], [("id", "long", True)])
+
+    assert result.returncode == 0, f"decoder crashed with return code {result.returncode}"
+    assert json.loads(result.stdout) == {"rows": [0, 2], "dead": [1]}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py Decoder._parse: in a slice of more than 16 records a JSON null value "
+    "that is not first is parsed by Arrow as a row of all nulls; with no required field it is kept as a "
+    "row instead of being dead-lettered as 'not an object'",
+)
+def test_a_json_null_value_in_a_big_chunk_is_not_kept_as_an_empty_row() -> None:
+    values = [b'{"s": "x"}'] * 20
+    values[5] = b"null"
+
+    result = _decode_in_subprocess(values, [("s", "string", False)])
+
+    assert result.returncode == 0, f"decoder crashed with return code {result.returncode}"
+    assert json.loads(result.stdout)["dead"] == [5]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py Decoder._finish: Arrow checks decimal precision before rescaling, so "
+    "12345678901.5 for decimal(12,2) becomes 12345678901.50 (13 digits) and is kept as an invalid "
+    "decimal128(12,2) value instead of being dead-lettered",
+)
+@pytest.mark.parametrize("amount", [b"12345678901.5", b'"12345678901.5"', b"9999999999.9"])
+def test_a_decimal_that_overflows_its_precision_after_rescaling_is_dead_lettered(amount: bytes) -> None:
+    decoded = decode([good(0), b'{"id": 1, "amt": ' + amount + b"}"])
+
+    assert decoded.dead_letters.column("offset").to_pylist() == [101]
+    decoded.rows.validate(full=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py: Arrow's JSON reader does not validate UTF-8 inside strings, so "
+    'a value like {"s": "\\xff"} is kept as a row whose string column is invalid UTF-8',
+)
+def test_invalid_utf8_inside_a_string_is_dead_lettered() -> None:
+    decoded = decode([good(0), b'{"id": 1, "s": "\xff"}'])
+
+    assert decoded.dead_letters.column("offset").to_pylist() == [101]
+    decoded.rows.validate(full=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py Decoder._finish: the double->float cast is unsafe (safe=False for "
+    "'float'), so an out-of-range value like 3.4e39 is silently stored as inf instead of dead-lettered",
+)
+def test_a_float_out_of_range_is_dead_lettered_not_stored_as_infinity() -> None:
+    decoded = decode([good(0), b'{"id": 1, "f": 3.4e39}'])
+
+    assert decoded.dead_letters.column("offset").to_pylist() == [101]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG ingest/decode.py _ARROW_CONVERT: the target type pattern [^:,]+ stops at the comma in "
+    "'decimal128(12, 2)' / 'timestamp[us, tz=UTC]', and '1e3' is not a substring of str(1000.0), so "
+    "these messages are raw Arrow text that does not name the field",
+)
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        (b'{"id": 1, "amt": 1.234}', "amt"),
+        (b'{"id": 1, "at": "yesterday"}', "at"),
+        (b'{"id": 1e3}', "id"),
+    ],
+)
+def test_conversion_errors_name_the_field(value: bytes, field: str) -> None:
+    [error] = decode([value]).dead_letters.column("error").to_pylist()
+
+    assert f"field {field!r}" in error
+
+
+# --- property: random mixes of good and bad ----------------------------------------------------
+
+texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=20)
+good_documents = st.fixed_dictionaries(
+    {"id": st.integers(-(2**63), 2**63 - 1)},
+    optional={
+        "n": st.integers(-(2**31), 2**31 - 1),
+        "x": st.floats(allow_nan=False, allow_infinity=False),
+        "amt": st.decimals(min_value=-(10**9), max_value=10**9, places=2).map(str),
+        "day": st.dates(dt.date(1970, 1, 1), dt.date(2200, 12, 31)).map(dt.date.isoformat),
+        "s": texts | st.none(),
+        "ok": st.booleans(),
+        "extra": st.lists(st.integers(), max_size=3),
+    },
+)
+# JSON null is left out on purpose: it crashes the process (see the xfail above)
+bad_values = st.sampled_from([p.values[0] for p in BAD])
+
+
+def render(document: dict, pretty: bool) -> bytes:
+    return json.dumps(document, indent=2 if pretty else None).encode()
+
+
+records = st.one_of(
+    st.tuples(st.just("good"), st.tuples(good_documents, st.booleans())),
+    st.tuples(st.just("bad"), bad_values),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(records, max_size=70), gaps=st.lists(st.integers(1, 3), min_size=70, max_size=70))
+def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items, gaps) -> None:
+    offsets = [sum(gaps[: i + 1]) for i in range(len(items))]
+    values = [render(*payload) if kind == "good" else payload for kind, payload in items]
+
+    decoded = decode(values, offsets=offsets)
+
+    assert_exactly_once(decoded, offsets)
+    expected_good = [(o, payload[0]) for o, (kind, payload) in zip(offsets, items, strict=True) if kind == "good"]
+    assert decoded.rows.column("_kafka_offset").to_pylist() == [o for o, _ in expected_good]
+    assert decoded.rows.column("id").to_pylist() == [doc["id"] for _, doc in expected_good]
+    for row, (_, doc) in zip(decoded.rows.to_pylist(), expected_good, strict=True):
+        assert row["s"] == doc.get("s")
+        assert row["x"] == doc.get("x")
+        assert row["amt"] == (Decimal(doc["amt"]) if "amt" in doc else None)
+        assert row["day"] == (dt.date.fromisoformat(doc["day"]) if "day" in doc else None)
+    dead_values = decoded.dead_letters.column("value").to_pylist()
+    assert dead_values == [payload for kind, payload in items if kind == "bad"]
+    assert all(decoded.dead_letters.column("error").to_pylist())
