@@ -181,9 +181,10 @@ BAD = [
     pytest.param(b'{"id": 1.5}', "field 'id': cannot convert 1.5 to long", id="fraction-for-long"),
     pytest.param(b'{"id": 1, "amt": 1.234}', "requires scale 3", id="decimal-scale"),
     pytest.param(b'{"id": 1, "amt": "1.234"}', "requires scale 3", id="decimal-scale-string"),
-    pytest.param(b'{"id": 1, "amt": 123456789012}', "requires precision", id="decimal-precision"),
+    pytest.param(b'{"id": 1, "amt": 1234567890123}', "requires precision 13", id="decimal-precision"),
     pytest.param(b'{"id": 1, "n": 3000000000}', "field 'n': cannot convert 3000000000 to int", id="int-overflow"),
-    pytest.param(b'{"id": 1, "n": -2147483649}', "field 'n': cannot convert -2147483649 to int", id="int-underflow"),
+    # the message names the wrong field here (see test_conversion_errors_name_the_field)
+    pytest.param(b'{"id": 1, "n": -2147483649}', "cannot convert", id="int-underflow"),
     pytest.param(b'{"id": 9223372036854775808}', "field 'id': cannot convert", id="long-overflow"),
     pytest.param(b'{"id": 1, "at": "yesterday"}', "couldn't parse:yesterday", id="bad-timestamp"),
     pytest.param(b'{"id": 1}{"id": 2}', "not valid JSON: Extra data", id="two-documents"),
@@ -339,7 +340,7 @@ def test_a_json_null_value_in_a_big_chunk_is_not_kept_as_an_empty_row() -> None:
     "12345678901.5 for decimal(12,2) becomes 12345678901.50 (13 digits) and is kept as an invalid "
     "decimal128(12,2) value instead of being dead-lettered",
 )
-@pytest.mark.parametrize("amount", [b"12345678901.5", b'"12345678901.5"', b"9999999999.9"])
+@pytest.mark.parametrize("amount", [b"12345678901.5", b'"12345678901.5"', b"123456789012"])
 def test_a_decimal_that_overflows_its_precision_after_rescaling_is_dead_lettered(amount: bytes) -> None:
     decoded = decode([good(0), b'{"id": 1, "amt": ' + amount + b"}"])
 
@@ -372,9 +373,11 @@ def test_a_float_out_of_range_is_dead_lettered_not_stored_as_infinity() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BUG ingest/decode.py _ARROW_CONVERT: the target type pattern [^:,]+ stops at the comma in "
-    "'decimal128(12, 2)' / 'timestamp[us, tz=UTC]', and '1e3' is not a substring of str(1000.0), so "
-    "these messages are raw Arrow text that does not name the field",
+    reason="BUG ingest/decode.py Decoder._explain: _ARROW_CONVERT's [^:,]+ stops at the comma in "
+    "'decimal128(12, 2)' / 'timestamp[us, tz=UTC]' and '1e3' is not a substring of str(1000.0), so these "
+    "messages are raw Arrow text without the field; and the str(value)-in-message test picks the first "
+    "field whose value is a substring: -2147483649 for 'n' is reported as \"field 'id': cannot convert 1 "
+    "to long\"",
 )
 @pytest.mark.parametrize(
     ("value", "field"),
@@ -382,6 +385,7 @@ def test_a_float_out_of_range_is_dead_lettered_not_stored_as_infinity() -> None:
         (b'{"id": 1, "amt": 1.234}', "amt"),
         (b'{"id": 1, "at": "yesterday"}', "at"),
         (b'{"id": 1e3}', "id"),
+        (b'{"id": 1, "n": -2147483649}', "n"),
     ],
 )
 def test_conversion_errors_name_the_field(value: bytes, field: str) -> None:
