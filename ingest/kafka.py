@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -111,48 +112,38 @@ class KafkaSource:
     def _drain(
         self, consumer: Consumer, remaining: dict[TopicPartition, int], chunk_records: int
     ) -> Iterator[RawChunk]:
-        builder = _ChunkBuilder()
+        ends = {(tp.topic, tp.partition): end for tp, end in remaining.items()}
+        pending: list[Message] = []
         last_progress = time.monotonic()
         while remaining:
             messages = consumer.consume(num_messages=min(chunk_records, 100_000), timeout=0.5)
-            progressed = bool(messages)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    self._raise(error, message)
-                tp = TopicPartition(str(message.topic()), int(message.partition() or 0))
-                end = remaining.get(tp)
-                offset = message.offset()
-                if end is None or offset is None:
-                    continue
-                if offset >= end:
-                    self._finish(consumer, remaining, tp)
-                    continue
-                builder.add(message, offset)
-                if offset + 1 >= end:
-                    self._finish(consumer, remaining, tp)
-            # transaction markers and aborted records move the position without a message
-            if remaining:
-                for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in remaining]):
-                    tp = TopicPartition(position.topic, position.partition)
-                    if position.offset >= 0 and position.offset >= remaining[tp]:
-                        self._finish(consumer, remaining, tp)
-            if len(builder) >= chunk_records:
-                yield builder.build()
-                builder = _ChunkBuilder()
-            now = time.monotonic()
-            if progressed:
-                last_progress = now
-            elif now - last_progress > self.timeout_s:
+            if messages:
+                last_progress = time.monotonic()
+                failed = [m for m in messages if m.error() is not None]
+                if failed:
+                    for message in failed:
+                        error = message.error()
+                        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                            self._raise(error, message)
+                    messages = [m for m in messages if m.error() is None]
+                pending.extend(messages)
+            elif time.monotonic() - last_progress > self.timeout_s:
                 stuck = ", ".join(f"{tp} (reading up to {end})" for tp, end in sorted(remaining.items()))
                 raise BrokerUnavailable(
                     f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}; nothing was "
                     "committed. Run again when the broker is healthy."
                 )
-        if len(builder):
-            yield builder.build()
+            # a partition is done when its position reaches the range's end: offsets are not
+            # contiguous (transaction markers, aborted records, compaction)
+            for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in remaining]):
+                tp = TopicPartition(position.topic, position.partition)
+                if position.offset >= 0 and position.offset >= remaining[tp]:
+                    self._finish(consumer, remaining, tp)
+            if len(pending) >= chunk_records:
+                yield _build(pending, ends)
+                pending = []
+        if pending:
+            yield _build(pending, ends)
 
     @staticmethod
     def _finish(consumer: Consumer, remaining: dict[TopicPartition, int], tp: TopicPartition) -> None:
@@ -256,50 +247,47 @@ def _send(
             producer.poll(0.1)
 
 
-class _ChunkBuilder:
-    def __init__(self) -> None:
-        self.topics: list[str] = []
-        self.partitions: list[int] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int | None] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.messages: list[Message] = []
-        self.nbytes = 0
+def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawChunk:
+    """Column-wise arrays of consumed messages, without those past their range's end.
 
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(self, message: Message, offset: int) -> None:
-        value, key = message.value(), message.key()
-        assert not isinstance(value, str) and not isinstance(key, str)  # no deserializer configured
-        kind, ts = message.timestamp()
-        self.topics.append(str(message.topic()))
-        self.partitions.append(int(message.partition() or 0))
-        self.offsets.append(offset)
-        self.timestamps.append(ts * 1000 if kind else None)
-        self.keys.append(key)
-        self.values.append(value)
-        self.messages.append(message)
-        self.nbytes += (len(value) if value else 0) + (len(key) if key else 0)
-
-    def build(self) -> RawChunk:
-        messages = self.messages
-
-        def headers(i: int) -> Headers:
-            raw = messages[i].headers()
-            if not raw:
-                return None
-            pairs = raw.items() if isinstance(raw, dict) else raw
-            return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
-
-        return RawChunk(
-            topic=pa.array(self.topics, type=pa.string()),
-            partition=pa.array(self.partitions, type=pa.int32()),
-            offset=pa.array(self.offsets, type=pa.int64()),
-            timestamp=pa.array(self.timestamps, type=pa.timestamp("us", tz="UTC")),
-            key=pa.array(self.keys, type=pa.binary()),
-            values=self.values,
-            headers=headers,
-            nbytes=self.nbytes,
+    A fetch returns whole record batches, so messages past ``end`` can arrive before the
+    partition is unassigned; they belong to the next batch and are dropped here.
+    """
+    topics = pa.array([m.topic() for m in messages], type=pa.string())
+    partitions = pa.array([m.partition() for m in messages], type=pa.int32())
+    offsets = pa.array([m.offset() for m in messages], type=pa.int64())
+    keep = None
+    for (topic, partition), end in ends.items():
+        past = pc.and_(
+            pc.and_(pc.equal(partitions, partition), pc.equal(topics, topic)), pc.greater_equal(offsets, end)
         )
+        keep = past if keep is None else pc.or_(keep, past)
+    if keep is not None and pc.any(keep).as_py():
+        inside = pc.indices_nonzero(pc.invert(keep)).to_pylist()
+        messages = [messages[i] for i in inside]
+        topics, partitions, offsets = (a.take(pa.array(inside, pa.int64())) for a in (topics, partitions, offsets))
+    values: list[bytes | None] = [m.value() for m in messages]  # type: ignore[misc]
+    keys = pa.array([m.key() for m in messages], type=pa.binary())
+    raw_ts = pa.array([m.timestamp()[1] for m in messages], type=pa.int64())
+    timestamps = pc.if_else(pc.less(raw_ts, 0), pa.scalar(None, pa.int64()), pc.multiply(raw_ts, 1000))
+    nbytes = pc.sum(pc.binary_length(keys)).as_py() or 0
+    values_array = pa.array(values, type=pa.binary())
+    nbytes += pc.sum(pc.binary_length(values_array)).as_py() or 0
+
+    def headers(i: int) -> Headers:
+        raw = messages[i].headers()
+        if not raw:
+            return None
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
+
+    return RawChunk(
+        topic=topics,
+        partition=partitions,
+        offset=offsets,
+        timestamp=timestamps.cast(pa.timestamp("us", tz="UTC")),
+        key=keys,
+        values=values,
+        headers=headers,
+        nbytes=nbytes,
+    )

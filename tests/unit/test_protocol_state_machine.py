@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import event
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import (
@@ -129,7 +130,7 @@ class Writer:
 class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.high: dict[TopicPartition, int] = {TopicPartition(TOPIC, 0): 0, TopicPartition(TOPIC, 1): 0}
+        self.high: dict[TopicPartition, int] = {}
         self.rows = Table("rows")
         self.dead = Table("dead letters")
         self.writers = [Writer() for _ in range(WRITERS)]
@@ -185,6 +186,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             w.written_for = (dict(step.floor), kept)
         _, kept = w.written_for
         if not kept:
+            event("dead letters: all already below the floor")
             w.phase = "rows"
             return
         ledger = Ledger(
@@ -205,6 +207,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         try:
             self.dead.try_commit(head, self.new_snapshot_id(), summary, kept, props)
         except Conflict:
+            event("dead letters: conflict")
             return
         if outcome == "ack-lost":  # applied, but the writer saw an error: observe again
             return
@@ -215,6 +218,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert w.batch is not None
         head, found = self.rows.observe()
         decision = decide(found.ledger if found else None, w.batch)
+        event(f"rows: {decision.value}")
         if decision is Decision.COMMIT:
             w.rows_pending = (head,)
         elif decision is Decision.LANDED:
@@ -240,12 +244,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         try:
             self.rows.try_commit(head, self.new_snapshot_id(), summary, w.good, register(self.rows.properties, PIPELINE))
         except Conflict:
+            event("rows: conflict")
             return
         if outcome == "ack-lost":
             return
         self.writers[self.writers.index(w)] = Writer()
 
     # --- rules ---------------------------------------------------------------------------------
+
+    @initialize(highs=st.lists(st.integers(0, 12), min_size=1, max_size=MAX_PARTITIONS))
+    def kafka_holds_records_already(self, highs: list[int]) -> None:
+        self.high = {TopicPartition(TOPIC, p): high for p, high in enumerate(highs)}
 
     @rule(partition=st.integers(0, MAX_PARTITIONS - 1), n=st.integers(1, 8))
     def produce(self, partition: int, n: int) -> None:
