@@ -266,7 +266,7 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
         inside = pc.indices_nonzero(pc.invert(keep)).to_pylist()
         messages = [messages[i] for i in inside]
         topics, partitions, offsets = (a.take(pa.array(inside, pa.int64())) for a in (topics, partitions, offsets))
-    values: list[bytes | None] = [m.value() for m in messages]  # type: ignore[misc]
+    values: list[bytes | None] = [m.value() for m in messages]
     keys = pa.array([m.key() for m in messages], type=pa.binary())
     raw_ts = pa.array([m.timestamp()[1] for m in messages], type=pa.int64())
     timestamps = pc.if_else(pc.less(raw_ts, 0), pa.scalar(None, pa.int64()), pc.multiply(raw_ts, 1000))

@@ -7,10 +7,12 @@ and committing are here, shared.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -89,6 +91,57 @@ def _merge_max(a: Mapping[TopicPartition, int], b: Mapping[TopicPartition, int])
     return merged
 
 
+T = TypeVar("T")
+_DONE = object()
+
+
+def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """Iterate ``items`` in a background thread, ``depth`` items ahead of the consumer.
+
+    Reading Kafka (a Python loop over librdkafka messages) then overlaps with decoding and
+    Parquet writing, which run in Arrow without the GIL. Memory stays bounded: at most
+    ``depth + 2`` chunks exist at once. An exception in the reader is raised in the consumer.
+    """
+    handoff: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pump() -> None:
+        try:
+            for item in items:
+                if not offer(item):
+                    return
+            offer(_DONE)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            offer(error)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # e.g. closes the Kafka consumer when the batch stops early
+
+    thread = threading.Thread(target=pump, name="kafka-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
 class LocalEngine:
     """Reads, decodes and writes in this process, one bounded chunk at a time."""
 
@@ -104,7 +157,8 @@ class LocalEngine:
         records = nbytes = 0
         timestamps: dict[TopicPartition, int] = {}
         failpoints.reach("before-read")
-        for i, chunk in enumerate(self.source.read(batch.ranges(), self.config.batch.chunk_records)):
+        chunks = prefetched(self.source.read(batch.ranges(), self.config.batch.chunk_records))
+        for i, chunk in enumerate(chunks):
             if i == 0:
                 failpoints.reach("mid-read")
             decoded = self.decoder.decode(chunk)

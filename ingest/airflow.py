@@ -1,0 +1,290 @@
+"""Apache Airflow 3 integration: run a pipeline's batches in the worker, check freshness, one DAG per config.
+
+The only module of the library that imports Airflow (``pip install 'lakehouse-ingest[airflow]'``).
+``jobs/airflow/ingest_dags.py`` is the example DAG file; it only calls :func:`pipeline_dags`.
+
+Failures are explicit, in the terms of :mod:`ingest.errors`:
+
+* a retryable error (broker or catalog unavailable, fenced by an overlapping run, a commit that
+  did not settle) is raised as it is, so Airflow retries it with the task's back-off;
+* a fatal error (data loss, ledger lost, recreated topic, bad config) and an internal error (a bug)
+  raise ``AirflowFailException``: the task fails at once, without retries, the message in its log.
+
+Retrying is safe by construction: a batch lands with its ledger in one snapshot or leaves no
+trace, so a retry, a killed task or a second run racing the first never duplicates a record.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from logging import Logger
+from pathlib import Path
+from typing import Any, Literal
+
+try:
+    from airflow.sdk import DAG, BaseOperator, RetryDecision, RetryPolicy, TriggerRule, Variable
+    from airflow.sdk.exceptions import AirflowFailException
+except ImportError as error:
+    raise ImportError(
+        "the Airflow integration needs Apache Airflow 3.3 or later: pip install 'lakehouse-ingest[airflow]'"
+    ) from error
+
+from ingest import config as config_module
+from ingest.errors import ExitCode, IngestError
+
+#: Airflow Variables read when the DAG file is parsed (also settable as AIRFLOW_VAR_<NAME> env vars)
+PIPELINES_DIR_VARIABLE = "ingest_pipelines_dir"
+ENGINE_VARIABLE = "ingest_engine"
+
+Engine = Literal["local", "spark"]
+
+
+@contextmanager
+def _explicit_failures(log: Logger) -> Iterator[None]:
+    """Let retryable errors through for Airflow to retry; turn everything else into a failure without retry."""
+    try:
+        yield
+    except IngestError as error:
+        if error.retryable:
+            log.warning("retryable %s (Airflow retries the task): %s", type(error).__name__, error)
+            raise
+        log.error("fatal %s (not retried): %s", type(error).__name__, error)
+        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
+    except Exception as error:
+        log.exception("internal error (a bug; not retried)")
+        raise AirflowFailException(f"internal error (a bug, please report it): {error!r}") from error
+
+
+def _open(config_path: str) -> Any:
+    from ingest.pipeline import Pipeline
+
+    return Pipeline.open(config_module.load(config_path))
+
+
+class IngestOperator(BaseOperator):
+    """Run batches of one pipeline config in the worker (by default until caught up).
+
+    Returns (as XCom) the totals of the run: ``pipeline``, ``batches``, ``committed``,
+    ``records``, ``dead_letters`` and the last ``batch`` and ``snapshot_id``.
+    """
+
+    template_fields: Sequence[str] = ("config_path",)
+    ui_color = "#cfe8fc"
+
+    def __init__(
+        self, *, config_path: str | Path, until_caught_up: bool = True, max_batches: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.config_path = str(config_path)
+        self.until_caught_up = until_caught_up
+        self.max_batches = max_batches
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
+        with _explicit_failures(self.log):
+            pipeline = _open(self.config_path)
+            totals |= {"pipeline": pipeline.config.pipeline, "batch": None, "snapshot_id": None}
+            for result in pipeline.run(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
+                self.log.info(
+                    "batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
+                    result.batch,
+                    result.status,
+                    result.records,
+                    result.dead_letters,
+                    result.seconds,
+                    result.snapshot_id,
+                )
+                totals["batches"] += 1
+                totals["committed"] += result.status == "committed"
+                totals["records"] += result.records
+                totals["dead_letters"] += result.dead_letters
+                totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
+        return totals
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How old a pipeline's committed data is, against a bound."""
+
+    #: the ledger's valid-through (ms since epoch): all data up to it is in; None if nothing is committed
+    valid_through_ms: int | None
+    max_staleness: timedelta
+    now: datetime
+
+    @property
+    def age(self) -> timedelta | None:
+        if self.valid_through_ms is None:
+            return None
+        return self.now - datetime.fromtimestamp(self.valid_through_ms / 1000, tz=UTC)
+
+    @property
+    def stale(self) -> bool:
+        """Nothing committed is stale too: a pipeline that never ran is the most stalled of all."""
+        age = self.age
+        return age is None or age > self.max_staleness
+
+
+class FreshnessCheckOperator(BaseOperator):
+    """Fail when the table's committed data is older than ``max_staleness``, to alert on a stalled pipeline.
+
+    The age is measured from the ledger's valid-through: the minimum over partitions of the newest
+    committed record timestamp. A partition without new records holds it back as well, so pick a
+    bound above the topic's longest quiet period. A stale table fails the task without retries
+    (retrying a check at once does not make data fresher; the next DAG run checks again); a
+    catalog that cannot be reached is retryable as usual.
+    """
+
+    template_fields: Sequence[str] = ("config_path",)
+    ui_color = "#fcf3cf"
+
+    def __init__(self, *, config_path: str | Path, max_staleness: timedelta, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = str(config_path)
+        self.max_staleness = max_staleness
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        with _explicit_failures(self.log):
+            pipeline = _open(self.config_path)
+            found = pipeline.ledger()
+        check = Freshness(found.ledger.valid_through if found else None, self.max_staleness, datetime.now(UTC))
+        name, table = pipeline.config.pipeline, pipeline.config.table
+        if check.valid_through_ms is None:
+            message = f"pipeline {name!r} has committed nothing to {table} yet"
+        else:
+            through = datetime.fromtimestamp(check.valid_through_ms / 1000, tz=UTC).isoformat(timespec="seconds")
+            message = f"pipeline {name!r}: data in {table} is complete through {through}, {check.age} ago"
+        if check.stale:
+            message += (
+                f", which is older than the bound of {self.max_staleness}: the pipeline is stalled (see its ingest "
+                f"task's log and `ingest status -c {self.config_path}`) or a partition has had no new records"
+            )
+            self.log.error("%s", message)
+            raise AirflowFailException(message)
+        self.log.info("%s (bound %s): fresh", message, self.max_staleness)
+        return {"valid_through_ms": check.valid_through_ms, "age_s": check.age.total_seconds() if check.age else None}
+
+
+class SparkExitCodePolicy(RetryPolicy):
+    """Classify a failed spark-submit by the job's exit code, like the ``ingest`` CLI's (README: exit codes).
+
+    SparkSubmitOperator raises one exception type for every non-zero exit; its message carries the
+    code ("Error code is: N"), which in client deploy mode is the driver's. 75 is retried; 65 and
+    78 fail without retry; anything else (spark-submit's own failures too) gets the default retries.
+    """
+
+    _CODE = re.compile(r"Error code is: (\d+)")
+
+    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
+        match = self._CODE.search(str(exception))
+        code = int(match.group(1)) if match else None
+        if code == ExitCode.RETRYABLE:
+            return RetryDecision.retry(reason="the Spark ingest job exited 75 (retryable)")
+        if code in (ExitCode.FATAL, ExitCode.CONFIG):
+            return RetryDecision.fail(reason=f"the Spark ingest job exited {code} (fatal: not retried)")
+        return RetryDecision.default()
+
+    def serialize(self) -> dict[str, Any]:
+        return {"__type": type(self).__name__}
+
+
+def spark_ingest_operator(*, task_id: str, config_path: str | Path, application: str | Path, **kwargs: Any) -> Any:
+    """A SparkSubmitOperator running ``jobs/spark_ingest.py -c CONFIG --until-caught-up`` (the Spark engine).
+
+    Needs ``apache-airflow-providers-apache-spark`` and a ``spark_default`` connection (or ``conn_id=``);
+    other keyword arguments go to SparkSubmitOperator. Use client deploy mode, where spark-submit
+    exits with the driver's exit code, so :class:`SparkExitCodePolicy` can tell fatal from retryable.
+    """
+    try:
+        from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    except ImportError as error:
+        raise ImportError(
+            "the Spark path needs the Spark provider: pip install apache-airflow-providers-apache-spark"
+        ) from error
+    kwargs.setdefault("retry_policy", SparkExitCodePolicy())
+    kwargs.setdefault("name", f"ingest-{Path(config_path).stem}")
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=str(application),
+        application_args=["-c", str(config_path), "--until-caught-up"],
+        **kwargs,
+    )
+
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "retries": 4,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=5),
+}
+
+
+def pipeline_dag(
+    config_path: Path,
+    *,
+    max_staleness: timedelta,
+    engine: Engine = "local",
+    spark_application: str | Path | None = None,
+) -> DAG:
+    """The DAG ``ingest_<file stem>``: every five minutes, no catch-up, one active run; ``ingest >> freshness``.
+
+    The DAG id comes from the file name, not its content: parsing never reads a config (no secrets
+    or environment needed in the DAG processor, and a broken config fails its own ingest task
+    fatally, with the message, instead of hiding every DAG of the folder).
+    """
+    with DAG(
+        dag_id=f"ingest_{config_path.stem}",
+        description=f"lakehouse-ingest pipeline {config_path}",
+        schedule="*/5 * * * *",
+        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["lakehouse-ingest"],
+        auto_register=False,
+    ) as dag:
+        if engine == "spark":
+            if spark_application is None:
+                raise ValueError("engine 'spark' needs spark_application (the path of jobs/spark_ingest.py)")
+            ingest = spark_ingest_operator(task_id="ingest", config_path=config_path, application=spark_application)
+        else:
+            ingest = IngestOperator(task_id="ingest", config_path=config_path, execution_timeout=timedelta(hours=1))
+        freshness = FreshnessCheckOperator(
+            task_id="freshness",
+            config_path=config_path,
+            max_staleness=max_staleness,
+            trigger_rule=TriggerRule.ALL_DONE,
+        )
+        ingest >> freshness
+    return dag
+
+
+def pipeline_dags(
+    dag_file: str,
+    *,
+    default_folder: str | Path,
+    max_staleness: timedelta = timedelta(minutes=30),
+    spark_application: str | Path | None = None,
+) -> dict[str, DAG]:
+    """One DAG per ``*.yaml`` in the pipelines folder, by DAG id, for the DAG file's ``globals()``.
+
+    The folder is the Airflow Variable ``ingest_pipelines_dir`` (or the environment variable
+    ``AIRFLOW_VAR_INGEST_PIPELINES_DIR``), else ``default_folder``; the Variable ``ingest_engine``
+    picks ``local`` (default: :class:`IngestOperator` in the worker) or ``spark`` (spark-submit of
+    ``spark_application``). ``dag_file`` (the caller's ``__file__``) is where workers find the DAGs.
+    """
+    folder = Path(Variable.get(PIPELINES_DIR_VARIABLE, default=str(default_folder)))
+    engine = Variable.get(ENGINE_VARIABLE, default="local")
+    if engine not in ("local", "spark"):
+        raise ValueError(f"Airflow Variable {ENGINE_VARIABLE} must be 'local' or 'spark', not {engine!r}")
+    dags = {}
+    for path in sorted(folder.glob("*.yaml")):
+        dag = pipeline_dag(
+            path.resolve(), max_staleness=max_staleness, engine=engine, spark_application=spark_application
+        )
+        dag.fileloc = str(Path(dag_file).resolve())
+        dags[dag.dag_id] = dag
+    return dags
