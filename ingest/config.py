@@ -22,7 +22,9 @@ TYPE_NAME = re.compile(
     r"^(boolean|int|long|float|double|date|timestamp|timestamptz|string|decimal\(\s*\d+\s*,\s*\d+\s*\))$"
 )
 TRANSFORM = re.compile(
-    r"^(?:(?P<fn>identity|year|month|day|hour|bucket|truncate)\((?:(?P<n>\d+)\s*,\s*)?(?P<col>\w+)\)|(?P<bare>\w+))$"
+    r"^(?:(?P<fn>identity|year|month|day|hour)\((?P<col>\w+)\)"
+    r"|(?P<wfn>bucket|truncate)\((?P<n>[1-9]\d*)\s*,\s*(?P<wcol>\w+)\)"
+    r"|(?P<bare>\w+))$"
 )
 ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas")
@@ -48,7 +50,12 @@ class FieldSpec(_Strict):
                 f"unknown Iceberg type {value!r}; use one of boolean, int, long, float, double, "
                 "decimal(P,S), date, timestamp, timestamptz, string"
             )
-        return re.sub(r"\s+", "", normalized)
+        normalized = re.sub(r"\s+", "", normalized)
+        if normalized.startswith("decimal("):
+            precision, scale = (int(x) for x in normalized[len("decimal(") : -1].split(","))
+            if not 1 <= precision <= 38 or scale > precision:
+                raise ValueError(f"{value!r}: decimal precision must be 1 to 38 and scale at most the precision")
+        return normalized
 
     @field_validator("name")
     @classmethod
@@ -139,7 +146,7 @@ class PipelineConfig(_Strict):
             raise ValueError(f"schema: duplicate field names {dupes}")
         for item in self.partition_by:
             match = TRANSFORM.match(item.replace(" ", ""))
-            column = match and (match.group("col") or match.group("bare"))
+            column = match and (match.group("col") or match.group("wcol") or match.group("bare"))
             if column not in names:
                 raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
@@ -206,7 +213,7 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         catalog["warehouse"] = (base / warehouse).resolve().as_uri()
     uri = catalog.get("uri")
     prefix = "sqlite:///"
-    if isinstance(uri, str) and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+    if isinstance(uri, str) and uri.startswith(prefix) and not uri.startswith((prefix + "/", prefix + ":memory:")):
         catalog["uri"] = prefix + str((base / uri[len(prefix) :]).resolve())
 
 

@@ -9,7 +9,6 @@ that says what is wrong. Good chunks (the usual case) are parsed once, in C++.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,8 +22,6 @@ Headers = list[tuple[str, bytes | None]] | None
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
-_ARROW_COLUMN = re.compile(r"Column\(/(?P<col>[^)]*)\) changed from (?P<want>\w+) to (?P<got>\w+)")
-_ARROW_CONVERT = re.compile(r"Failed to convert JSON to (?P<want>[^:,]+)(?:, couldn't parse:|: )(?P<got>.*)")
 
 KAFKA_COLUMNS = pa.schema(
     [
@@ -78,12 +75,16 @@ def arrow_type(type_name: str) -> pa.DataType:
 
 
 def _json_type(type_name: str) -> pa.DataType:
-    """What Arrow's JSON reader parses the field as, before the final cast."""
+    """What Arrow's JSON reader parses the field as, before the final (checked) cast."""
     if type_name == "date":
         return pa.string()
     if type_name == "float":
         return pa.float64()
-    return arrow_type(type_name)
+    target = arrow_type(type_name)
+    if pa.types.is_decimal(target):
+        # the reader checks precision before rescaling; parse wide, then cast with checks
+        return pa.decimal128(38, target.scale)
+    return target
 
 
 def table_schema(fields: Sequence[FieldSpec]) -> pa.Schema:
@@ -115,6 +116,9 @@ class Decoded:
     dead_letters: pa.Table
 
 
+_JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}
+
+
 class _Bad(Exception):
     pass
 
@@ -130,44 +134,75 @@ class Decoder:
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
 
     def decode(self, chunk: RawChunk) -> Decoded:
-        values = list(chunk.values)
+        values = chunk.values
         bad: dict[int, str] = {}
-        candidates: list[int] = []
-        for i, value in enumerate(values):
-            if value is None:
-                bad[i] = "value is null (a tombstone); expected a JSON object"
-            elif not value.strip():
-                bad[i] = "value is empty; expected a JSON object"
-            else:
-                candidates.append(i)
-        self._normalise_line_breaks(values, candidates, bad)
-        candidates = [i for i in candidates if i not in bad]
-        parts: list[tuple[list[int], pa.Table]] = []
-        self._parse(values, candidates, parts, bad)
-        good = [i for indices, _ in parts for i in indices]
+        candidates, index = self._screen(values, bad)
+        payload: bytes | None = b"\n".join(candidates)
+        assert payload is not None
+        if payload.count(b"\n") != len(candidates) - 1 or b"\r" in payload:
+            candidates, index = self._normalise_line_breaks(candidates, list(index), bad)
+            payload = None
+        parts: list[tuple[Sequence[int], pa.Table]] = []
+        self._parse(candidates, index, 0, len(candidates), parts, bad, payload)
+        if len(parts) == 1 and len(parts[0][0]) == len(values):
+            good: Sequence[int] | None = None  # every record decoded: no gather needed
+        else:
+            good = [i for indices, _ in parts for i in indices]
         fields = pa.concat_tables([t for _, t in parts]).combine_chunks() if parts else self._field_schema.empty_table()
         rows = self._assemble(chunk, good, fields)
         return Decoded(rows=rows, dead_letters=self._dead_letters(chunk, bad))
 
-    def _normalise_line_breaks(self, values: list[bytes | None], candidates: list[int], bad: dict[int, str]) -> None:
+    def _screen(self, values: list[bytes | None], bad: dict[int, str]) -> tuple[list[bytes], Sequence[int]]:
+        """The values Arrow's reader may see: those that start like a JSON object.
+
+        Anything else (a tombstone, an empty value, a JSON scalar or array) is classified here:
+        Arrow would turn ``null`` into a row of nulls, or crash on a payload that starts with it.
+        """
+        starts = pc.fill_null(pc.starts_with(pa.array(values, type=pa.binary()), "{"), False)
+        if pc.all(starts).as_py():
+            return values, range(len(values))  # type: ignore[return-value]
+        odd = set(pc.indices_nonzero(pc.invert(starts)).to_pylist())
+        candidates: list[bytes] = []
+        index: list[int] = []
+        for i, value in enumerate(values):
+            if i in odd:
+                if value is None:
+                    bad[i] = "value is null (a tombstone); expected a JSON object"
+                    continue
+                value = value.lstrip()
+                if not value.startswith(b"{"):
+                    bad[i] = self._explain(value, "")
+                    continue
+            candidates.append(value)  # type: ignore[arg-type]
+            index.append(i)
+        return candidates, index
+
+    def _normalise_line_breaks(
+        self, candidates: list[bytes], index: list[int], bad: dict[int, str]
+    ) -> tuple[list[bytes], list[int]]:
         """Arrow reads one document per line: re-serialise the rare value that spans lines."""
-        for i in candidates:
-            value = values[i]
-            assert value is not None
+        kept_values: list[bytes] = []
+        kept_index: list[int] = []
+        for value, i in zip(candidates, index, strict=True):
             if b"\n" in value or b"\r" in value:
                 try:
-                    values[i] = json.dumps(json.loads(value), separators=(",", ":")).encode()
+                    value = json.dumps(json.loads(value), separators=(",", ":")).encode()
                 except (ValueError, UnicodeDecodeError) as error:
                     bad[i] = f"not valid JSON: {error}"
+                    continue
+            kept_values.append(value)
+            kept_index.append(i)
+        return kept_values, kept_index
 
-    def _try(self, values: list[bytes | None], indices: list[int]) -> pa.Table:
-        payload = b"\n".join(values[i] for i in indices)  # type: ignore[misc]
+    def _try(self, candidates: list[bytes], lo: int, hi: int, payload: bytes | None = None) -> pa.Table:
+        if payload is None:
+            payload = b"\n".join(candidates[lo:hi])
         options = pj.ReadOptions(block_size=max(1 << 20, len(payload) // 4 + 1), use_threads=True)
         try:
             table = pj.read_json(pa.py_buffer(payload), read_options=options, parse_options=self._options)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
             raise _Bad(str(error)) from None
-        if table.num_rows != len(indices):
+        if table.num_rows != hi - lo:
             raise _Bad(f"value holds {table.num_rows} JSON documents; expected one object")
         return self._finish(table)
 
@@ -176,45 +211,59 @@ class Decoder:
         for spec in self.fields:
             column = table.column(spec.name)
             target = arrow_type(spec.type)
-            if column.type != target:
-                try:
-                    column = pc.cast(column, target, safe=spec.type != "float")
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                    raise _Bad(f"field {spec.name!r}: cannot convert to {spec.type}: {error}") from None
+            try:
+                if column.type != target:
+                    converted = pc.cast(column, target)
+                    if (
+                        spec.type == "float"
+                        and pc.any(pc.and_(pc.is_inf(converted), pc.invert(pc.is_inf(column)))).as_py()
+                    ):
+                        raise _Bad(f"field {spec.name!r}: value out of range for float")
+                    column = converted
+                elif pa.types.is_string(target):
+                    column.validate(full=True)  # the reader does not check UTF-8 inside strings
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise _Bad(f"field {spec.name!r}: cannot convert to {spec.type}: {error}") from None
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self._field_schema)
 
     def _parse(
         self,
-        values: list[bytes | None],
-        indices: list[int],
-        parts: list[tuple[list[int], pa.Table]],
+        candidates: list[bytes],
+        index: Sequence[int],
+        lo: int,
+        hi: int,
+        parts: list[tuple[Sequence[int], pa.Table]],
         bad: dict[int, str],
+        payload: bytes | None = None,
     ) -> None:
-        """Parse ``indices`` into ``parts`` (in order), bisecting around records that fail."""
-        if not indices:
+        """Parse ``candidates[lo:hi]`` into ``parts`` (in order), bisecting around failing records.
+
+        ``index[k]`` is the position in the chunk of ``candidates[k]``.
+        """
+        if hi <= lo:
             return
-        if len(indices) <= _SINGLES:
-            for i in indices:
+        if hi - lo <= _SINGLES:
+            for k in range(lo, hi):
                 try:
-                    self._keep(self._try(values, [i]), [i], parts, bad)
+                    self._keep(self._try(candidates, k, k + 1), index[k : k + 1], parts, bad)
                 except _Bad as error:
-                    bad[i] = self._explain(values[i], str(error))
+                    bad[index[k]] = self._explain(candidates[k], str(error))
             return
         try:
-            table = self._try(values, indices)
+            table = self._try(candidates, lo, hi, payload)
         except _Bad:
-            middle = len(indices) // 2
-            self._parse(values, indices[:middle], parts, bad)
-            self._parse(values, indices[middle:], parts, bad)
+            middle = (lo + hi) // 2
+            self._parse(candidates, index, lo, middle, parts, bad)
+            self._parse(candidates, index, middle, hi, parts, bad)
             return
-        self._keep(table, indices, parts, bad)
+        self._keep(table, index[lo:hi], parts, bad)
 
     def _keep(
         self,
         table: pa.Table,
-        indices: list[int],
-        parts: list[tuple[list[int], pa.Table]],
+        indices: Sequence[int],
+        parts: list[tuple[Sequence[int], pa.Table]],
         bad: dict[int, str],
     ) -> None:
         """Split off rows with nulls in required fields; keep the rest."""
@@ -235,35 +284,40 @@ class Decoder:
             parts.append((indices, table))
 
     def _explain(self, value: bytes | None, arrow_message: str) -> str:
+        if not (value or b"").strip():
+            return "value is empty; expected a JSON object"
         try:
             document = json.loads(value or b"")
         except (ValueError, UnicodeDecodeError) as error:
             return f"not valid JSON: {error}"
         if not isinstance(document, dict):
             return f"JSON value is not an object (got {type(document).__name__})"
-        types = {f.name: f.type for f in self.fields}
-        match = _ARROW_COLUMN.search(arrow_message)
-        if match and match.group("col") in types:
-            column = match.group("col")
-            return f"field {column!r}: expected {types[column]}, got a JSON {match.group('got')}"
-        match = _ARROW_CONVERT.search(arrow_message)
-        if match:
-            for name, type_name in types.items():
-                got = document.get(name)
-                if got is not None and str(got) in match.group("got"):
-                    return f"field {name!r}: cannot convert {got!r} to {type_name}"
+        if arrow_message.startswith("field "):
+            return arrow_message  # already names the field
+        for spec in self.fields:  # find the field Arrow refused: parse each one on its own
+            if spec.name not in document:
+                continue
+            probe = Decoder([FieldSpec(name=spec.name, type=spec.type)])
+            line = json.dumps({spec.name: document[spec.name]}).encode()
+            try:
+                probe._finish(pj.read_json(pa.py_buffer(line), parse_options=probe._options))
+            except _Bad as error:
+                return str(error)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                got = json.dumps(document[spec.name])[:80]
+                if "changed from" in str(error):
+                    kind = _JSON_KINDS.get(type(document[spec.name]), "value")
+                    return f"field {spec.name!r}: expected {spec.type}, got a JSON {kind} {got}"
+                reason = str(error).removeprefix("JSON parse error: ")
+                return f"field {spec.name!r}: cannot convert {got} to {spec.type}: {reason}"
         return arrow_message
 
-    def _assemble(self, chunk: RawChunk, good: list[int], fields: pa.Table) -> pa.Table:
-        take = pa.array(good, type=pa.int64())
-        columns = [
-            chunk.topic.take(take),
-            chunk.partition.take(take),
-            chunk.offset.take(take),
-            chunk.timestamp.take(take),
-            chunk.key.take(take),
-            *fields.columns,
-        ]
+    def _assemble(self, chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table) -> pa.Table:
+        kafka = [chunk.topic, chunk.partition, chunk.offset, chunk.timestamp, chunk.key]
+        if good is not None:
+            take = pa.array(good, type=pa.int64())
+            kafka = [column.take(take) for column in kafka]
+        columns = [*kafka, *fields.columns]
         return pa.Table.from_arrays(columns, schema=self._schema)
 
     def _dead_letters(self, chunk: RawChunk, bad: dict[int, str]) -> pa.Table:

@@ -124,15 +124,10 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
     for i, item in enumerate(partition_by):
         match = TRANSFORM.match(item.replace(" ", ""))
         assert match is not None  # validated in config
-        fn, n, column = (
-            match.group("fn") or "identity",
-            match.group("n"),
-            match.group("col") or match.group("bare"),
-        )
+        fn = match.group("fn") or match.group("wfn") or "identity"
+        n, column = match.group("n"), match.group("col") or match.group("wcol") or match.group("bare")
         transform: Transform[Any, Any]
         if fn in ("bucket", "truncate"):
-            if n is None:
-                raise ConfigError(f"partition_by: {item!r} needs a width, e.g. {fn}(16, {column})")
             transform = BucketTransform(int(n)) if fn == "bucket" else TruncateTransform(int(n))
             name = f"{column}_{fn}_{n}"
         else:

@@ -111,14 +111,17 @@ class LedgerFormatError(ValueError):
 def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
     """The ledger in one snapshot summary, or None if the snapshot is not this pipeline's."""
     offsets = summary.get(_key(pipeline, "offsets"))
-    if offsets is None:
+    version_text = summary.get(_key(pipeline, "format"))
+    if offsets is None and version_text is None:
         return None
-    version = int(summary.get(_key(pipeline, "format"), "1"))
+    version = int(version_text or FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise LedgerFormatError(
             f"snapshot summary has ledger format {version} for pipeline {pipeline!r}; this version of "
             f"lakehouse-ingest reads format {FORMAT_VERSION}. Upgrade lakehouse-ingest."
         )
+    if offsets is None:
+        raise LedgerFormatError(f"snapshot summary has 'ingest.{pipeline}.format' but no offsets: corrupted ledger")
     lost_text = summary.get(_key(pipeline, "lost-ranges"))
     lost = tuple(LostRange(TopicPartition(t, int(p)), int(s), int(e)) for t, p, s, e in json.loads(lost_text or "[]"))
     return Ledger(

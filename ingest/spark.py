@@ -1,0 +1,400 @@
+"""The Spark engine: the only module that imports pyspark.
+
+The driver plans and commits exactly as with the local engine (:class:`ingest.pipeline.Pipeline`:
+same planner, same ledger, same commit path). Only :meth:`SparkEngine.produce` differs: the
+batch's ranges are split into tasks, and each task, on an executor, reads its exact sub-range
+``[start, end)`` with the Kafka adapter, decodes it with the same :class:`~ingest.decode.Decoder`,
+writes Parquet data files into the table location and returns their ``DataFile`` metadata, its
+dead letters (Arrow IPC bytes), counts and newest timestamps. The driver commits once.
+
+Why task retries and speculative attempts cannot duplicate data: a task's files are invisible
+until the driver commits them, and the driver commits only the ``DataFile`` list it received.
+Spark's ``collect()`` delivers exactly one result per task, the first successful attempt's; a
+failed attempt returns nothing, and the result of a second (speculative) attempt that also
+succeeds is dropped by the scheduler. Every ``write`` names its files with a fresh UUID, so two
+attempts never overwrite each other. Files of attempts that did not deliver are referenced by no
+snapshot: orphans, exactly like the files of a fenced batch. The driver also checks that the
+results cover every planned sub-range exactly once before it commits anything.
+
+Tuning keys, read from the Spark conf (``spark-submit --conf``, ``spark-defaults.conf``):
+
+* ``spark.ingest.minPartitions`` (default: ``spark.default.parallelism``): the least number of
+  tasks a batch is split into; large ranges are split proportionally to their size, like the
+  ``minPartitions`` option of Spark's Kafka source.
+* ``spark.ingest.maxRecordsPerPartition`` (default: unbounded): the most offsets one task reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+
+import pyarrow as pa
+
+from ingest import errors, failpoints
+from ingest.config import PipelineConfig
+from ingest.core.ledger import TopicPartition
+from ingest.core.plan import Batch
+from ingest.decode import DEAD_LETTER_SCHEMA, Decoder
+from ingest.errors import ConfigError, FatalError, IngestError, RetryableError
+from ingest.iceberg import DataFile, IcebergTable
+from ingest.kafka import KafkaSource
+from ingest.pipeline import Pipeline, Produced, _max_timestamps, _merge_max, prefetched
+
+try:
+    from py4j.protocol import Py4JError, Py4JJavaError
+    from pyspark import SparkConf, StatusTracker, TaskContext
+    from pyspark.sql import SparkSession
+except ImportError:
+    raise ConfigError("the Spark engine needs pyspark 3.5: pip install 'lakehouse-ingest[spark]'") from None
+
+log = logging.getLogger(__name__)
+
+MIN_PARTITIONS = "spark.ingest.minPartitions"
+MAX_RECORDS_PER_PARTITION = "spark.ingest.maxRecordsPerPartition"
+#: tests only: ``raise`` or ``kill`` makes the first attempt of every task fail after it wrote its files
+TASK_FAILURE_ENV = "INGEST_SPARK_TASK_FAILURE"
+_POLL_S = 0.02
+_INGEST_ERROR = re.compile(r"^ingest\.errors\.(?P<name>\w+): (?P<message>.*)$", re.MULTILINE)
+
+
+class SparkUnavailable(RetryableError):
+    """No Spark session could be started, or the Spark job failed for a reason outside the task code
+    (executors lost, worker processes killed, the job cancelled)."""
+
+
+@dataclass(frozen=True)
+class TaskRange:
+    """One task's share of a batch: offsets ``[start, end)`` of one partition."""
+
+    index: int
+    tp: TopicPartition
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _divide(tp: TopicPartition, start: int, end: int, parts: int) -> list[tuple[TopicPartition, int, int]]:
+    """``[start, end)`` as ``parts`` contiguous pieces of near-equal size (the last takes the rest)."""
+    pieces, remaining = [], end - start
+    for part in range(parts):
+        size = remaining // (parts - part)
+        pieces.append((tp, start, start + size))
+        start, remaining = start + size, remaining - size
+    return pieces
+
+
+def split_ranges(
+    ranges: Sequence[tuple[TopicPartition, int, int]],
+    min_partitions: int | None = None,
+    max_records_per_partition: int | None = None,
+) -> list[TaskRange]:
+    """Planned ranges as tasks that together cover every range exactly, each piece non-empty.
+
+    First no task gets more than ``max_records_per_partition`` offsets; then, if that leaves fewer
+    than ``min_partitions`` tasks, each piece is split again in proportion to its size (Spark's
+    Kafka source does the same with ``minPartitions``).
+    """
+    pieces = [
+        piece
+        for tp, start, end in ranges
+        if end > start
+        for piece in _divide(tp, start, end, math.ceil((end - start) / (max_records_per_partition or end - start)))
+    ]
+    if min_partitions is not None and len(pieces) < min_partitions:
+        total = sum(end - start for _, start, end in pieces)
+        pieces = [
+            smaller
+            for tp, start, end in pieces
+            for smaller in _divide(
+                tp, start, end, min(end - start, max(1, round((end - start) / total * min_partitions)))
+            )
+        ]
+    return [TaskRange(i, tp, start, end) for i, (tp, start, end) in enumerate(pieces)]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every task needs, shipped to the executors (it pickles)."""
+
+    config: PipelineConfig
+    #: write-only copy of the rows table: the driver's current metadata and FileIO, no catalog
+    rows: IcebergTable
+
+
+@dataclass(frozen=True)
+class TaskOutput:
+    """What one successful task attempt returns to the driver. Nothing in it is committed yet."""
+
+    index: int
+    files: list[DataFile]
+    #: Arrow IPC stream of the task's dead letters (schema DEAD_LETTER_SCHEMA)
+    dead_letters: bytes
+    records: int
+    nbytes: int
+    timestamps: dict[TopicPartition, int]
+
+
+def _detached(rows: IcebergTable) -> IcebergTable:
+    """A copy of ``rows`` that only writes data files: it holds no catalog connection, so it pickles."""
+    table = copy.copy(rows.table)
+    table.catalog = None  # type: ignore[assignment]
+    return IcebergTable(None, rows.identifier, table)  # type: ignore[arg-type]
+
+
+def _ipc(tables: Sequence[pa.Table]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, DEAD_LETTER_SCHEMA) as writer:
+        for table in tables:
+            writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _inject_failure() -> None:
+    how = os.environ.get(TASK_FAILURE_ENV)
+    context = TaskContext.get()
+    if not how or context is None or context.attemptNumber() > 0:
+        return
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"{TASK_FAILURE_ENV}={how}: injected failure of task {context.partitionId()}, attempt 0")
+
+
+def _produce_task(job: _Job, task: TaskRange) -> TaskOutput:
+    """Runs on an executor: read exactly ``task``'s range, decode, write data files."""
+    config = job.config
+    source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
+    decoder = Decoder(config.schema_)
+    files: list[DataFile] = []
+    dead: list[pa.Table] = []
+    records = nbytes = 0
+    timestamps: dict[TopicPartition, int] = {}
+    # as in the local engine: Kafka is read in a background thread while chunks decode and write
+    for chunk in prefetched(source.read([(task.tp, task.start, task.end)], config.batch.chunk_records)):
+        decoded = decoder.decode(chunk)
+        records += len(chunk)
+        nbytes += chunk.nbytes
+        timestamps = _merge_max(
+            timestamps, _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp")
+        )
+        timestamps = _merge_max(timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp"))
+        files.extend(job.rows.write(decoded.rows))
+        dead.append(decoded.dead_letters)
+    _inject_failure()
+    return TaskOutput(task.index, files, _ipc(dead), records, nbytes, timestamps)
+
+
+def _produce_partition(job: _Job, tasks: Iterable[TaskRange]) -> Iterator[TaskOutput]:
+    for task in tasks:
+        yield _produce_task(job, task)
+
+
+def _combine(tasks: Sequence[TaskRange], outputs: Sequence[TaskOutput]) -> Produced:
+    indices = sorted(output.index for output in outputs)
+    if indices != [task.index for task in tasks]:
+        # never commit a batch whose pieces are missing or doubled: that would break exactly-once
+        raise SparkUnavailable(
+            f"the Spark job returned results for tasks {indices}, expected each of 0..{len(tasks) - 1} once; "
+            "nothing was committed. Run again."
+        )
+    ordered = sorted(outputs, key=lambda output: output.index)
+    dead = [pa.ipc.open_stream(output.dead_letters).read_all() for output in ordered]
+    timestamps: dict[TopicPartition, int] = {}
+    for output in ordered:
+        timestamps = _merge_max(timestamps, output.timestamps)
+    return Produced(
+        files=[f for output in ordered for f in output.files],
+        dead_letters=pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table(),
+        records=sum(output.records for output in ordered),
+        nbytes=sum(output.nbytes for output in ordered),
+        timestamps=timestamps,
+    )
+
+
+def _translate(error: Py4JJavaError, batch: Batch) -> IngestError | None:
+    """The domain error behind a failed Spark job, so the CLI exits with the right code; None if the
+    task code raised something that is not a domain error (a bug: the original error stands)."""
+    try:
+        message = str(error.java_exception.getMessage() or error)
+    except Py4JError:  # the JVM is gone: the Python-side text has the same message
+        message = str(error)
+    found = _INGEST_ERROR.findall(message)
+    if found:  # a task raised an IngestError (e.g. Kafka unreachable) spark.task.maxFailures times
+        name, text = found[-1]
+        kind = getattr(errors, name, None)
+        text = f"a Spark task of batch {batch.number} failed: {text}"
+        if isinstance(kind, type) and issubclass(kind, IngestError):
+            try:
+                domain: IngestError = kind(text)
+                return domain
+            except TypeError:  # an error class with structured fields: keep its kind
+                return RetryableError(text) if kind.retryable else FatalError(text)
+    if "Traceback (most recent call last)" in message:
+        return None
+    first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    return SparkUnavailable(f"the Spark job of batch {batch.number} failed: {first}. Nothing was committed; run again.")
+
+
+class SparkEngine:
+    """Turns a batch's ranges into data files with Spark tasks; see the module docstring."""
+
+    def __init__(self, config: PipelineConfig, rows: IcebergTable, spark: SparkSession, *, owns: bool) -> None:
+        self.config = config
+        self.rows = rows
+        self.spark = spark
+        self._owns = owns
+        conf = spark.sparkContext.getConf()
+        self.min_partitions = _positive(conf, MIN_PARTITIONS) or spark.sparkContext.defaultParallelism
+        self.max_records_per_partition = _positive(conf, MAX_RECORDS_PER_PARTITION)
+
+    @classmethod
+    def create(cls, pipeline: Pipeline, spark: SparkSession | None = None) -> SparkEngine:
+        """The engine for ``pipeline``, on ``spark`` or on a session built from the usual Spark settings
+        (spark-submit arguments, ``spark-defaults.conf``). A session it built is stopped by :meth:`close`."""
+        if spark is None:
+            active = SparkSession.getActiveSession()  # a notebook's or a job's own session: not ours to stop
+            spark, owns = (active, False) if active is not None else (_start_session(), True)
+        else:
+            owns = False
+        return cls(pipeline.config, pipeline.rows, spark, owns=owns)
+
+    def produce(self, batch: Batch) -> Produced:
+        tasks = split_ranges(batch.ranges(), self.min_partitions, self.max_records_per_partition)
+        failpoints.reach("before-read")
+        outputs = self._run(tasks, batch) if tasks else []
+        failpoints.reach("files-written")
+        return _combine(tasks, outputs)
+
+    def _run(self, tasks: list[TaskRange], batch: Batch) -> list[TaskOutput]:
+        """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
+        sc = self.spark.sparkContext
+        job = _Job(self.config, _detached(self.rows))
+        group = f"ingest-{self.config.pipeline}-{batch.number}-{uuid.uuid4().hex[:8]}"
+
+        def collect() -> list[TaskOutput]:
+            sc.setJobGroup(group, f"ingest {self.config.pipeline} batch {batch.number}: {len(tasks)} tasks", True)
+            rdd = sc.parallelize(tasks, len(tasks))
+            return rdd.mapPartitions(partial(_produce_partition, job)).collect()
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(1, thread_name_prefix="ingest-spark") as pool:
+            future = pool.submit(collect)
+            try:
+                self._watch(future, group, len(tasks))
+                outputs = future.result()
+            except Py4JJavaError as error:
+                domain = _translate(error, batch)
+                if domain is None:
+                    raise
+                raise domain from None
+            except Py4JError as error:  # the JVM is gone (killed, or the session was stopped)
+                raise SparkUnavailable(
+                    f"lost the Spark JVM during batch {batch.number}: {error}. Nothing was committed; run again."
+                ) from None
+            except BaseException:
+                sc.cancelJobGroup(group)
+                raise
+        log.info("batch %d: %d Spark tasks done in %.2fs", batch.number, len(tasks), time.monotonic() - started)
+        return outputs
+
+    def _watch(self, future: Future[list[TaskOutput]], group: str, total: int) -> None:
+        """Wait for the job, reaching the crash-test points ``mid-read`` (tasks are reading) and
+        ``mid-write`` (some tasks have written their files) on the driver as the job gets there."""
+        tracker = self.spark.sparkContext.statusTracker()
+        reached = {"mid-read": False, "mid-write": False}
+        done = -1
+        while not future.done():
+            try:
+                active, completed = _progress(tracker, group)
+            except Py4JError:  # the JVM went away; the job's own error says why
+                break
+            if completed != done:
+                done = completed
+                log.info("%s: %d of %d tasks done", group, completed, total)
+            for point, now in (("mid-read", active > 0 or completed > 0), ("mid-write", completed > 0)):
+                if now and not reached[point]:
+                    reached[point] = True
+                    failpoints.reach(point)
+            time.sleep(_POLL_S)
+        future.exception()  # wait for the end
+        if (
+            not future.cancelled() and future.exception() is None
+        ):  # a job faster than the poll still passes every point, in order
+            for point in ("mid-read", "mid-write"):
+                if not reached[point]:
+                    failpoints.reach(point)
+
+    def close(self) -> None:
+        if self._owns:
+            self.spark.stop()
+            self._owns = False
+
+    def __enter__(self) -> SparkEngine:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _progress(tracker: StatusTracker, group: str) -> tuple[int, int]:
+    """Running and completed tasks of the job group."""
+    active = completed = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info else []:
+            stage = tracker.getStageInfo(stage_id)
+            if stage:
+                active, completed = active + stage.numActiveTasks, completed + stage.numCompletedTasks
+    return active, completed
+
+
+def _positive(conf: SparkConf, key: str) -> int | None:
+    text = conf.get(key, None)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"Spark setting {key}={text!r}: expected a positive integer")
+    return value
+
+
+def _start_session() -> SparkSession:
+    started = time.monotonic()
+    try:
+        spark = SparkSession.builder.getOrCreate()
+    except (Py4JError, RuntimeError, OSError) as error:
+        raise SparkUnavailable(
+            f"cannot start a Spark session: {error}. Check JAVA_HOME and the Spark settings (spark-submit "
+            "arguments, SPARK_CONF_DIR/spark-defaults.conf)."
+        ) from None
+    sc = spark.sparkContext
+    if (sc.master or "").startswith("local") and "PYSPARK_PYTHON" not in os.environ:
+        # local executors are this machine's processes: run them on this interpreter, which has the package
+        sc.pythonExec = sys.executable
+    log.info(
+        "Spark session started in %.2fs (master %s, %d cores)",
+        time.monotonic() - started,
+        sc.master,
+        sc.defaultParallelism,
+    )
+    return spark
