@@ -235,6 +235,101 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
     _guarded(json_output, body)
 
 
+def _timestamp_ms(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an ISO-8601 timestamp, e.g. 2026-12-01T10:00:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+@app.command()
+def reset(
+    config: ConfigOption,
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the snapshot summary).")],
+    to_offsets: Annotated[
+        str | None, typer.Option("--to-offsets", help="TOPIC:PARTITION=OFFSET[,...]; other partitions keep theirs.")
+    ] = None,
+    to_earliest: Annotated[bool, typer.Option("--to-earliest", help="Every partition to its earliest offset.")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest", help="Every partition to its end offset.")] = False,
+    to_timestamp: Annotated[
+        str | None, typer.Option("--to-timestamp", help="First offsets at or after an ISO-8601 timestamp.")
+    ] = None,
+    reset_id: Annotated[
+        str | None, typer.Option("--reset-id", help="Id that makes the reset apply once (default: from the command).")
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Move the ledger without data (one snapshot, applied once even if the command is re-run)."""
+    from ingest.reset import ResetTarget, parse_offsets
+    from ingest.reset import reset as do_reset
+
+    chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp) if x]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --to-offsets, --to-earliest, --to-latest, --to-timestamp")
+
+    def body() -> None:
+        if to_offsets:
+            target = ResetTarget("offsets", offsets=parse_offsets(to_offsets))
+        elif to_timestamp:
+            target = ResetTarget("timestamp", timestamp_ms=_timestamp_ms(to_timestamp))
+        else:
+            target = ResetTarget("earliest" if to_earliest else "latest")
+        data = do_reset(_open(config), target, reason, reset_id)
+        if json_output:
+            print(json.dumps(data))
+        else:
+            out.print(f"reset {data['reset_id']}: {data['status']} (snapshot {data['snapshot_id']})")
+
+    _guarded(json_output, body)
+
+
+@app.command()
+def replay(
+    config: ConfigOption,
+    from_snapshot: Annotated[int | None, typer.Option("--from-snapshot", help="Snapshot id S to replay from.")] = None,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="Replay from main as of this ISO-8601 time.")] = None,
+    publish: Annotated[bool, typer.Option("--publish", help="Move main to the caught-up replay branch.")] = False,
+    rollback: Annotated[bool, typer.Option("--rollback", help="Roll main back to S instead of branching.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Re-ingest everything after snapshot S: into a branch (default), or by rolling main back."""
+    from ingest.replay import replay as do_replay
+
+    if (from_snapshot is None) == (as_of is None):
+        raise typer.BadParameter("give exactly one of --from-snapshot or --as-of")
+    if publish and rollback:
+        raise typer.BadParameter("use either --publish or --rollback")
+
+    def body() -> None:
+        data = do_replay(
+            _open(config), from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
+        )
+        if json_output:
+            print(json.dumps(data))
+            return
+        out.print(f"replay from snapshot {data['from_snapshot']}: {data['action']}")
+        if "comparison" in data:
+            table = Table(title=f"main vs {data['branch']}")
+            for column in ("partition", "main offset", "branch offset", "main rows", "branch rows"):
+                table.add_column(column)
+            for r in data["comparison"]:
+                table.add_row(
+                    f"{r['topic']}[{r['partition']}]",
+                    str(r["main_offset"]),
+                    str(r["branch_offset"]),
+                    str(r["main_rows"]),
+                    str(r["branch_rows"]),
+                )
+            out.print(table)
+            if not publish:
+                out.print("nothing published: re-run with --publish to move main to the branch")
+
+    _guarded(json_output, body)
+
+
 @app.command()
 def demo(
     records: Annotated[int, typer.Option(help="Order events to produce.")] = 200_000,

@@ -83,9 +83,10 @@ def commit_rows(
     files: Sequence[DataFile],
     counts: BatchCounts,
     max_attempts: int,
+    extra: Mapping[str, str] | None = None,
 ) -> Outcome:
     """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once."""
-    summary = encode(pipeline, ledger, counts)
+    summary = encode(pipeline, ledger, counts, extra)
     try:
         for attempt in _retrying(max_attempts):
             with attempt:

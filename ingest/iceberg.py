@@ -65,6 +65,7 @@ from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
 log = logging.getLogger(__name__)
 
 NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
+MAIN = "main"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
@@ -172,10 +173,15 @@ class Head:
 class IcebergTable:
     """One Iceberg table as the protocol uses it (main branch)."""
 
-    def __init__(self, catalog: Catalog, identifier: str, table: Table) -> None:
+    def __init__(self, catalog: Catalog, identifier: str, table: Table, branch: str = MAIN) -> None:
         self.catalog = catalog
         self.identifier = identifier
+        self.branch = branch
         self._table = table
+
+    def on_branch(self, branch: str) -> IcebergTable:
+        """The same table, reading and committing on ``branch``."""
+        return IcebergTable(self.catalog, self.identifier, self._table, branch)
 
     @classmethod
     def open(
@@ -210,13 +216,17 @@ class IcebergTable:
         return self.head()
 
     def head(self) -> Head:
-        current = self._table.metadata.current_snapshot_id
-        return Head(current, dict(self._table.properties))
+        return Head(self.branch_head(self.branch), dict(self._table.properties))
 
-    def ancestry(self) -> Iterator[SnapshotView]:
-        """Snapshots from the main head back through parent links, until the chain ends or breaks."""
+    def branch_head(self, branch: str) -> int | None:
+        ref = self._table.metadata.refs.get(branch)
+        return ref.snapshot_id if ref is not None else None
+
+    def ancestry(self, start: int | None = None) -> Iterator[SnapshotView]:
+        """Snapshots from the branch head (or ``start``) back through parent links, until the chain
+        ends or breaks."""
         metadata = self._table.metadata
-        snapshot_id = metadata.current_snapshot_id
+        snapshot_id = start if start is not None else self.branch_head(self.branch)
         seen: set[int] = set()
         while snapshot_id is not None and snapshot_id not in seen:
             seen.add(snapshot_id)
@@ -251,7 +261,7 @@ class IcebergTable:
         transaction = self._table.transaction()
         if properties:
             transaction.set_properties(dict(properties))
-        with transaction.update_snapshot(snapshot_properties=dict(summary)).fast_append() as append:
+        with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).fast_append() as append:
             for data_file in files:
                 append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
@@ -263,7 +273,38 @@ class IcebergTable:
             raise CommitUnknown(f"{type(error).__name__}: {error}") from None
         return snapshot_id
 
+    def create_branch(self, name: str, snapshot_id: int) -> None:
+        try:
+            self._table.manage_snapshots().create_branch(snapshot_id, name).commit()
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from None
+
+    def set_main(self, snapshot_id: int) -> None:
+        """Point main at ``snapshot_id``, requiring main's head to be what this handle last saw."""
+        try:
+            self._table.manage_snapshots().set_current_snapshot(snapshot_id=snapshot_id).commit()
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from None
+
+    def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
+        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            return None
+        return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+
+    def snapshot_as_of(self, timestamp_ms: int) -> int | None:
+        """The main branch's snapshot current at ``timestamp_ms`` (from the snapshot log)."""
+        current = None
+        for entry in self._table.metadata.snapshot_log:
+            if entry.timestamp_ms <= timestamp_ms:
+                current = entry.snapshot_id
+        return current
+
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
+        if snapshot_id is None:
+            snapshot_id = self.branch_head(self.branch)
+            if snapshot_id is None:
+                return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
 
     def registered(self) -> bool:

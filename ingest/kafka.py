@@ -160,6 +160,20 @@ class KafkaSource:
             )
         raise BrokerUnavailable(f"{where}: Kafka error while reading: {error.str()}")
 
+    def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
+        """Per partition, the first offset whose record timestamp is at or after ``timestamp_ms``
+        (the end offset where there is none)."""
+        consumer = self._consumer()
+        try:
+            found = consumer.offsets_for_times(
+                [KafkaTP(tp.topic, tp.partition, timestamp_ms) for tp in tps], timeout=self.timeout_s
+            )
+        except KafkaException as error:
+            raise BrokerUnavailable(f"looking up offsets for timestamp {timestamp_ms} failed: {error}") from None
+        finally:
+            consumer.close()
+        return {TopicPartition(str(t.topic), t.partition): t.offset for t in found}
+
     def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Consumer-group offsets for lag dashboards. Never read back; failures are only logged."""
         if not offsets:

@@ -199,6 +199,11 @@ class Pipeline:
         source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
         return cls(config, source, rows, dead)
 
+    def on_branch(self, branch: str) -> Pipeline:
+        """This pipeline committing rows to ``branch`` (dead letters stay on main: their ledger is a
+        floor that deduplicates re-read ranges)."""
+        return Pipeline(self.config, self.source, self.rows.on_branch(branch), self.dead)
+
     def ledger(self) -> Found | None:
         return observe(self.rows, self.config.pipeline)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.core.ledger import TopicPartition, decode, decode_counts
+from ingest.core.ledger import TopicPartition, decode, decode_counts, read_extra
 from ingest.pipeline import Pipeline
 
 #: how many offsets of each kind a verification report lists per partition
@@ -134,34 +134,100 @@ def _sample(array: pa.Array) -> list[int]:
     return sorted(array.to_pylist())[:SAMPLE]
 
 
+Span = tuple[TopicPartition, int, int]
+
+
+@dataclass
+class Coverage:
+    """What the ledger history claims: where it starts, what it skipped, what it re-read on purpose."""
+
+    origin: dict[TopicPartition, int] = field(default_factory=dict)
+    #: ranges deliberately not ingested: lost to retention (``skip``) or skipped by a forward reset
+    excluded: list[Span] = field(default_factory=list)
+    #: ranges a backward reset made the pipeline ingest once more
+    reread: list[Span] = field(default_factory=list)
+
+
+def coverage(pipeline: Pipeline) -> Coverage:
+    name = pipeline.config.pipeline
+    ledgers = [
+        (snap, ledger) for snap in pipeline.rows.ancestry() if (ledger := decode(name, snap.summary)) is not None
+    ]
+    result = Coverage()
+    for i, (snap, ledger) in enumerate(ledgers):
+        for tp, start in ledger.start_offsets.items():
+            result.origin[tp] = min(result.origin.get(tp, start), start)
+        result.excluded.extend((r.tp, r.start, r.end) for r in ledger.lost)
+        if read_extra(name, snap.summary, "reset-id") is None or i + 1 == len(ledgers):
+            continue
+        before = ledgers[i + 1][1].offsets
+        for tp, moved_to in ledger.offsets.items():
+            was = before.get(tp, moved_to)
+            if was > moved_to:
+                result.reread.append((tp, moved_to, was))
+            elif was < moved_to:
+                result.excluded.append((tp, was, moved_to))
+    return result
+
+
+def _within(values: pa.Array, spans: list[Span], tp: TopicPartition) -> pa.Array:
+    """How many of ``spans`` (of partition ``tp``) contain each value."""
+    hits = pa.array([0] * len(values), pa.int64())
+    for span_tp, lo, hi in spans:
+        if span_tp == tp:
+            inside = pc.and_(pc.greater_equal(values, lo), pc.less(values, hi))
+            hits = pc.add(hits, pc.cast(inside, pa.int64()))
+    return hits
+
+
+def _check(
+    tp: TopicPartition, start: int, end: int, kafka: pa.Array, rows: pa.Array, dead: pa.Array, claims: Coverage
+) -> PartitionCheck:
+    check = PartitionCheck(tp, start, end)
+    # dead letters at or past the rows ledger are normal after a crash between the two commits
+    dead = dead.filter(pc.less(dead, end)) if len(dead) else dead
+    if len(kafka):
+        kafka = kafka.filter(pc.equal(_within(kafka, claims.excluded, tp), 0))
+    check.in_kafka, check.rows, check.dead_letters = len(kafka), len(rows), len(dead)
+    landed = pa.concat_arrays([rows, dead])
+    if len(landed):
+        counts = pc.value_counts(landed)
+        values, seen = counts.field("values"), counts.field("counts")
+        # a good record is in the rows once, plus once per backward reset over it; a dead letter
+        # is in the dead letters exactly once (their ledger deduplicates re-reads)
+        is_dead = pc.is_in(values, dead) if len(dead) else pa.array([False] * len(values))
+        allowed = pc.if_else(is_dead, 1, pc.add(_within(values, claims.reread, tp), 1))
+        check.duplicated = _sample(values.filter(pc.greater(seen, allowed)))
+        short = values.filter(pc.and_(pc.less(seen, allowed), pc.greater_equal(values, start)))
+        check.missing = _sample(short)
+        beyond = landed.filter(pc.greater_equal(landed, end))
+        in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, end)))
+        strays = in_range.filter(pc.invert(pc.is_in(in_range, kafka))) if len(kafka) else in_range
+        check.unexpected = _sample(pa.concat_arrays([beyond, strays]))
+    if len(kafka):
+        absent = kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka
+        check.missing = sorted(set(check.missing) | set(_sample(absent)))[:SAMPLE]
+    return check
+
+
 def verify(pipeline: Pipeline) -> dict[str, Any]:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
-    letters exactly once, and no row lies outside them."""
+    letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
+    outside them."""
     name = pipeline.config.pipeline
     found = pipeline.ledger()
     if found is None:
         return {"pipeline": name, "ok": True, "partitions": [], "note": "nothing committed yet"}
-    origin: dict[TopicPartition, int] = {}
-    lost: list[tuple[TopicPartition, int, int]] = []
-    for snap in pipeline.rows.ancestry():
-        ledger = decode(name, snap.summary)
-        if ledger is None:
-            continue
-        for tp, start in ledger.start_offsets.items():
-            origin[tp] = min(origin.get(tp, start), start)
-        lost.extend((r.tp, r.start, r.end) for r in ledger.lost)
+    claims = coverage(pipeline)
     view = pipeline.source.describe()
     ranges = []
     for tp, end in sorted(found.ledger.offsets.items()):
-        start = origin.get(tp, end)
         low = view.partitions[tp].low if tp in view.partitions else end
-        ranges.append((tp, max(start, low), end))
+        ranges.append((tp, max(claims.origin.get(tp, end), low), end))
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
     for chunk in pipeline.source.read(ranges, chunk_records=500_000):
-        parts = _offsets_by_partition(
-            pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset}), "t", "p", "o"
-        )
-        for tp, offsets in parts.items():
+        table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
+        for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
     rows = pipeline.rows.scan_columns(["_kafka_topic", "_kafka_partition", "_kafka_offset"], found.snapshot_id)
     rows = rows.filter(pc.is_in(rows["_kafka_topic"], pa.array(pipeline.config.topics)))
@@ -169,37 +235,29 @@ def verify(pipeline: Pipeline) -> dict[str, Any]:
     dead = pipeline.dead.scan_columns(["topic", "partition", "offset"])
     row_offsets = _offsets_by_partition(rows, "_kafka_topic", "_kafka_partition", "_kafka_offset")
     dead_offsets = _offsets_by_partition(dead, "topic", "partition", "offset")
-    checks = []
     empty = pa.array([], pa.int64())
-    for tp, start, end in ranges:
-        check = PartitionCheck(tp, start, end)
-        kafka = pa.concat_arrays(in_kafka.get(tp, [empty]))
-        mine_rows = row_offsets.get(tp, empty)
-        mine_dead = dead_offsets.get(tp, empty)
-        # dead letters at or past the rows ledger are normal after a crash between the two commits
-        mine_dead = mine_dead.filter(pc.less(mine_dead, end)) if len(mine_dead) else mine_dead
-        landed = pa.concat_arrays([mine_rows, mine_dead])
-        if len(landed):
-            counts = pc.value_counts(landed)
-            check.duplicated = _sample(counts.field("values").filter(pc.greater(counts.field("counts"), 1)))
-            beyond = landed.filter(pc.greater_equal(landed, end))
-            in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, end)))
-            check.unexpected = _sample(
-                pa.concat_arrays([beyond, in_range.filter(pc.invert(pc.is_in(in_range, kafka)))])
-            )
-        for lost_tp, lost_start, lost_end in lost:  # recorded by `on_data_loss: skip`
-            if lost_tp == tp and len(kafka):
-                gone = pc.and_(pc.greater_equal(kafka, lost_start), pc.less(kafka, lost_end))
-                kafka = kafka.filter(pc.invert(gone))
-        check.in_kafka, check.rows, check.dead_letters = len(kafka), len(mine_rows), len(mine_dead)
-        if len(kafka):
-            check.missing = _sample(kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka)
-        checks.append(check)
+    checks = [
+        _check(
+            tp,
+            start,
+            end,
+            pa.concat_arrays(in_kafka.get(tp, [empty])),
+            row_offsets.get(tp, empty),
+            dead_offsets.get(tp, empty),
+            claims,
+        )
+        for tp, start, end in ranges
+    ]
     return {
         "pipeline": name,
         "ok": all(c.ok for c in checks),
         "snapshot_id": found.snapshot_id,
         "batch": found.ledger.batch,
-        "lost_ranges": [{"topic": tp.topic, "partition": tp.partition, "start": s, "end": e} for tp, s, e in lost],
+        "excluded_ranges": [
+            {"topic": tp.topic, "partition": tp.partition, "start": s, "end": e} for tp, s, e in claims.excluded
+        ],
+        "reread_ranges": [
+            {"topic": tp.topic, "partition": tp.partition, "start": s, "end": e} for tp, s, e in claims.reread
+        ],
         "partitions": [c.as_dict() for c in checks],
     }

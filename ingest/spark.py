@@ -16,7 +16,8 @@ attempts never overwrite each other. Files of attempts that did not deliver are 
 snapshot: orphans, exactly like the files of a fenced batch. The driver also checks that the
 results cover every planned sub-range exactly once before it commits anything.
 
-Tuning keys, read from the Spark conf (``spark-submit --conf``, ``spark-defaults.conf``):
+Tuning keys, read from the session's conf at every batch (``spark-submit --conf``,
+``spark-defaults.conf``, or ``spark.conf.set`` in a notebook):
 
 * ``spark.ingest.minPartitions`` (default: ``spark.default.parallelism``): the least number of
   tasks a batch is split into; large ranges are split proportionally to their size, like the
@@ -55,7 +56,7 @@ from ingest.pipeline import Pipeline, Produced, _max_timestamps, _merge_max, pre
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
-    from pyspark import SparkConf, StatusTracker, TaskContext
+    from pyspark import StatusTracker, TaskContext
     from pyspark.sql import SparkSession
 except ImportError:
     raise ConfigError("the Spark engine needs pyspark 3.5: pip install 'lakehouse-ingest[spark]'") from None
@@ -108,7 +109,7 @@ def split_ranges(
 
     First no task gets more than ``max_records_per_partition`` offsets; then, if that leaves fewer
     than ``min_partitions`` tasks, each piece is split again in proportion to its size (Spark's
-    Kafka source does the same with ``minPartitions``).
+    Kafka source does the same with ``minPartitions``, rounding halves up).
     """
     pieces = [
         piece
@@ -122,7 +123,7 @@ def split_ranges(
             smaller
             for tp, start, end in pieces
             for smaller in _divide(
-                tp, start, end, min(end - start, max(1, round((end - start) / total * min_partitions)))
+                tp, start, end, min(end - start, max(1, math.floor((end - start) / total * min_partitions + 0.5)))
             )
         ]
     return [TaskRange(i, tp, start, end) for i, (tp, start, end) in enumerate(pieces)]
@@ -258,9 +259,6 @@ class SparkEngine:
         self.rows = rows
         self.spark = spark
         self._owns = owns
-        conf = spark.sparkContext.getConf()
-        self.min_partitions = _positive(conf, MIN_PARTITIONS) or spark.sparkContext.defaultParallelism
-        self.max_records_per_partition = _positive(conf, MAX_RECORDS_PER_PARTITION)
 
     @classmethod
     def create(cls, pipeline: Pipeline, spark: SparkSession | None = None) -> SparkEngine:
@@ -274,11 +272,16 @@ class SparkEngine:
         return cls(pipeline.config, pipeline.rows, spark, owns=owns)
 
     def produce(self, batch: Batch) -> Produced:
-        tasks = split_ranges(batch.ranges(), self.min_partitions, self.max_records_per_partition)
+        tasks = self.tasks(batch)
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch) if tasks else []
         failpoints.reach("files-written")
         return _combine(tasks, outputs)
+
+    def tasks(self, batch: Batch) -> list[TaskRange]:
+        """The batch's ranges as tasks, split by the ``spark.ingest.*`` settings current in the session."""
+        min_partitions = _positive(self.spark, MIN_PARTITIONS) or self.spark.sparkContext.defaultParallelism
+        return split_ranges(batch.ranges(), min_partitions, _positive(self.spark, MAX_RECORDS_PER_PARTITION))
 
     def _run(self, tasks: list[TaskRange], batch: Batch) -> list[TaskOutput]:
         """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
@@ -365,8 +368,8 @@ def _progress(tracker: StatusTracker, group: str) -> tuple[int, int]:
     return active, completed
 
 
-def _positive(conf: SparkConf, key: str) -> int | None:
-    text = conf.get(key, None)
+def _positive(spark: SparkSession, key: str) -> int | None:
+    text = spark.conf.get(key, None)
     if text is None:
         return None
     try:

@@ -81,9 +81,15 @@ def _decode_offsets(text: str) -> dict[TopicPartition, int]:
     }
 
 
-def encode(pipeline: str, ledger: Ledger, counts: BatchCounts) -> dict[str, str]:
-    """Snapshot summary properties carrying the full ledger (every partition, idle ones too)."""
-    props = {
+def encode(
+    pipeline: str, ledger: Ledger, counts: BatchCounts, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Snapshot summary properties carrying the full ledger (every partition, idle ones too).
+
+    ``extra`` adds audit keys under the same scope (e.g. ``reset-id``, ``reset-reason``).
+    """
+    props = {_key(pipeline, name): value for name, value in (extra or {}).items()}
+    props |= {
         _key(pipeline, "format"): str(FORMAT_VERSION),
         _key(pipeline, "batch"): str(ledger.batch),
         _key(pipeline, "offsets"): _encode_offsets(ledger.offsets),
@@ -132,6 +138,11 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         timestamps=_decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
         lost=lost,
     )
+
+
+def read_extra(pipeline: str, summary: Mapping[str, str], name: str) -> str | None:
+    """An audit key written with :func:`encode`'s ``extra``."""
+    return summary.get(_key(pipeline, name))
 
 
 def decode_counts(pipeline: str, summary: Mapping[str, str]) -> BatchCounts:

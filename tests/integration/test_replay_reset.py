@@ -1,0 +1,134 @@
+"""Replay from a prior snapshot and ledger resets, against the real broker and catalogs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ingest.core.plan import KafkaView, Watermarks
+from ingest.pipeline import Pipeline
+from ingest.replay import ReplayImpossible, replay
+
+pytestmark = pytest.mark.integration
+
+
+def _run_all(pipeline: Pipeline) -> None:
+    for _ in pipeline.run(until_caught_up=True, max_batches=None):
+        pass
+
+
+def test_the_same_reset_twice_moves_the_ledger_once(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(400, bad_every=20)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    spec = f"{env.topic}:0=50,{env.topic}:1=60"
+
+    first = env.cli("reset", "--to-offsets", spec, "--reason", "bad deploy 4711", "--json")
+    second = env.cli("reset", "--to-offsets", spec, "--reason", "bad deploy 4711", "--json")
+
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    applied, again = json.loads(first.stdout), json.loads(second.stdout)
+    assert applied["status"] == "applied" and again["status"] == "already-applied"
+    assert again["snapshot_id"] == applied["snapshot_id"]
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert [p["committed"] for p in status["partitions"]] == [50, 60]
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert len(history) == 2  # the batch and one reset, not two
+    # the re-read range lands again (that is the point of a reset), exactly once from the reset on
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    env.verify()
+    rows, dead = env.counts()
+    assert rows == (400 - env.bad) + (400 - 110) - 14  # re-ingested good rows after the reset point
+    assert dead == env.bad  # dead letters are not duplicated: their ledger is a floor
+
+
+def test_reset_to_latest_skips_and_records_who_and_why(make_env) -> None:
+    env = make_env()
+    env.produce(100)
+    result = env.cli("reset", "--to-latest", "--reason", "skip backlog", "--json")
+    assert result.returncode == 0, result.stderr
+    pipeline = Pipeline.open(env.config)
+    summary = pipeline.rows.table.current_snapshot().summary.additional_properties
+    assert summary["ingest.orders.reset-reason"] == "skip backlog"
+    assert "@" in summary["ingest.orders.reset-by"]
+    env.produce(30)
+    assert env.cli("run").returncode == 0
+    assert env.counts() == (30, 0)
+    env.verify()
+
+
+def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> None:
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(1_000, bad_every=25)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    env.produce(1_000, bad_every=25)
+    pipeline.run_batch()  # the "bad deploy" batch the user wants redone
+
+    first = replay(pipeline, snapshot_id=snapshot_s)
+    assert first["action"] == "replayed" and first["batches"]
+    comparison = first["comparison"]
+    assert sum(r["branch_rows"] for r in comparison) == sum(r["main_rows"] for r in comparison)
+    assert pipeline.rows.branch_head("main") != pipeline.rows.branch_head(first["branch"])
+
+    env.produce(500, bad_every=25)  # new data, and the scheduled run ingests it into main meanwhile
+    pipeline.run_batch()
+
+    published = replay(pipeline, snapshot_id=snapshot_s, publish=True)
+
+    assert published["action"] == "published"
+    assert pipeline.rows.branch_head("main") == published["published"]
+    assert env.counts() == (2_500 - env.bad, env.bad)
+    env.verify()
+    env.produce(100)
+    _run_all(pipeline)
+    assert env.counts() == (2_600 - env.bad, env.bad)
+    env.verify()
+
+
+def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
+    env = make_env()
+    env.produce(600, bad_every=30)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    env.produce(600, bad_every=30)
+    pipeline.run_batch()
+
+    result = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert pipeline.ledger().snapshot_id == snapshot_s  # type: ignore[union-attr]
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (1_200 - env.bad, env.bad)
+    env.verify()
+
+
+def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env, monkeypatch) -> None:
+    env = make_env(partitions=2)
+    env.produce(200)
+    pipeline = Pipeline.open(env.config)
+    pipeline.run_batch()
+    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    env.produce(200)
+    pipeline.run_batch()
+    committed = pipeline.rows.table.metadata.snapshot_by_id(snapshot_s)
+    assert committed is not None
+    real = type(pipeline.source).describe
+
+    def retention_ran(self) -> KafkaView:  # type: ignore[no-untyped-def]
+        view = real(self)
+        return dataclasses.replace(view, partitions={tp: Watermarks(wm.high - 10, wm.high)
+                                                     for tp, wm in view.partitions.items()})
+
+    monkeypatch.setattr(type(pipeline.source), "describe", retention_ran)
+    snapshots_before = len(pipeline.rows.table.metadata.snapshots)
+    with pytest.raises(ReplayImpossible) as caught:
+        replay(pipeline, snapshot_id=snapshot_s)
+    assert f"{env.topic}[0] [100," in str(caught.value)
+    pipeline.rows.refresh()
+    assert set(pipeline.rows.table.metadata.refs) == {"main"}
+    assert len(pipeline.rows.table.metadata.snapshots) == snapshots_before
