@@ -235,6 +235,26 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
     _guarded(json_output, body)
 
 
+@app.command()
+def maintain(config: ConfigOption, json_output: JsonOption = False) -> None:
+    """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
+    from ingest.maintain import maintain as do_maintain
+
+    def body() -> None:
+        data = do_maintain(_open(config))
+        if json_output:
+            print(json.dumps(data))
+            return
+        for label in ("table", "dead_letters"):
+            r = data[label]
+            out.print(
+                f"{label}: {r['files_removed']} small files rewritten into {r['files_added']}, "
+                f"{r['snapshots_expired']} snapshots expired, {r['orphans_removed']} orphan files removed"
+            )
+
+    _guarded(json_output, body)
+
+
 def _timestamp_ms(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -79,6 +79,21 @@ class CommitSpec(_Strict):
     max_replans: Annotated[int, Field(ge=0, le=100)] = 3
 
 
+class MaintenanceSpec(_Strict):
+    """Defaults of ``ingest maintain``; five-minute batches make a snapshot and a few files each."""
+
+    #: snapshots younger than this are kept (time travel window)
+    snapshot_retention_hours: Annotated[float, Field(ge=0)] = 24.0
+    #: ... and always at least this many of the newest
+    keep_last_snapshots: Annotated[int, Field(ge=1)] = 20
+    #: unreferenced data files younger than this are left alone (a batch may be writing them)
+    orphan_age_hours: Annotated[float, Field(ge=0)] = 24.0
+    #: compaction rewrites data files smaller than this ...
+    small_file_mb: Annotated[float, Field(gt=0)] = 32.0
+    #: ... into files of about this size
+    target_file_mb: Annotated[float, Field(gt=0)] = 128.0
+
+
 class PipelineConfig(_Strict):
     pipeline: str
     kafka: dict[str, str | int | float | bool]
@@ -92,6 +107,7 @@ class PipelineConfig(_Strict):
     dead_letter_table: str | None = None
     batch: BatchSpec = BatchSpec()
     commit: CommitSpec = CommitSpec()
+    maintenance: MaintenanceSpec = MaintenanceSpec()
 
     @field_validator("pipeline")
     @classmethod

@@ -25,7 +25,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import PyArrowFileIO, _check_pyarrow_schema_compatible, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -243,12 +243,16 @@ class IcebergTable:
             for s in self._table.metadata.snapshots
         ]
 
-    def write(self, data: pa.Table) -> list[DataFile]:
+    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
         """Parquet files under unique names in the table location; invisible until committed."""
         if data.num_rows == 0:
             return []
+        metadata = self._table.metadata
+        if target_file_bytes is not None:
+            properties = {**metadata.properties, "write.target-file-size-bytes": str(target_file_bytes)}
+            metadata = metadata.model_copy(update={"properties": properties})
         try:
-            return list(_dataframe_to_data_files(self._table.metadata, data, self._table.io, write_uuid=uuid.uuid4()))
+            return list(_dataframe_to_data_files(metadata, data, self._table.io, write_uuid=uuid.uuid4()))
         except OSError as error:
             raise CatalogUnavailable(f"writing data files for {self.identifier} failed: {error}") from None
 
@@ -299,6 +303,75 @@ class IcebergTable:
             if entry.timestamp_ms <= timestamp_ms:
                 current = entry.snapshot_id
         return current
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def expire(self, snapshot_ids: Sequence[int]) -> None:
+        if not snapshot_ids:
+            return
+        try:
+            self._table.maintenance.expire_snapshots().by_ids(list(snapshot_ids)).commit()
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from None
+
+    def live_data_files(self) -> list[DataFile]:
+        """Data files of the branch head."""
+        head = self.branch_head(self.branch)
+        snapshot = self._table.metadata.snapshot_by_id(head) if head is not None else None
+        if snapshot is None:
+            return []
+        return [
+            entry.data_file
+            for manifest in snapshot.manifests(io=self._table.io)
+            for entry in manifest.fetch_manifest_entry(io=self._table.io, discard_deleted=True)
+        ]
+
+    def referenced_paths(self) -> set[str]:
+        """Every data file any remaining snapshot references."""
+        return set(self._table.inspect.all_files()["file_path"].to_pylist())
+
+    def stored_data_files(self) -> list[tuple[str, float]]:
+        """(path, modified-at seconds) of every file under the table's data directory."""
+        from pyarrow.fs import FileSelector, FileType
+
+        location = self._table.location().rstrip("/") + "/data"
+        scheme, netloc, path = PyArrowFileIO.parse_location(location)
+        io = self._table.io
+        fs = io.fs_by_scheme(scheme, netloc) if isinstance(io, PyArrowFileIO) else None
+        if fs is None:
+            raise TableMismatch(f"orphan-file removal needs pyarrow file IO for {location}")
+        prefix = f"{scheme}://{netloc}" if netloc else f"{scheme}://"
+        found = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
+        return [(prefix + info.path, info.mtime.timestamp()) for info in found if info.type == FileType.File]
+
+    def delete_file(self, path: str) -> None:
+        self._table.io.delete(path)
+
+    def read_files(self, files: Sequence[DataFile]) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        tables = []
+        for data_file in files:
+            with self._table.io.new_input(data_file.file_path).open() as stream:
+                tables.append(pq.read_table(stream))
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def rewrite(self, remove: Sequence[DataFile], add: Sequence[DataFile], summary: Mapping[str, str]) -> int:
+        """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
+        transaction = self._table.transaction()
+        with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
+            for data_file in remove:
+                ow.delete_data_file(data_file)
+            for data_file in add:
+                ow.append_data_file(data_file)
+            snapshot_id = ow.snapshot_id
+        try:
+            self._table = transaction.commit_transaction()
+        except CommitFailedException as error:
+            raise CommitConflict(str(error)) from None
+        except Exception as error:
+            raise CommitUnknown(f"{type(error).__name__}: {error}") from None
+        return snapshot_id
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         if snapshot_id is None:

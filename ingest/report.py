@@ -53,8 +53,8 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[dict[str, Any]
     rows = []
     for snap in pipeline.rows.ancestry():
         ledger = decode(name, snap.summary)
-        if ledger is None:
-            continue
+        if ledger is None or read_extra(name, snap.summary, "restamped-by"):
+            continue  # not this pipeline's, or maintenance carrying its ledger forward
         counts = decode_counts(name, snap.summary)
         ranges = [
             {

@@ -121,8 +121,9 @@ def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(
 
     def retention_ran(self) -> KafkaView:  # type: ignore[no-untyped-def]
         view = real(self)
-        return dataclasses.replace(view, partitions={tp: Watermarks(wm.high - 10, wm.high)
-                                                     for tp, wm in view.partitions.items()})
+        return dataclasses.replace(
+            view, partitions={tp: Watermarks(wm.high - 10, wm.high) for tp, wm in view.partitions.items()}
+        )
 
     monkeypatch.setattr(type(pipeline.source), "describe", retention_ran)
     snapshots_before = len(pipeline.rows.table.metadata.snapshots)

@@ -1,0 +1,123 @@
+"""`ingest maintain` keeps the ledger: compaction, expiry and orphan removal around ingestion."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pyarrow as pa
+import pytest
+
+from ingest.config import MaintenanceSpec
+from ingest.iceberg import IcebergTable
+from ingest.maintain import compact, expire, maintain, remove_orphans
+from ingest.pipeline import Pipeline
+
+pytestmark = pytest.mark.integration
+
+AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 0}
+
+
+def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(count):
+        env.produce(size, bad_every=40)
+        pipeline.run_batch()
+
+
+def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
+    env = make_env(partition_by=[])
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 6)
+    before = pipeline.ledger()
+    files_before = len(pipeline.rows.live_data_files())
+
+    result = env.cli("maintain", "--json")
+
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["table"]["files_removed"] == files_before and report["table"]["files_added"] == 1
+    pipeline.rows.refresh()
+    assert len(pipeline.rows.live_data_files()) == 1
+    after = pipeline.ledger()
+    assert after is not None and before is not None
+    assert after.snapshot_id != before.snapshot_id  # the compaction snapshot carries the ledger
+    assert after.ledger.offsets == before.ledger.offsets and after.ledger.batch == before.ledger.batch
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert [h["batch"] for h in history] == [6, 5, 4, 3, 2, 1]
+    env.verify()
+    _batches(env, pipeline, 1)
+    assert env.counts() == (1_400 - env.bad, env.bad)
+    env.verify()
+
+
+def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) -> None:
+    env = make_env(partition_by=[])
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 4)
+    other = Pipeline.open(env.config)
+    table = pipeline.rows
+    real = table.rewrite
+    raced = []
+
+    def batch_lands_first(remove, add, summary):  # type: ignore[no-untyped-def]
+        if not raced:
+            raced.append(True)
+            env.produce(300, bad_every=40)
+            assert other.run_batch().status == "committed"  # a batch commits while compaction runs
+        return real(remove, add, summary)
+
+    table.rewrite = batch_lands_first  # type: ignore[method-assign]
+    result = compact(table, MaintenanceSpec())
+
+    assert raced and result["files_removed"] == 4
+    found = pipeline.ledger()
+    assert found is not None and found.ledger.batch == 5  # not the stale ledger of batch 4
+    assert env.counts() == (1_100 - env.bad, env.bad)
+    env.verify()
+    _batches(env, pipeline, 1)
+    env.verify()
+
+
+def test_expiry_keeps_the_ledger_reachable_below_foreign_snapshots(make_env) -> None:
+    env = make_env(maintenance=AGGRESSIVE)
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 5)
+    table = pipeline.rows.table
+    for _ in range(3):  # another writer's snapshots on top, without our ledger
+        table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))
+
+    expired = expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + 1)
+
+    assert len(expired) == 4  # batches 1-4 go; batch 5 and the foreign snapshots above it stay
+    assert pipeline.ledger().ledger.batch == 5  # type: ignore[union-attr]
+    _batches(env, pipeline, 1)
+    assert pipeline.ledger().ledger.batch == 6  # type: ignore[union-attr]
+    env.verify()
+
+
+def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
+    env = make_env(maintenance=AGGRESSIVE)
+    env.produce(500, bad_every=40)
+    killed = env.cli("run", env={"INGEST_FAILPOINT": "files-written"})
+    assert killed.returncode == -signal.SIGKILL
+    pipeline = Pipeline.open(env.config)
+    stored = pipeline.rows.stored_data_files()
+    assert stored and pipeline.rows.referenced_paths() == set()
+
+    removed = remove_orphans(pipeline.rows, pipeline.config.maintenance, time.time() + 1)
+
+    assert sorted(removed) == sorted(path for path, _ in stored)
+    assert env.cli("run").returncode == 0
+    assert env.counts() == (500 - env.bad, env.bad)
+    env.verify()
+
+
+def test_maintain_on_a_young_table_removes_nothing_in_use(make_env) -> None:
+    env = make_env()
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 3)
+    report = maintain(pipeline)
+    assert report["table"]["orphans_removed"] == 0 and report["table"]["snapshots_expired"] == 0
+    assert isinstance(pipeline.rows, IcebergTable)
+    env.verify()
