@@ -35,5 +35,8 @@ format: setup ## apply ruff's formatting and fixes
 	$(BIN)/ruff format ingest tests
 	$(BIN)/ruff check --fix ingest tests
 
+bench: setup ## throughput, memory and fixed cost of every stage (BENCH_RECORDS=2000000 by default)
+	$(BIN)/python -m tests.benchmarks.bench
+
 clean: ## remove the virtualenv and the demo warehouse
 	rm -rf $(VENV) warehouse .pytest_cache .mypy_cache .ruff_cache

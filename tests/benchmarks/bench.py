@@ -1,0 +1,390 @@
+"""`make bench`: throughput and memory of every stage, measured in one run on the same data.
+
+The orchestrator starts the embedded broker, produces the dataset once, and runs each stage in a
+process of its own so that each stage's peak RSS is its own. Results are printed as a table,
+written as JSON to stdout with ``--json``, and appended to ``tests/benchmarks/results.jsonl``.
+
+    python -m tests.benchmarks.bench [--records 2000000] [--partitions 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).with_name("results.jsonl")
+TUNED_FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760}
+
+SCHEMA = [
+    {"name": "order_id", "type": "long", "required": True},
+    {"name": "customer_id", "type": "long"},
+    {"name": "status", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "created_at", "type": "timestamptz"},
+]
+
+
+def payload(i: int) -> bytes:
+    """~120-byte JSON order event."""
+    return (
+        b'{"order_id":%d,"customer_id":%d,"status":"%s","amount":%d.%02d,"created_at":"2026-11-%02dT10:%02d:%02dZ"}'
+        % (
+            i,
+            i * 7919 % 100_000,
+            (b"paid", b"shipped", b"created")[i % 3],
+            i % 900,
+            i % 100,
+            1 + i % 28,
+            i % 60,
+            i % 60,
+        )
+    )
+
+
+# --- stages (each runs in its own process) ---------------------------------------------------
+
+
+def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
+    """librdkafka consumption with tuned fetch settings and no decoding."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": "bench-raw",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **TUNED_FETCH,
+        }
+    )
+    consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
+    count = nbytes = eof = 0
+    started = time.perf_counter()
+    while eof < args.partitions:
+        for message in consumer.consume(100_000, 1.0):
+            if message.error() is not None:
+                eof += 1
+                continue
+            count += 1
+            nbytes += len(message.value())
+    seconds = time.perf_counter() - started
+    consumer.close()
+    return {"records": count, "bytes": nbytes, "seconds": seconds}
+
+
+def _values(n: int) -> list[bytes]:
+    return [payload(i) for i in range(n)]
+
+
+def stage_decode(args: argparse.Namespace) -> dict[str, Any]:
+    """The project's Arrow decoder alone, on the same payloads, in chunks as the engine uses."""
+    import pyarrow as pa
+
+    from ingest.config import FieldSpec
+    from ingest.decode import Decoder, RawChunk
+
+    decoder = Decoder([FieldSpec(**f) for f in SCHEMA])
+    chunk = 200_000
+    values = _values(args.records)
+    started = time.perf_counter()
+    rows = 0
+    for lo in range(0, len(values), chunk):
+        part = values[lo : lo + chunk]
+        n = len(part)
+        raw = RawChunk(
+            topic=pa.array(["bench"] * n),
+            partition=pa.array([0] * n, pa.int32()),
+            offset=pa.array(range(lo, lo + n), pa.int64()),
+            timestamp=pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            key=pa.nulls(n, pa.binary()),
+            values=part,
+            headers=lambda i: None,
+            nbytes=0,
+        )
+        rows += decoder.decode(raw).rows.num_rows
+    seconds = time.perf_counter() - started
+    return {"records": rows, "bytes": sum(map(len, values)), "seconds": seconds}
+
+
+def stage_parquet(args: argparse.Namespace) -> dict[str, Any]:
+    """pyarrow Parquet writing (zstd) of the decoded rows alone."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    values = _values(args.records)
+    table = pj.read_json(pa.py_buffer(b"\n".join(values)))
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        pq.write_table(table, f"{tmp}/bench.parquet", compression="zstd")
+        seconds = time.perf_counter() - started
+    return {"records": table.num_rows, "bytes": sum(map(len, values)), "seconds": seconds}
+
+
+def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
+    """What a user writes by hand: per-record json.loads, Table.from_pylist, pyiceberg append."""
+    from datetime import datetime as dt
+
+    import pyarrow as pa
+    from confluent_kafka import Consumer, TopicPartition
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    with tempfile.TemporaryDirectory() as tmp:
+        catalog = SqlCatalog("naive", uri=f"sqlite:///{tmp}/c.db", warehouse=f"file://{tmp}")
+        catalog.create_namespace("bench")
+        schema = pa.schema(
+            [
+                ("order_id", pa.int64()),
+                ("customer_id", pa.int64()),
+                ("status", pa.string()),
+                ("amount", pa.float64()),
+                ("created_at", pa.timestamp("us", tz="UTC")),
+            ]
+        )
+        table = catalog.create_table("bench.naive", schema=schema)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": args.bootstrap,
+                "group.id": "bench-naive",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
+        started = time.perf_counter()
+        records: list[dict[str, Any]] = []
+        nbytes = eof = 0
+        while eof < args.partitions:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error() is not None:
+                eof += 1
+                continue
+            value = message.value()
+            nbytes += len(value)
+            record = json.loads(value)
+            record["created_at"] = dt.fromisoformat(record["created_at"])
+            records.append(record)
+        table.append(pa.Table.from_pylist(records, schema=schema))
+        seconds = time.perf_counter() - started
+        consumer.close()
+    return {"records": len(records), "bytes": nbytes, "seconds": seconds}
+
+
+def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest run` with the local engine: one batch of all records, end to end."""
+    from ingest import config as config_module
+    from ingest.pipeline import Pipeline
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = config_module.parse(_config(args, tmp))
+        started = time.perf_counter()
+        pipeline = Pipeline.open(config)
+        result = pipeline.run_batch()
+        seconds = time.perf_counter() - started
+    return {
+        "records": result.records + result.dead_letters,
+        "bytes": result.bytes,
+        "seconds": seconds,
+        "batch_seconds": result.seconds,
+    }
+
+
+def _config(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    return {
+        "pipeline": "bench",
+        "kafka": {"bootstrap.servers": args.bootstrap},
+        "topics": [args.topic],
+        "catalog": {"name": "bench", "type": "sql", "uri": f"sqlite:///{tmp}/c.db", "warehouse": f"file://{tmp}"},
+        "table": "bench.orders",
+        "schema": SCHEMA,
+        "batch": {"max_records": args.records},
+    }
+
+
+def stage_fixed(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-batch cost that does not depend on records, against the number of snapshots.
+
+    The table is grown with ledger-bearing snapshots through the real commit path (no data files),
+    then batches of one record per partition are timed end to end (plan, ledger lookup, read,
+    write, commit).
+    """
+    import statistics
+
+    from ingest import config as config_module
+    from ingest.committer import commit_rows
+    from ingest.core.ledger import BatchCounts, Ledger
+    from ingest.core.plan import Batch
+    from ingest.kafka import produce
+    from ingest.pipeline import Pipeline
+
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-fixed"]})
+        pipeline = Pipeline.open(config)
+        pipeline.run_batch()  # pins the ledger
+        for target in (10, 100, 1000):
+            while len(pipeline.rows.table.metadata.snapshots) < target:
+                found = pipeline.ledger()
+                assert found is not None
+                led = found.ledger
+                batch = Batch(led.batch + 1, led, led.offsets, led.offsets, led.cluster_id)
+                nxt = Ledger(led.batch + 1, led.offsets, led.offsets, led.cluster_id, led.timestamps)
+                commit_rows(pipeline.rows, "bench", batch, nxt, [], BatchCounts(), 8)
+            timings = []
+            for _ in range(5):
+                produce(args.bootstrap, args.topic + "-fixed", ((p, None, payload(p), None) for p in range(4)))
+                started = time.perf_counter()
+                pipeline.run_batch()
+                timings.append(time.perf_counter() - started)
+            results[str(target)] = statistics.median(timings)
+    return {"records": 1, "bytes": 0, "seconds": 1.0, "per_batch_s": results}
+
+
+def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
+    """Local-engine throughput against batch size, on the same topic."""
+    from ingest import config as config_module
+    from ingest.pipeline import Pipeline
+
+    sizes = [s for s in (10_000, 100_000, 500_000, 2_000_000) if s <= args.records]
+    rates = {}
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            config = config_module.parse(_config(args, tmp) | {"batch": {"max_records": size}})
+            pipeline = Pipeline.open(config)
+            started = time.perf_counter()
+            result = pipeline.run_batch()
+            rates[str(size)] = (result.records + result.dead_letters) / (time.perf_counter() - started)
+    return {"records": 1, "bytes": 0, "seconds": 1.0, "records_per_s_by_batch_size": rates}
+
+
+STAGES = {
+    "raw": stage_raw,
+    "decode": stage_decode,
+    "parquet": stage_parquet,
+    "naive": stage_naive,
+    "ingest": stage_ingest,
+    "fixed": stage_fixed,
+    "scaling": stage_scaling,
+}
+
+
+def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "tests.benchmarks.bench",
+        "--stage",
+        name,
+        "--bootstrap",
+        args.bootstrap,
+        "--topic",
+        args.topic,
+        "--records",
+        str(args.records),
+        "--partitions",
+        str(args.partitions),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"stage {name} failed:\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["records_per_s"] = result["records"] / result["seconds"]
+    result["mb_per_s"] = result["bytes"] / result["seconds"] / 1e6
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=int(os.environ.get("BENCH_RECORDS", 2_000_000)))
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--stage", choices=sorted(STAGES))
+    parser.add_argument("--bootstrap")
+    parser.add_argument("--topic", default="bench")
+    args = parser.parse_args()
+    if args.stage:
+        result = STAGES[args.stage](args)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
+    orchestrate(args)
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ingest.broker import EmbeddedBroker
+    from ingest.kafka import create_topic, produce
+
+    console = Console(stderr=True)
+    with EmbeddedBroker() as broker:
+        args.bootstrap = broker.bootstrap_servers
+        create_topic(args.bootstrap, args.topic, args.partitions)
+        started = time.perf_counter()
+        produce(
+            args.bootstrap, args.topic, ((i % args.partitions, None, payload(i), None) for i in range(args.records))
+        )
+        console.print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f}s")
+        create_topic(args.bootstrap, args.topic + "-fixed", 4)
+        results = {}
+        for name in ("raw", "decode", "parquet", "naive", "ingest"):
+            results[name] = _run_stage(name, args)
+            console.print(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
+        fixed = _run_stage("fixed", args)["per_batch_s"]
+        scaling = _run_stage("scaling", args)["records_per_s_by_batch_size"]
+    payload_mb = results["raw"]["bytes"] / 1e6
+    report = {
+        "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "records": args.records,
+        "partitions": args.partitions,
+        "payload_mb": payload_mb,
+        "stages": results,
+        "fixed_cost_s_by_snapshots": fixed,
+        "records_per_s_by_batch_size": scaling,
+        "ratios": {
+            "ingest_vs_raw": results["ingest"]["records_per_s"] / results["raw"]["records_per_s"],
+            "ingest_vs_naive": results["ingest"]["records_per_s"] / results["naive"]["records_per_s"],
+            "ingest_rss_vs_budget": results["ingest"]["peak_rss_mb"] / (4 * payload_mb + 400),
+        },
+    }
+    table = Table(title=f"{args.records:,} records, {args.partitions} partitions, {payload_mb:.0f} MB payload")
+    for column in ("stage", "records/s", "MB/s", "peak RSS MB"):
+        table.add_column(column, justify="right")
+    for name, r in results.items():
+        table.add_row(name, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
+    console.print(table)
+    ratios = report["ratios"]
+    console.print(
+        f"ingest / raw = {ratios['ingest_vs_raw']:.2f} (target ≥ 0.50); ingest / naive = "
+        f"{ratios['ingest_vs_naive']:.1f}× (target ≥ 6); RSS / (4×payload + 400 MB) = "
+        f"{ratios['ingest_rss_vs_budget']:.2f} (target ≤ 1)"
+    )
+    console.print(
+        "per-batch fixed cost by snapshots in the table: "
+        + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in fixed.items())
+        + " (target ≤ 250 ms at 1,000)"
+    )
+    console.print("records/s by batch size: " + ", ".join(f"{n}: {r:,.0f}" for n, r in scaling.items()))
+    with RESULTS.open("a") as out:
+        out.write(json.dumps(report) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
