@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ingest import config as config_module
-from ingest.errors import ConfigError, ExitCode, IngestError, VerificationFailed
+from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
 
 app = typer.Typer(
     name="ingest",
@@ -108,7 +108,13 @@ def run(
         pipeline = _open(config)
         while True:
             started = time.monotonic()
-            _run_once(pipeline, until_caught_up or interval is not None, max_batches, json_output)
+            try:
+                _run_once(pipeline, until_caught_up or interval is not None, max_batches, json_output)
+            except RetryableError as error:
+                if interval is None:
+                    raise
+                # a long-running --every loop rides out what the next tick can fix; fatal errors stop it
+                err.print(f"[yellow]retryable[/] ({type(error).__name__}): {error}; next try in {interval:.0f}s")
             if interval is None:
                 return
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
