@@ -16,9 +16,7 @@ P1 = TopicPartition("orders", 1)
 
 def batch_from(base: Ledger | None, end: dict[TopicPartition, int]) -> Batch:
     start = dict(base.offsets) if base is not None else dict.fromkeys(end, 0)
-    return Batch(
-        number=(base.batch + 1) if base is not None else 1, base=base, start=start, end=end, cluster_id="c"
-    )
+    return Batch(number=(base.batch + 1) if base is not None else 1, base=base, start=start, end=end, cluster_id="c")
 
 
 BASE = Ledger(batch=4, offsets={P0: 10, P1: 20}, cluster_id="c")

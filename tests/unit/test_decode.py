@@ -179,19 +179,20 @@ BAD = [
     pytest.param(b'{"id": 1, "day": 20240101}', "field 'day': expected date, got a JSON number", id="number-for-date"),
     pytest.param(b'{"id": 1, "day": "2024-02-30"}', "field 'day': cannot convert to date", id="bad-date"),
     pytest.param(b'{"id": 1.5}', "field 'id': cannot convert 1.5 to long", id="fraction-for-long"),
-    pytest.param(b'{"id": 1, "amt": 1.234}', "requires scale 3", id="decimal-scale"),
-    pytest.param(b'{"id": 1, "amt": "1.234"}', "requires scale 3", id="decimal-scale-string"),
-    pytest.param(b'{"id": 1, "amt": 1234567890123}', "requires precision 13", id="decimal-precision"),
+    pytest.param(b'{"id": 1, "amt": 1.234}', "field 'amt': cannot convert 1.234 to decimal(12,2)", id="decimal-scale"),
+    pytest.param(b'{"id": 1, "amt": "1.234"}', "field 'amt': cannot convert \"1.234\"", id="decimal-scale-string"),
+    pytest.param(b'{"id": 1, "amt": 1234567890123}', "field 'amt'", id="decimal-precision"),
     pytest.param(b'{"id": 1, "n": 3000000000}', "field 'n': cannot convert 3000000000 to int", id="int-overflow"),
-    # the message names the wrong field here (see test_conversion_errors_name_the_field)
-    pytest.param(b'{"id": 1, "n": -2147483649}', "cannot convert", id="int-underflow"),
+    pytest.param(b'{"id": 1, "n": -2147483649}', "field 'n': cannot convert -2147483649 to int", id="int-underflow"),
     pytest.param(b'{"id": 9223372036854775808}', "field 'id': cannot convert", id="long-overflow"),
-    pytest.param(b'{"id": 1, "at": "yesterday"}', "couldn't parse:yesterday", id="bad-timestamp"),
+    pytest.param(
+        b'{"id": 1, "at": "yesterday"}', "field 'at': cannot convert \"yesterday\" to timestamptz", id="bad-timestamp"
+    ),
     pytest.param(b'{"id": 1}{"id": 2}', "not valid JSON: Extra data", id="two-documents"),
     pytest.param(b'{"id": 1} {"id": 2}', "not valid JSON: Extra data", id="two-documents-spaced"),
     pytest.param(b'{"id": 1}\n{"id": 2}', "not valid JSON: Extra data", id="two-documents-two-lines"),
     pytest.param(b'{\n  "id": "x"\n}', "field 'id': expected long, got a JSON string", id="multi-line-wrong-type"),
-    pytest.param(b'{"id": 1, "s": "\\ud800"}', "surrogate", id="lone-surrogate"),
+    pytest.param(b'{"id": 1, "s": "\\ud800"}', "field 's'", id="lone-surrogate"),
 ]
 
 
@@ -249,8 +250,14 @@ def test_dead_letters_keep_raw_key_value_headers_and_coordinates() -> None:
         return [("trace-id", b"abc"), ("empty", None)] if i == 1 else None
 
     values = [good(0), b"\x00garbage\n", good(2), None]
-    decoded = decode(values, offsets=[40, 42, 45, 46], keys=[b"k0", b"\xffbinary-key", b"k2", None],
-                     topic="payments", partition=5, headers=headers)
+    decoded = decode(
+        values,
+        offsets=[40, 42, 45, 46],
+        keys=[b"k0", b"\xffbinary-key", b"k2", None],
+        topic="payments",
+        partition=5,
+        headers=headers,
+    )
 
     assert decoded.dead_letters.schema == DEAD_LETTER_SCHEMA
     first, tombstone = decoded.dead_letters.to_pylist()
@@ -277,11 +284,14 @@ def test_non_contiguous_offsets_are_kept_as_they_are() -> None:
     assert decoded.rows.column("_kafka_offset").to_pylist() == [10, 15, 21, 30]
 
 
-# --- known bugs --------------------------------------------------------------------------------
+# --- regressions: each of these was a bug, found by this suite --------------------------------
 
 
-def _decode_in_subprocess(values: list[bytes | None], fields: list[tuple[str, str, bool]]) -> subprocess.CompletedProcess:
-    """Run the decoder in a child process: the input may crash the interpreter (SIGSEGV)."""
+def _decode_in_subprocess(
+    values: list[bytes | None], fields: list[tuple[str, str, bool]]
+) -> subprocess.CompletedProcess:
+    """Run the decoder in a child process: pyarrow's JSON reader crashes (SIGSEGV) on a payload that
+    starts with ``null``, and a regression must fail this test, not kill the test run."""
     script = textwrap.dedent(
         """
         import ast, json, sys
@@ -296,7 +306,8 @@ def _decode_in_subprocess(values: list[bytes | None], fields: list[tuple[str, st
             key=pa.array([None] * n, pa.binary()), values=values, headers=lambda i: None, nbytes=0)
         out = Decoder([FieldSpec(name=a, type=b, required=c) for a, b, c in fields]).decode(chunk)
         print(json.dumps({"rows": out.rows.column("_kafka_offset").to_pylist(),
-                          "dead": out.dead_letters.column("offset").to_pylist()}))
+                          "dead": out.dead_letters.column("offset").to_pylist(),
+                          "errors": out.dead_letters.column("error").to_pylist()}))
         """
     )
     return subprocess.run(
@@ -304,81 +315,61 @@ def _decode_in_subprocess(values: list[bytes | None], fields: list[tuple[str, st
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py Decoder._try: a value that is the JSON literal null is handed to "
-    "pyarrow.json.read_json, which crashes the process with SIGSEGV (pyarrow 26.0.1) when the payload "
-    "starts with 'null': one poison record kills every run of the pipeline",
-)
-@pytest.mark.parametrize("value", [b"null", b" null "])
+def _run(values: list[bytes | None], fields: list[tuple[str, str, bool]]) -> dict:
+    result = _decode_in_subprocess(values, fields)
+    assert result.returncode == 0, f"the decoder crashed (return code {result.returncode}): {result.stderr[-500:]}"
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("value", [b"null", b" null ", b"null\n"])
 def test_a_json_null_value_is_dead_lettered_not_a_crash(value: bytes) -> None:
-    result = _decode_in_subprocess([b'{"id": 1}', value, b'{"id": 3}'], [("id", "long", True)])
+    # was: SIGSEGV inside pyarrow.json.read_json, so one poison record killed every run
+    out = _run([b'{"id": 1}', value, b'{"id": 3}'], [("id", "long", True)])
 
-    assert result.returncode == 0, f"decoder crashed with return code {result.returncode}"
-    assert json.loads(result.stdout) == {"rows": [0, 2], "dead": [1]}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py Decoder._parse: in a slice of more than 16 records a JSON null value "
-    "that is not first is parsed by Arrow as a row of all nulls; with no required field it is kept as a "
-    "row instead of being dead-lettered as 'not an object'",
-)
-def test_a_json_null_value_in_a_big_chunk_is_not_kept_as_an_empty_row() -> None:
-    values = [b'{"s": "x"}'] * 20
-    values[5] = b"null"
-
-    result = _decode_in_subprocess(values, [("s", "string", False)])
-
-    assert result.returncode == 0, f"decoder crashed with return code {result.returncode}"
-    assert json.loads(result.stdout)["dead"] == [5]
+    assert (out["rows"], out["dead"]) == ([0, 2], [1])
+    assert "not an object" in out["errors"][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py Decoder._finish: Arrow checks decimal precision before rescaling, so "
-    "12345678901.5 for decimal(12,2) becomes 12345678901.50 (13 digits) and is kept as an invalid "
-    "decimal128(12,2) value instead of being dead-lettered",
-)
+@pytest.mark.parametrize("position", [0, 5, 19])
+def test_a_json_null_value_in_a_big_chunk_is_not_kept_as_an_empty_row(position: int) -> None:
+    # was: parsed by Arrow as a row of nulls and kept (no required field to catch it), or a crash
+    values: list[bytes | None] = [b'{"s": "x"}'] * 20
+    values[position] = b"null"
+
+    out = _run(values, [("s", "string", False)])
+
+    assert out["dead"] == [position]
+    assert out["rows"] == [i for i in range(20) if i != position]
+
+
 @pytest.mark.parametrize("amount", [b"12345678901.5", b'"12345678901.5"', b"123456789012"])
 def test_a_decimal_that_overflows_its_precision_after_rescaling_is_dead_lettered(amount: bytes) -> None:
+    # was: Arrow checked the precision of the literal (12 digits) before rescaling to 13 digits, and
+    # kept an invalid decimal128(12, 2) value
     decoded = decode([good(0), b'{"id": 1, "amt": ' + amount + b"}"])
 
     assert decoded.dead_letters.column("offset").to_pylist() == [101]
     decoded.rows.validate(full=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py: Arrow's JSON reader does not validate UTF-8 inside strings, so "
-    'a value like {"s": "\\xff"} is kept as a row whose string column is invalid UTF-8',
-)
 def test_invalid_utf8_inside_a_string_is_dead_lettered() -> None:
+    # was: kept as a row whose string column is invalid UTF-8
     decoded = decode([good(0), b'{"id": 1, "s": "\xff"}'])
 
     assert decoded.dead_letters.column("offset").to_pylist() == [101]
     decoded.rows.validate(full=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py Decoder._finish: the double->float cast is unsafe (safe=False for "
-    "'float'), so an out-of-range value like 3.4e39 is silently stored as inf instead of dead-lettered",
-)
 def test_a_float_out_of_range_is_dead_lettered_not_stored_as_infinity() -> None:
-    decoded = decode([good(0), b'{"id": 1, "f": 3.4e39}'])
+    # was: the unchecked double -> float cast stored inf
+    decoded = decode([good(0), b'{"id": 1, "f": 3.4e39}', b'{"id": 2, "f": 3.4e38}', b'{"id": 3, "f": 0.1}'])
 
     assert decoded.dead_letters.column("offset").to_pylist() == [101]
+    assert "field 'f'" in decoded.dead_letters.column("error")[0].as_py()
+    # precision loss is what float means; only overflow is refused
+    assert decoded.rows.column("f").to_pylist() == [None, pytest.approx(3.4e38, rel=1e-6), pytest.approx(0.1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/decode.py Decoder._explain: _ARROW_CONVERT's [^:,]+ stops at the comma in "
-    "'decimal128(12, 2)' / 'timestamp[us, tz=UTC]' and '1e3' is not a substring of str(1000.0), so these "
-    "messages are raw Arrow text without the field; and the str(value)-in-message test picks the first "
-    "field whose value is a substring: -2147483649 for 'n' is reported as \"field 'id': cannot convert 1 "
-    "to long\"",
-)
 @pytest.mark.parametrize(
     ("value", "field"),
     [
@@ -389,6 +380,7 @@ def test_a_float_out_of_range_is_dead_lettered_not_stored_as_infinity() -> None:
     ],
 )
 def test_conversion_errors_name_the_field(value: bytes, field: str) -> None:
+    # was: raw Arrow text for parametrised types, and -2147483649 for 'n' blamed on 'id'
     [error] = decode([value]).dead_letters.column("error").to_pylist()
 
     assert f"field {field!r}" in error
@@ -397,28 +389,40 @@ def test_conversion_errors_name_the_field(value: bytes, field: str) -> None:
 # --- property: random mixes of good and bad ----------------------------------------------------
 
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=20)
+offsets_minutes = st.integers(-12 * 60, 14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
+instants = st.datetimes(dt.datetime(1970, 1, 1), dt.datetime(2200, 1, 1), timezones=offsets_minutes)
 good_documents = st.fixed_dictionaries(
     {"id": st.integers(-(2**63), 2**63 - 1)},
     optional={
         "n": st.integers(-(2**31), 2**31 - 1),
         "x": st.floats(allow_nan=False, allow_infinity=False),
-        "amt": st.decimals(min_value=-(10**9), max_value=10**9, places=2).map(str),
+        "f": st.floats(allow_nan=False, allow_infinity=False, width=32),
+        "amt": st.decimals(min_value=-(10**10) + 1, max_value=10**10 - 1, places=2).map(str),
         "day": st.dates(dt.date(1970, 1, 1), dt.date(2200, 12, 31)).map(dt.date.isoformat),
+        "at": instants.map(dt.datetime.isoformat),
         "s": texts | st.none(),
         "ok": st.booleans(),
         "extra": st.lists(st.integers(), max_size=3),
     },
 )
-# JSON null is left out on purpose: it crashes the process (see the xfail above)
+# JSON null is left out here on purpose: a regression would crash the whole test run (see the
+# subprocess tests above)
 bad_values = st.sampled_from([p.values[0] for p in BAD])
+layouts = st.sampled_from(["compact", "pretty", "crlf", "padded"])
 
 
-def render(document: dict, pretty: bool) -> bytes:
-    return json.dumps(document, indent=2 if pretty else None).encode()
+def render(document: dict, layout: str) -> bytes:
+    """A good value as some producer might write it: all of these are one valid JSON object."""
+    if layout == "compact":
+        return json.dumps(document, separators=(",", ":")).encode()
+    if layout == "padded":
+        return b"  " + json.dumps(document).encode() + b" \t"
+    pretty = json.dumps(document, indent=2).encode()
+    return pretty.replace(b"\n", b"\r\n") if layout == "crlf" else pretty
 
 
 records = st.one_of(
-    st.tuples(st.just("good"), st.tuples(good_documents, st.booleans())),
+    st.tuples(st.just("good"), st.tuples(good_documents, layouts)),
     st.tuples(st.just("bad"), bad_values),
 )
 
@@ -434,12 +438,17 @@ def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items, gaps) -> Non
     assert_exactly_once(decoded, offsets)
     expected_good = [(o, payload[0]) for o, (kind, payload) in zip(offsets, items, strict=True) if kind == "good"]
     assert decoded.rows.column("_kafka_offset").to_pylist() == [o for o, _ in expected_good]
-    assert decoded.rows.column("id").to_pylist() == [doc["id"] for _, doc in expected_good]
     for row, (_, doc) in zip(decoded.rows.to_pylist(), expected_good, strict=True):
-        assert row["s"] == doc.get("s")
+        assert row["id"] == doc["id"]
+        assert row["n"] == doc.get("n")
         assert row["x"] == doc.get("x")
+        assert row["f"] == doc.get("f")
         assert row["amt"] == (Decimal(doc["amt"]) if "amt" in doc else None)
         assert row["day"] == (dt.date.fromisoformat(doc["day"]) if "day" in doc else None)
+        assert row["at"] == (dt.datetime.fromisoformat(doc["at"]) if "at" in doc else None)
+        assert row["s"] == doc.get("s")
+        assert row["ok"] == doc.get("ok")
+    decoded.rows.validate(full=True)
     dead_values = decoded.dead_letters.column("value").to_pylist()
     assert dead_values == [payload for kind, payload in items if kind == "bad"]
     assert all(decoded.dead_letters.column("error").to_pylist())

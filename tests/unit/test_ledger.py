@@ -181,18 +181,20 @@ def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
         find_ledger("orders", [SnapshotView(2, newer), SnapshotView(1, older)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ingest/core/ledger.py decode(): the format check runs only when the 'offsets' key is "
-    "present, so a future format that renames it is silently treated as 'not this pipeline' and "
-    "find_ledger walks back to an older ledger instead of raising LedgerFormatError",
-)
 def test_a_future_format_without_the_v1_offsets_key_is_not_silently_skipped() -> None:
+    # was: decode() checked the format only when the offsets key was present
     newer = {"ingest.orders.format": "2", "ingest.orders.batch": "2", "ingest.orders.ledger": "{}"}
     older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
 
     with pytest.raises(LedgerFormatError):
         find_ledger("orders", [SnapshotView(2, newer), SnapshotView(1, older)])
+
+
+def test_this_pipelines_format_key_without_offsets_is_a_corrupted_ledger_not_a_foreign_snapshot() -> None:
+    summary = {"ingest.orders.format": str(FORMAT_VERSION), "ingest.orders.batch": "3"}
+
+    with pytest.raises(LedgerFormatError, match="no offsets"):
+        decode("orders", summary)
 
 
 # --- find_ledger -------------------------------------------------------------------------------

@@ -139,7 +139,9 @@ def test_a_topic_added_later_starts_at_earliest() -> None:
 
 
 def test_the_record_cap_is_shared_across_partitions() -> None:
-    batch = plan_batch(ledger(p0=0, p1=90, p2=0), view(p0=(0, 1000), p1=(0, 100), p2=(0, 1)), PlanPolicy(max_records=21))
+    batch = plan_batch(
+        ledger(p0=0, p1=90, p2=0), view(p0=(0, 1000), p1=(0, 100), p2=(0, 1)), PlanPolicy(max_records=21)
+    )
 
     assert batch.end == {P0: 10, P1: 100, P2: 1}
     assert batch.planned_records == 21
