@@ -29,7 +29,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, _check_pyarrow_schema_compatible
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -269,13 +269,17 @@ class IcebergTable:
             for data_file in files:
                 append.append_data_file(data_file)
             snapshot_id = append.snapshot_id
+        self._commit(transaction)
+        return snapshot_id
+
+    def _commit(self, transaction: Transaction) -> None:
+        """Commit with the catalog's own requirements; map the outcome to conflict or unknown."""
         try:
             self._table = transaction.commit_transaction()
         except CommitFailedException as error:
             raise CommitConflict(str(error)) from None
         except Exception as error:
             raise CommitUnknown(f"{type(error).__name__}: {error}") from None
-        return snapshot_id
 
     def create_branch(self, name: str, snapshot_id: int) -> None:
         try:
@@ -365,12 +369,7 @@ class IcebergTable:
             for data_file in add:
                 ow.append_data_file(data_file)
             snapshot_id = ow.snapshot_id
-        try:
-            self._table = transaction.commit_transaction()
-        except CommitFailedException as error:
-            raise CommitConflict(str(error)) from None
-        except Exception as error:
-            raise CommitUnknown(f"{type(error).__name__}: {error}") from None
+        self._commit(transaction)
         return snapshot_id
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
