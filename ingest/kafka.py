@@ -32,6 +32,8 @@ FETCH_DEFAULTS: dict[str, Any] = {
     "max.partition.fetch.bytes": 10_485_760,
     "queued.max.messages.kbytes": 262_144,
 }
+#: a generous guess of a record's size on the wire, to size fetches for small ranges
+FETCH_BYTES_PER_RECORD = 1024
 EXACT_READ: dict[str, Any] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
@@ -56,8 +58,15 @@ class KafkaSource:
         self._group_id = group_id
         self._admin = AdminClient({**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)})
 
-    def _consumer(self) -> Consumer:
-        return Consumer({**FETCH_DEFAULTS, **self._props, "group.id": self._group_id, **EXACT_READ})
+    def _consumer(self, sized_for: int | None = None) -> Consumer:
+        """A consumer for exact reads; ``sized_for`` (records in the largest range) caps the
+        per-partition fetch so a small batch does not pull megabytes it will drop."""
+        fetch = dict(FETCH_DEFAULTS)
+        if sized_for is not None:
+            fetch["max.partition.fetch.bytes"] = min(
+                FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
+            )
+        return Consumer({**fetch, **self._props, "group.id": self._group_id, **EXACT_READ})
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics."""
@@ -102,7 +111,7 @@ class KafkaSource:
         remaining = {tp: end for tp, start, end in ranges if end > start}
         if not remaining:
             return
-        consumer = self._consumer()
+        consumer = self._consumer(sized_for=max(end - start for _, start, end in ranges))
         try:
             consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start, end in ranges if end > start])
             yield from self._drain(consumer, remaining, chunk_records)
@@ -116,7 +125,7 @@ class KafkaSource:
         pending: list[Message] = []
         last_progress = time.monotonic()
         while remaining:
-            messages = consumer.consume(num_messages=min(chunk_records, 100_000), timeout=0.5)
+            messages = consumer.consume(num_messages=min(chunk_records, 100_000), timeout=0.05)
             if messages:
                 last_progress = time.monotonic()
                 failed = [m for m in messages if m.error() is not None]
