@@ -19,9 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from logging import Logger
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,11 +39,14 @@ PIPELINES_DIR_VARIABLE = "ingest_pipelines_dir"
 ENGINE_VARIABLE = "ingest_engine"
 
 Engine = Literal["local", "spark"]
+#: exit code of a command-line usage error (click), from the Spark job's CLI
+USAGE_ERROR = 2
 
 
 @contextmanager
-def _explicit_failures(log: Logger) -> Iterator[None]:
+def _explicit_failures(task: BaseOperator) -> Iterator[None]:
     """Let retryable errors through for Airflow to retry; turn everything else into a failure without retry."""
+    log = task.log
     try:
         yield
     except IngestError as error:
@@ -85,7 +86,7 @@ class IngestOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        with _explicit_failures(self.log):
+        with _explicit_failures(self):
             pipeline = _open(self.config_path)
             totals |= {"pipeline": pipeline.config.pipeline, "batch": None, "snapshot_id": None}
             for result in pipeline.run(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
@@ -106,26 +107,11 @@ class IngestOperator(BaseOperator):
         return totals
 
 
-@dataclass(frozen=True)
-class Freshness:
-    """How old a pipeline's committed data is, against a bound."""
-
-    #: the ledger's valid-through (ms since epoch): all data up to it is in; None if nothing is committed
-    valid_through_ms: int | None
-    max_staleness: timedelta
-    now: datetime
-
-    @property
-    def age(self) -> timedelta | None:
-        if self.valid_through_ms is None:
-            return None
-        return self.now - datetime.fromtimestamp(self.valid_through_ms / 1000, tz=UTC)
-
-    @property
-    def stale(self) -> bool:
-        """Nothing committed is stale too: a pipeline that never ran is the most stalled of all."""
-        age = self.age
-        return age is None or age > self.max_staleness
+def data_age(valid_through_ms: int | None, now: datetime) -> timedelta | None:
+    """How old a pipeline's committed data is, from the ledger's valid-through (None: nothing committed)."""
+    if valid_through_ms is None:
+        return None
+    return now - datetime.fromtimestamp(valid_through_ms / 1000, tz=UTC)
 
 
 class FreshnessCheckOperator(BaseOperator):
@@ -147,33 +133,42 @@ class FreshnessCheckOperator(BaseOperator):
         self.max_staleness = max_staleness
 
     def execute(self, context: Any) -> dict[str, Any]:
-        with _explicit_failures(self.log):
+        with _explicit_failures(self):
             pipeline = _open(self.config_path)
             found = pipeline.ledger()
-        check = Freshness(found.ledger.valid_through if found else None, self.max_staleness, datetime.now(UTC))
+        now = datetime.now(UTC)
+        age = data_age(found.ledger.valid_through if found else None, now)
         name, table = pipeline.config.pipeline, pipeline.config.table
-        if check.valid_through_ms is None:
-            message = f"pipeline {name!r} has committed nothing to {table} yet"
+        look = f"see its ingest task's log and `ingest status -c {self.config_path}`"
+        # nothing committed is stale too: a pipeline that never got a batch in is the most stalled of all
+        if age is None:
+            message = f"pipeline {name!r} has committed nothing to {table} yet ({look})"
         else:
-            through = datetime.fromtimestamp(check.valid_through_ms / 1000, tz=UTC).isoformat(timespec="seconds")
-            message = f"pipeline {name!r}: data in {table} is complete through {through}, {check.age} ago"
-        if check.stale:
-            message += (
-                f", which is older than the bound of {self.max_staleness}: the pipeline is stalled (see its ingest "
-                f"task's log and `ingest status -c {self.config_path}`) or a partition has had no new records"
-            )
+            through = (now - age).isoformat(timespec="seconds")
+            message = f"pipeline {name!r}: data in {table} is complete through {through}, {_rounded(age)} ago"
+            if age > self.max_staleness:
+                message += (
+                    f", older than the bound of {self.max_staleness}: the pipeline is stalled ({look}) "
+                    "or a partition has had no new records for that long"
+                )
+        if age is None or age > self.max_staleness:
             self.log.error("%s", message)
             raise AirflowFailException(message)
         self.log.info("%s (bound %s): fresh", message, self.max_staleness)
-        return {"valid_through_ms": check.valid_through_ms, "age_s": check.age.total_seconds() if check.age else None}
+        return {"age_s": age.total_seconds(), "max_staleness_s": self.max_staleness.total_seconds()}
+
+
+def _rounded(age: timedelta) -> timedelta:
+    return timedelta(seconds=round(age.total_seconds()))
 
 
 class SparkExitCodePolicy(RetryPolicy):
     """Classify a failed spark-submit by the job's exit code, like the ``ingest`` CLI's (README: exit codes).
 
     SparkSubmitOperator raises one exception type for every non-zero exit; its message carries the
-    code ("Error code is: N"), which in client deploy mode is the driver's. 75 is retried; 65 and
-    78 fail without retry; anything else (spark-submit's own failures too) gets the default retries.
+    code ("Error code is: N"), which in client deploy mode is the driver's. 75 is retried; 65, 78
+    and 2 (a usage error: the job's command line is wrong) fail without retry; anything else
+    (spark-submit's own failures too) gets the task's default retries.
     """
 
     _CODE = re.compile(r"Error code is: (\d+)")
@@ -183,7 +178,7 @@ class SparkExitCodePolicy(RetryPolicy):
         code = int(match.group(1)) if match else None
         if code == ExitCode.RETRYABLE:
             return RetryDecision.retry(reason="the Spark ingest job exited 75 (retryable)")
-        if code in (ExitCode.FATAL, ExitCode.CONFIG):
+        if code in (ExitCode.FATAL, ExitCode.CONFIG, USAGE_ERROR):
             return RetryDecision.fail(reason=f"the Spark ingest job exited {code} (fatal: not retried)")
         return RetryDecision.default()
 

@@ -9,7 +9,6 @@ own retry rebases an append onto the new head and lands a second copy of the bat
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import uuid
@@ -389,8 +388,13 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: Par
     except NoSuchTableError:
         pass
     namespace = identifier.rsplit(".", 1)[0]
-    with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent copy created it
+    try:
         catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:  # SqlCatalog checks, then inserts: a concurrent copy can win in between
+        if not catalog.namespace_exists(namespace):
+            raise
     try:
         return catalog.create_table(identifier, schema=schema, partition_spec=spec, properties=NO_LIBRARY_RETRIES)
     except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first

@@ -1,0 +1,166 @@
+"""The example DAG run by real Airflow 3 against the broker and a SQLite catalog: what lands, what fails how."""
+
+from __future__ import annotations
+
+import re
+import signal
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+
+from ingest.broker import free_port
+from tests.integration.conftest import record
+
+from .conftest import NEEDS_AIRFLOW, Airflow, Env, dag_id, quick_retries
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+pytest.importorskip("airflow.sdk", reason=NEEDS_AIRFLOW)
+
+
+def _rewrite(env: Env, **changes: object) -> None:
+    data = yaml.safe_load(env.config_path.read_text())
+    data.update(changes)
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow) -> None:
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(3_000, bad_every=11)
+    dag = airflow.dag(env)
+
+    first = airflow.test(dag)
+
+    assert first.state == "success", first.tasks
+    assert first.state_of("ingest") == first.state_of("freshness") == "success"
+    assert env.counts() == (3_000 - env.bad, env.bad)
+    totals = airflow.xcom(dag.dag_id, first.run_id, "ingest")
+    assert (totals["records"], totals["dead_letters"], totals["committed"]) == (3_000 - env.bad, env.bad, 3)
+    env.verify()
+
+    env.produce(700, bad_every=11)  # the next five-minute run picks up what arrived since
+    second = airflow.test(dag)
+    assert second.state == "success", second.tasks
+    assert env.counts() == (3_700 - env.bad, env.bad)
+    env.verify()
+
+
+@pytest.mark.parametrize("point", ["mid-write", "between-commits"])
+def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, point: str) -> None:
+    """The process running the ingest task dies mid-batch (SIGKILL: no cleanup); the next try runs it again."""
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(3_000, bad_every=11)
+
+    # `airflow dags test` runs the task in its own process; the failpoint SIGKILLs that process in batch 1
+    killed = airflow.cli("dags", "test", dag_id(env), env={"INGEST_FAILPOINT": point})
+    output, _ = killed.communicate(timeout=300)
+    assert killed.returncode == -signal.SIGKILL, output[-3000:]
+    assert f"running task <TaskInstance: {dag_id(env)}.ingest" in output
+    rows, dead = env.counts()
+    assert rows == 0  # the rows commit never happened
+    assert (dead > 0) is (point == "between-commits")  # batch 1's dead letters landed, its rows did not
+
+    retried = airflow.test(airflow.dag(env))
+
+    assert retried.state == "success", retried.tasks
+    assert env.counts() == (3_000 - env.bad, env.bad)
+    env.verify()
+
+
+def test_overlapping_runs_never_duplicate(make_env, airflow: Airflow) -> None:
+    """Two DAG runs' ingest tasks at once (max_active_runs > 1, or a retry racing a slow run), in two workers."""
+    env = make_env(batch={"max_records": 250})
+    env.produce(500)
+    dag = airflow.dag(env)
+    assert airflow.test(dag).state == "success"  # the pipeline has been running
+    env.produce(4_000, bad_every=13)
+    # two more DAG runs, as the scheduler would create them (their tasks marked done without running)
+    run_ids = [
+        airflow.test(dag, logical_date=datetime(2026, 12, day, tzinfo=UTC), mark_success_pattern=".*").run_id
+        for day in (1, 2)
+    ]
+
+    workers = [airflow.cli("tasks", "test", dag_id(env), "ingest", run_id) for run_id in run_ids]
+    outputs = [worker.communicate(timeout=300)[0] for worker in workers]
+
+    for run_id, output in zip(run_ids, outputs, strict=True):
+        # the task succeeded, or failed with an error Airflow retries; never one that is not retried
+        assert airflow.xcom(dag_id(env), run_id, "ingest") or "retryable" in output, output[-3000:]
+        assert "not retried" not in output, output[-3000:]
+        # it wrote batches ("landed": the other had committed the same batch first) or was fenced: they overlapped
+        assert re.search(r"batch \d+: (committed|landed),|was fenced", output), output[-3000:]
+    assert airflow.test(dag).state == "success"  # the next run catches up whatever a fenced one left
+    assert env.counts() == (4_500 - env.bad, env.bad)
+    env.verify()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"topic": "typo"}, "topic: unknown key"),  # bad config
+        ({"topics": ["no-such-topic-here"]}, "does not exist"),  # TopicNotFound
+    ],
+)
+def test_fatal_error_fails_without_retry(make_env, airflow: Airflow, capfd, change, message) -> None:
+    env = make_env()
+    env.produce(100)
+    _rewrite(env, **change)
+
+    outcome = airflow.test(quick_retries(airflow.dag(env)))
+
+    assert outcome.state_of("ingest") == "failed"
+    assert outcome.tries_of("ingest") == 1  # although a retry was allowed
+    assert message in capfd.readouterr().out  # the reason, in the task log
+
+
+def test_retryable_error_is_retried(make_env, airflow: Airflow, capfd) -> None:
+    env = make_env()
+    catalog = yaml.safe_load(env.config_path.read_text())["catalog"]
+    _rewrite(env, catalog={**catalog, "uri": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"})
+
+    outcome = airflow.test(quick_retries(airflow.dag(env)))
+
+    assert outcome.state_of("ingest") == "failed"
+    assert outcome.tries_of("ingest") == 2  # the retry ran (and failed the same way)
+    out = capfd.readouterr().out
+    assert "retryable CatalogUnavailable" in out and "cannot open Iceberg catalog" in out
+
+
+def _produce_with_timestamp(env: Env, count: int, when: datetime) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": env.bootstrap})
+    for i in range(env.produced, env.produced + count):
+        partition, key, value, headers = record(i, env.partitions, None)
+        ts = int(when.timestamp() * 1000)
+        producer.produce(env.topic, value=value, key=key, partition=partition, headers=headers, timestamp=ts)
+        producer.flush()  # one record per request: the broker's end offsets are only right that way
+    env.produced += count
+
+
+def test_freshness_fails_on_a_stalled_pipeline(make_env, airflow: Airflow, capfd) -> None:
+    """The newest committed data is two hours old: ingest succeeds (nothing newer), freshness fails."""
+    env = make_env()
+    stalled_at = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    _produce_with_timestamp(env, 8, stalled_at)
+
+    outcome = airflow.test(quick_retries(airflow.dag(env)))
+
+    assert outcome.state_of("ingest") == "success"
+    assert env.counts() == (8, 0)
+    assert outcome.state_of("freshness") == "failed"
+    assert outcome.tries_of("freshness") == 1  # not retried: the next run checks again
+    out = capfd.readouterr().out
+    assert f"complete through {stalled_at.isoformat(timespec='seconds')}" in out
+    assert "older than the bound of 0:30:00" in out and "the pipeline is stalled" in out
+
+
+def test_freshness_fails_when_nothing_was_ever_committed(make_env, airflow: Airflow, capfd) -> None:
+    env = make_env()
+    env.produce(100)
+
+    # the ingest task "succeeds" without running: a pipeline that never got to commit
+    outcome = airflow.test(quick_retries(airflow.dag(env)), mark_success_pattern="ingest")
+
+    assert outcome.state_of("freshness") == "failed"
+    assert "has committed nothing" in capfd.readouterr().out
