@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup demo test test-fast lint format bench clean
+.PHONY: help setup demo test test-fast test-spark iceberg-spark lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -25,6 +25,12 @@ test: setup ## run the whole test suite (unit, integration on SQLite and Postgre
 
 test-fast: setup ## only the pure-core unit tests
 	$(BIN)/pytest tests/unit
+
+test-spark: setup ## only the Spark engine tests (local[2]; the interop test needs `make iceberg-spark`)
+	$(BIN)/pytest tests/spark
+
+iceberg-spark: setup ## build Iceberg's Spark runtime into .cache/ for the interop test (needs libjarjar-java)
+	$(BIN)/python tests/spark/iceberg_runtime.py
 
 lint: setup ## ruff (lint + format check) and mypy
 	$(BIN)/ruff check ingest tests

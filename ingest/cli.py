@@ -6,6 +6,7 @@ failure (data loss, ledger lost, verification failed), 78 configuration error, 1
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -13,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -39,6 +42,21 @@ ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAM
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 T = TypeVar("T")
 
+
+class EngineName(StrEnum):
+    local = "local"
+    spark = "spark"
+
+
+EngineOption = Annotated[
+    EngineName,
+    typer.Option(
+        "--engine",
+        help="local: read, decode and write in this process. spark: in Spark tasks (needs "
+        "'lakehouse-ingest[spark]'; Spark settings from spark-submit and spark-defaults.conf).",
+    ),
+]
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
 
@@ -59,7 +77,11 @@ def _guarded(json_output: bool, action: Callable[[], T]) -> T:
         kind = "retryable" if error.retryable else ("config" if isinstance(error, ConfigError) else "fatal")
         if json_output:
             print(json.dumps({"error": str(error), "kind": kind, "type": type(error).__name__}))
-        err.print(f"[bold red]error[/] ({kind}, {type(error).__name__}): {error}", highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]error[/] ({kind}, {type(error).__name__}): {escape(str(error))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(int(error.exit_code)) from None
 
 
@@ -97,6 +119,7 @@ def run(
         str | None, typer.Option("--every", help="Keep running: one catch-up every DURATION (e.g. 5m).")
     ] = None,
     max_batches: Annotated[int | None, typer.Option("--max-batches", min=1, help="Stop after N batches.")] = None,
+    engine: EngineOption = EngineName.local,
     json_output: JsonOption = False,
 ) -> None:
     """Commit micro-batches (default: one batch). Safe to retry and to run concurrently."""
@@ -106,23 +129,36 @@ def run(
 
     def body() -> None:
         pipeline = _open(config)
-        while True:
-            started = time.monotonic()
-            try:
-                _run_once(pipeline, until_caught_up or interval is not None, max_batches, json_output)
-            except RetryableError as error:
+        with _engine(engine, pipeline) as chosen:  # one engine (one Spark session) for every batch of the run
+            while True:
+                started = time.monotonic()
+                try:
+                    _run_once(pipeline, chosen, until_caught_up or interval is not None, max_batches, json_output)
+                except RetryableError as error:
+                    if interval is None:
+                        raise
+                    # a long-running --every loop rides out what the next tick can fix; fatal errors stop it
+                    err.print(
+                        f"[yellow]retryable[/] ({type(error).__name__}): {escape(str(error))}; "
+                        f"next try in {interval:.0f}s"
+                    )
                 if interval is None:
-                    raise
-                # a long-running --every loop rides out what the next tick can fix; fatal errors stop it
-                err.print(f"[yellow]retryable[/] ({type(error).__name__}): {error}; next try in {interval:.0f}s")
-            if interval is None:
-                return
-            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+                    return
+                time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     _guarded(json_output, body)
 
 
-def _run_once(pipeline: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
+def _engine(name: EngineName, pipeline: Any) -> contextlib.AbstractContextManager[Any]:
+    """The engine ``--engine`` names; None stands for the pipeline's own local engine."""
+    if name is EngineName.spark:
+        from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+
+        return SparkEngine.create(pipeline)
+    return contextlib.nullcontext(None)
+
+
+def _run_once(pipeline: Any, engine: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
     show_progress = catch_up and not json_output and err.is_terminal
     total = sum(p["lag"] for p in _status(pipeline)["partitions"]) if show_progress else 0
     with Progress(
@@ -135,7 +171,7 @@ def _run_once(pipeline: Any, catch_up: bool, max_batches: int | None, json_outpu
         transient=True,
     ) as progress:
         task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
-        for result in pipeline.run(until_caught_up=catch_up, max_batches=max_batches):
+        for result in pipeline.run(until_caught_up=catch_up, max_batches=max_batches, engine=engine):
             progress.advance(task, result.records + result.dead_letters)
             if json_output:
                 print(json.dumps(result.as_dict()), flush=True)

@@ -282,12 +282,15 @@ class Pipeline:
             ranges=ranges,
         )
 
-    def run(self, *, until_caught_up: bool, max_batches: int | None) -> Iterator[BatchResult]:
-        """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``)."""
+    def run(
+        self, *, until_caught_up: bool, max_batches: int | None, engine: Engine | None = None
+    ) -> Iterator[BatchResult]:
+        """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``), each
+        produced by ``engine`` (default: a :class:`LocalEngine`)."""
         target = {tp: wm.high for tp, wm in self.source.describe().partitions.items()} if until_caught_up else None
         done = 0
         while max_batches is None or done < max_batches:
-            result = self.run_batch()
+            result = self.run_batch(engine)
             done += 1
             yield result
             if target is None or result.status == "empty":

@@ -254,22 +254,26 @@ def _translate(error: Py4JJavaError, batch: Batch) -> IngestError | None:
 class SparkEngine:
     """Turns a batch's ranges into data files with Spark tasks; see the module docstring."""
 
-    def __init__(self, config: PipelineConfig, rows: IcebergTable, spark: SparkSession, *, owns: bool) -> None:
+    def __init__(self, config: PipelineConfig, rows: IcebergTable, spark: SparkSession | None = None) -> None:
+        """``spark=None``: start a session from the usual Spark settings when the first batch needs one
+        (a run that finds nothing new never starts the JVM), and stop it in :meth:`close`."""
         self.config = config
         self.rows = rows
-        self.spark = spark
-        self._owns = owns
+        self._spark = spark
+        self._owns = False
 
     @classmethod
     def create(cls, pipeline: Pipeline, spark: SparkSession | None = None) -> SparkEngine:
-        """The engine for ``pipeline``, on ``spark`` or on a session built from the usual Spark settings
-        (spark-submit arguments, ``spark-defaults.conf``). A session it built is stopped by :meth:`close`."""
-        if spark is None:
-            active = SparkSession.getActiveSession()  # a notebook's or a job's own session: not ours to stop
-            spark, owns = (active, False) if active is not None else (_start_session(), True)
-        else:
-            owns = False
-        return cls(pipeline.config, pipeline.rows, spark, owns=owns)
+        """The engine for ``pipeline``: on ``spark``, else on the active session (a notebook's or a job's,
+        not ours to stop), else on one it builds from the usual Spark settings (spark-submit arguments,
+        ``spark-defaults.conf``) when a batch first needs it, stopped by :meth:`close`."""
+        return cls(pipeline.config, pipeline.rows, spark or SparkSession.getActiveSession())
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark, self._owns = _start_session(), True
+        return self._spark
 
     def produce(self, batch: Batch) -> Produced:
         tasks = self.tasks(batch)
@@ -280,6 +284,8 @@ class SparkEngine:
 
     def tasks(self, batch: Batch) -> list[TaskRange]:
         """The batch's ranges as tasks, split by the ``spark.ingest.*`` settings current in the session."""
+        if not batch.ranges():  # the ledger moves without data (new partitions, a skipped loss): no job
+            return []
         min_partitions = _positive(self.spark, MIN_PARTITIONS) or self.spark.sparkContext.defaultParallelism
         return split_ranges(batch.ranges(), min_partitions, _positive(self.spark, MAX_RECORDS_PER_PARTITION))
 
@@ -292,7 +298,8 @@ class SparkEngine:
         def collect() -> list[TaskOutput]:
             sc.setJobGroup(group, f"ingest {self.config.pipeline} batch {batch.number}: {len(tasks)} tasks", True)
             rdd = sc.parallelize(tasks, len(tasks))
-            return rdd.mapPartitions(partial(_produce_partition, job)).collect()
+            outputs: list[TaskOutput] = rdd.mapPartitions(partial(_produce_partition, job)).collect()
+            return outputs
 
         started = time.monotonic()
         with ThreadPoolExecutor(1, thread_name_prefix="ingest-spark") as pool:
@@ -334,18 +341,16 @@ class SparkEngine:
                     reached[point] = True
                     failpoints.reach(point)
             time.sleep(_POLL_S)
-        future.exception()  # wait for the end
-        if (
-            not future.cancelled() and future.exception() is None
-        ):  # a job faster than the poll still passes every point, in order
-            for point in ("mid-read", "mid-write"):
-                if not reached[point]:
-                    failpoints.reach(point)
+        if future.exception() is not None:  # (waits for the job to end)
+            return
+        for point in ("mid-read", "mid-write"):  # a job faster than the poll still passes each point, in order
+            if not reached[point]:
+                failpoints.reach(point)
 
     def close(self) -> None:
-        if self._owns:
-            self.spark.stop()
-            self._owns = False
+        if self._owns and self._spark is not None:
+            self._spark.stop()
+            self._spark, self._owns = None, False
 
     def __enter__(self) -> SparkEngine:
         return self

@@ -1,0 +1,170 @@
+"""The Spark engine in this process: same tables as the local engine, alternation, fencing, splitting."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
+
+from ingest.config import BatchSpec
+from ingest.core.plan import Batch
+from ingest.errors import ConfigError
+from ingest.pipeline import Pipeline, Produced
+from ingest.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture
+def spark_conf(spark: Any) -> Iterator[Any]:
+    """``spark.conf`` for one test: the ``spark.ingest.*`` keys it sets are unset afterwards."""
+    yield spark.conf
+    for key in (MIN_PARTITIONS, MAX_RECORDS_PER_PARTITION):
+        spark.conf.unset(key)
+
+
+def _sorted(table: pa.Table, *keys: str) -> pa.Table:
+    return table.sort_by([(k, "ascending") for k in keys])
+
+
+def _partitions(pipeline: Pipeline) -> set[tuple[int, str]]:
+    """(spec id, partition values) of every live data file of the rows table."""
+    table = pipeline.rows.table.refresh()
+    return {(task.file.spec_id, repr(task.file.partition)) for task in table.scan().plan_files()}
+
+
+def _ledger_summary(pipeline: Pipeline) -> dict[str, str]:
+    pipeline.rows.refresh()
+    head = next(iter(pipeline.rows.ancestry()))
+    return {k: v for k, v in head.summary.items() if k.startswith("ingest.")}
+
+
+def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spark_conf) -> None:
+    env = make_env(batch={"max_records": 2_000})
+    env.produce(3_000, bad_every=11)
+    spark_conf.set(MAX_RECORDS_PER_PARTITION, "333")  # sub-ranges with odd boundaries
+    local = Pipeline.open(env.config)
+    on_spark = Pipeline.open(env.config.model_copy(update={"table": f"{env.topic}.spark_orders"}))
+    engine = SparkEngine.create(on_spark, spark)
+
+    local_results = [local.run_batch(), local.run_batch()]
+    spark_results = [on_spark.run_batch(engine), on_spark.run_batch(engine)]
+
+    assert [r.as_dict() | {"snapshot_id": 0, "seconds": 0} for r in spark_results] == [
+        r.as_dict() | {"snapshot_id": 0, "seconds": 0} for r in local_results
+    ]
+    key = ("_kafka_partition", "_kafka_offset")
+    assert _sorted(on_spark.rows.scan_columns(on_spark.rows.table.schema().column_names), *key).equals(
+        _sorted(local.rows.scan_columns(local.rows.table.schema().column_names), *key)
+    )
+    local.dead.refresh()
+    on_spark.dead.refresh()
+    dead_columns = local.dead.table.schema().column_names
+    assert _sorted(on_spark.dead.scan_columns(dead_columns), "partition", "offset").equals(
+        _sorted(local.dead.scan_columns(dead_columns), "partition", "offset")
+    )
+    assert _partitions(on_spark) == _partitions(local)
+    assert _ledger_summary(on_spark) == _ledger_summary(local)  # offsets, timestamps, counts, bytes
+    env.verify()
+
+
+def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None:
+    env = make_env(batch={"max_records": 700})
+    env.produce(5_000, bad_every=13)
+    on_spark = Pipeline.open(env.config)
+    engine = SparkEngine.create(on_spark, spark)
+
+    statuses = []
+    for i in range(4):
+        if i % 2 == 0:
+            statuses.append(on_spark.run_batch(engine).status)
+        else:
+            statuses.append(Pipeline.open(env.config).run_batch().status)  # another process, local engine
+    env.produce(1_000, bad_every=13)
+    results = list(on_spark.run(until_caught_up=True, max_batches=None, engine=engine))
+
+    assert statuses == ["committed"] * 4
+    assert [r.batch for r in results] == list(range(5, 5 + len(results)))
+    assert env.counts() == (6_000 - env.bad, env.bad)
+    history = Pipeline.open(env.config)
+    env.verify()
+    assert len(history.rows.table.metadata.snapshots) == 4 + len(results)
+
+
+def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(1_000, bad_every=9)
+    slow = Pipeline.open(env.config)
+    fast = Pipeline.open(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
+
+    class RacedSparkEngine(SparkEngine):
+        raced = False
+
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            if not RacedSparkEngine.raced:
+                RacedSparkEngine.raced = True
+                env.produce(400, bad_every=9)
+                assert fast.run_batch().status == "committed"  # a local writer lands a larger batch 1 first
+            return produced
+
+    result = slow.run_batch(RacedSparkEngine(slow.config, slow.rows, spark))
+
+    assert (result.batch, result.status) == (2, "committed")  # fenced, its files orphaned, planned again
+    assert env.counts() == (1_400 - env.bad, env.bad)
+    env.verify()
+
+
+def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, spark_conf) -> None:
+    """Offsets are not contiguous: every commit marker takes one. Tasks split at arbitrary offsets
+    still read every record once, because a task ends when the consumer's position reaches its end."""
+    from confluent_kafka import Producer
+
+    env = make_env(partitions=1)
+    producer = Producer({"bootstrap.servers": env.bootstrap, "transactional.id": f"{env.topic}-txn"})
+    producer.init_transactions(30)
+    for transaction in range(5):
+        producer.begin_transaction()
+        for i in range(10):
+            n = transaction * 10 + i
+            producer.produce(env.topic, value=b'{"order_id": %d}' % n, key=b"k%d" % n, partition=0)
+        producer.commit_transaction(30)
+    spark_conf.set(MAX_RECORDS_PER_PARTITION, "4")  # 55 offsets (5 markers) in 14 tasks
+    pipeline = Pipeline.open(env.config)
+    engine = SparkEngine.create(pipeline, spark)
+
+    planned = pipeline.plan()
+    tasks = engine.tasks(planned)
+    result = pipeline.run_batch(engine)
+
+    assert planned.planned_records == 55 and len(tasks) == 14
+    assert (result.records, result.dead_letters) == (50, 0)
+    offsets = pipeline.rows.scan_columns(["_kafka_offset"])["_kafka_offset"].to_pylist()
+    assert sorted(offsets) == [o for o in range(55) if o % 11 != 10]  # markers at 10, 21, 32, 43, 54
+    env.verify()
+
+
+def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> None:
+    env = make_env(partitions=2)
+    env.produce(1_000)
+    pipeline = Pipeline.open(env.config)
+    engine = SparkEngine.create(pipeline, spark)
+    batch = pipeline.plan()
+
+    default = engine.tasks(batch)
+    spark_conf.set(MIN_PARTITIONS, "5")
+    more = engine.tasks(batch)
+    spark_conf.set(MAX_RECORDS_PER_PARTITION, "100")
+    bounded = engine.tasks(batch)
+
+    assert len(default) == 2  # one per partition: local[2] has a default parallelism of 2
+    assert len(more) == 6  # each 500-offset partition in round(500 / 1000 * 5) = 3 pieces
+    assert len(bounded) == 10 and max(t.size for t in bounded) == 100
+    spark_conf.set(MIN_PARTITIONS, "zero")
+    with pytest.raises(ConfigError, match=re.escape("spark.ingest.minPartitions='zero': expected a positive integer")):
+        engine.tasks(batch)
