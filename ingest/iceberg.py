@@ -58,7 +58,7 @@ from pyiceberg.types import (
 )
 
 from ingest.config import TRANSFORM, FieldSpec
-from ingest.core.ledger import REGISTRY_PROPERTY, SnapshotView
+from ingest.core.ledger import SnapshotView
 from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
 
 log = logging.getLogger(__name__)
@@ -377,9 +377,6 @@ class IcebergTable:
             if snapshot_id is None:
                 return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
-
-    def registered(self) -> bool:
-        return bool(self._table.properties.get(REGISTRY_PROPERTY))
 
 
 def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec) -> Table:
