@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AttemptManager, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import (
@@ -44,9 +44,12 @@ class Outcome:
     snapshot_id: int | None
 
 
-def observe(table: IcebergTable, pipeline: str) -> Found | None:
-    """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger."""
-    head = table.refresh()
+def observe(table: IcebergTable, pipeline: str, refresh: bool = True) -> Found | None:
+    """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger.
+
+    ``refresh=False`` reads the metadata this handle already holds instead of loading it again.
+    """
+    head = table.refresh() if refresh else table.head()
     found = find_ledger(pipeline, table.ancestry())
     if found is None and pipeline in registered_pipelines(head.properties):
         raise LedgerLost(pipeline, table.identifier)
@@ -75,6 +78,21 @@ def _attempt(
         raise _Again() from None
 
 
+def _decide(table: IcebergTable, pipeline: str, batch: Batch, held: bool) -> tuple[Found | None, Decision]:
+    """Observe and decide; with ``held``, a COMMIT decided on the handle's metadata is enough
+    (the head requirement guards it), anything else is settled on freshly loaded metadata."""
+    if held:
+        found = observe(table, pipeline, refresh=False)
+        if decide(found.ledger if found else None, batch) is Decision.COMMIT:
+            return found, Decision.COMMIT
+    found = observe(table, pipeline)
+    return found, decide(found.ledger if found else None, batch)
+
+
+def _first_of_several(attempt: AttemptManager, max_attempts: int) -> bool:
+    return attempt.retry_state.attempt_number == 1 and max_attempts > 1
+
+
 def commit_rows(
     table: IcebergTable,
     pipeline: str,
@@ -85,13 +103,17 @@ def commit_rows(
     max_attempts: int,
     extra: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once."""
+    """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once.
+
+    The first attempt may commit on the metadata the handle already holds (normally what the
+    batch was planned from) instead of loading it again: the commit requires that head, so a
+    stale view can only conflict, and the next attempt observes afresh.
+    """
     summary = encode(pipeline, ledger, counts, extra)
     try:
         for attempt in _retrying(max_attempts):
             with attempt:
-                found = observe(table, pipeline)
-                decision = decide(found.ledger if found else None, batch)
+                found, decision = _decide(table, pipeline, batch, held=_first_of_several(attempt, max_attempts))
                 if decision is not Decision.COMMIT:
                     return Outcome(decision, found.snapshot_id if found else None)
                 props = register(table.head().properties, pipeline)
