@@ -9,65 +9,15 @@ spark-submit process of its own: through Iceberg's JDBC catalog on the PostgreSQ
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-from urllib.parse import urlsplit
-
 import pytest
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.pipeline import Pipeline
 from ingest.spark import SparkEngine
-from tests.integration.conftest import POSTGRES_URI, REPO
-from tests.spark.conftest import TEST_CONF, spark_submit_binary
-from tests.spark.iceberg_runtime import Unavailable, build, postgres_jdbc
+from tests.spark.iceberg_jvm import iceberg_jars_fixture, jdbc_catalog, read  # noqa: F401  (fixture iceberg_jars)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-READER = Path(__file__).with_name("iceberg_reader.py")
-
-
-@pytest.fixture(scope="session")
-def iceberg_jars() -> list[Path]:
-    try:
-        return build()
-    except Unavailable as error:
-        pytest.skip(f"the Iceberg Spark runtime cannot be built here: {error}")
-
-
-def _jdbc_catalog(name: str, warehouse: str) -> dict[str, str]:
-    uri = urlsplit(POSTGRES_URI)
-    prefix = f"spark.sql.catalog.{name}"
-    conf = {
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "jdbc",
-        f"{prefix}.uri": f"jdbc:postgresql://{uri.hostname}:{uri.port or 5432}{uri.path}",
-        f"{prefix}.warehouse": warehouse,
-    }
-    if uri.username:
-        conf[f"{prefix}.jdbc.user"] = uri.username
-    if uri.password:
-        conf[f"{prefix}.jdbc.password"] = uri.password
-    return conf
-
-
-def _read(jars: list[Path], tables: list[str], conf: dict[str, str]) -> dict[str, dict]:  # type: ignore[type-arg]
-    settings = {
-        **TEST_CONF,
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        **conf,
-    }
-    command = [str(spark_submit_binary()), "--master", "local[2]", "--jars", ",".join(map(str, jars))]
-    for key, value in settings.items():
-        command += ["--conf", f"{key}={value}"]
-    result = subprocess.run(
-        [*command, str(READER), *tables], capture_output=True, text=True, timeout=300, cwd=REPO, env=os.environ
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog_kind, spark, iceberg_jars) -> None:
@@ -84,10 +34,10 @@ def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog
     if catalog_kind == "postgres":
         catalog = env.config.catalog
         tables = [f"{catalog['name']}.{env.config.table}", f"{catalog['name']}.{env.config.dead_letters}"]
-        seen = _read([*iceberg_jars, postgres_jdbc()], tables, _jdbc_catalog(catalog["name"], catalog["warehouse"]))
+        seen = read(iceberg_jars, tables, jdbc_catalog(catalog))
     else:
         tables = [pipeline.rows.table.metadata_location, pipeline.dead.table.metadata_location]
-        seen = _read(iceberg_jars, tables, {})
+        seen = read(iceberg_jars, tables)
     on_rows, on_dead = seen[tables[0]], seen[tables[1]]
 
     assert (on_rows["count"], on_rows["distinct"]) == (rows, rows) == (3_000 - env.bad, 3_000 - env.bad)

@@ -1,0 +1,207 @@
+"""The pipeline survives a real foreign compaction: Iceberg's own Spark runtime rewriting and expiring.
+
+The foreign writer is ``CALL <catalog>.system.rewrite_data_files`` / ``expire_snapshots`` in a
+spark-submit JVM of its own, through Iceberg's JDBC catalog on the PostgreSQL catalog that the
+pipeline writes with pyiceberg (see ``iceberg_jvm.py``). Its snapshots know nothing of our ledger:
+the lookup must walk past them, a commit racing them must notice the moved head and land once, and
+an expiry that removes every ledger-bearing snapshot must stop the pipeline rather than let it
+re-read from the start.
+
+PostgreSQL only: a JVM must not write the SQLite file that pyiceberg writes (they lock each other).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
+
+from ingest.core.ledger import decode
+from ingest.core.plan import Batch
+from ingest.errors import ExitCode
+from ingest.iceberg import CommitConflict
+from ingest.pipeline import BatchResult, LocalEngine, Pipeline, Produced
+from tests.integration.conftest import Env
+from tests.spark.iceberg_jvm import call, iceberg_jars_fixture, jdbc_catalog  # noqa: F401  (fixture iceberg_jars)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.parametrize("catalog_kind", ["postgres"]),  # a JVM writer needs a server catalog
+]
+
+OFFSETS = "ingest.orders.offsets"
+
+
+def _rewrite(env: Env) -> str:
+    """Spark's bin-pack compaction, made to rewrite every small file (this table has no big ones)."""
+    return (
+        f"CALL {env.config.catalog['name']}.system.rewrite_data_files(table => '{env.config.table}', "
+        "options => map('min-input-files', '2', 'rewrite-all', 'true'))"
+    )
+
+
+def _spark(env: Env, jars: list[Path], *statements: str) -> list[list[dict[str, Any]]]:
+    return call(jars, jdbc_catalog(env.config.catalog), *statements)
+
+
+def _catch_up(pipeline: Pipeline) -> list[BatchResult]:
+    results = list(pipeline.run(until_caught_up=True, max_batches=None))
+    assert results and all(r.status == "committed" for r in results), results
+    return results
+
+
+def _snapshots(pipeline: Pipeline) -> list[Any]:
+    """The rows table's snapshots, oldest first (pyiceberg ``Snapshot`` objects)."""
+    pipeline.rows.refresh()
+    return list(pipeline.rows.table.metadata.snapshots)
+
+
+def _distinct(table: pa.Table) -> int:
+    return int(table.group_by(table.column_names).aggregate([]).num_rows)
+
+
+def _assert_exactly_once(env: Env, pipeline: Pipeline) -> None:
+    """Every produced record is a row or a dead letter, once; ``ingest verify`` agrees."""
+    pipeline.rows.refresh()
+    pipeline.dead.refresh()
+    rows = pipeline.rows.scan_columns(["_kafka_topic", "_kafka_partition", "_kafka_offset"])
+    dead = pipeline.dead.scan_columns(["topic", "partition", "offset"])
+    assert (rows.num_rows, dead.num_rows) == (env.produced - env.bad, env.bad)
+    assert (_distinct(rows), _distinct(dead)) == (rows.num_rows, dead.num_rows)  # no Kafka coordinate twice
+    env.verify()
+
+
+def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_jars) -> None:
+    env = make_env(batch={"max_records": 150})
+    env.produce(600, bad_every=13)
+    pipeline = Pipeline.open(env.config)
+    _catch_up(pipeline)
+    before = pipeline.ledger()
+    assert before is not None
+    small = len(pipeline.rows.live_data_files())
+
+    [[rewritten]] = _spark(env, iceberg_jars, _rewrite(env))
+
+    *ours, replace = _snapshots(pipeline)
+    assert replace.summary.operation.value == "replace"
+    assert not [key for key in replace.summary.additional_properties if key.startswith("ingest.")]
+    assert replace.parent_snapshot_id == before.snapshot_id == ours[-1].snapshot_id
+    assert rewritten["rewritten_data_files_count"] == small
+    assert len(pipeline.rows.live_data_files()) == rewritten["added_data_files_count"] < small
+    assert pipeline.ledger() == before  # found below the foreign snapshot
+    assert env.counts() == (600 - env.bad, env.bad)
+
+    env.produce(400, bad_every=13)
+    after = _catch_up(pipeline)
+
+    found = pipeline.ledger()
+    assert found is not None and found.ledger.batch == before.ledger.batch + len(after)
+    following = next(s for s in _snapshots(pipeline) if s.parent_snapshot_id == replace.snapshot_id)
+    resumed = decode("orders", following.summary.additional_properties)
+    assert resumed is not None and resumed.batch == before.ledger.batch + 1
+    assert resumed.start_offsets == before.ledger.offsets  # resumed where the ledger below Spark's snapshot said
+    _assert_exactly_once(env, pipeline)
+
+
+def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_jars) -> None:
+    env = make_env(batch={"max_records": 200})
+    env.produce(600, bad_every=13)
+    pipeline = Pipeline.open(env.config)
+    _catch_up(pipeline)
+    before = pipeline.ledger()
+    assert before is not None
+    small = len(pipeline.rows.live_data_files())
+    env.produce(300, bad_every=13)
+    rewrites: list[dict[str, Any]] = []
+    pending: list[Produced] = []
+
+    class SparkCompactsMidBatch(LocalEngine):
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)  # files written, nothing committed yet
+            if not rewrites:
+                [[rewritten]] = _spark(env, iceberg_jars, _rewrite(env))
+                rewrites.append(rewritten)
+                pending.append(produced)
+            return produced
+
+    attempts: list[str] = []
+    real = pipeline.rows.try_commit
+
+    def recorded(files, summary, props):  # type: ignore[no-untyped-def]
+        try:
+            snapshot_id = real(files, summary, props)
+        except CommitConflict:
+            attempts.append("conflict")
+            raise
+        attempts.append("committed")
+        return snapshot_id
+
+    pipeline.rows.try_commit = recorded  # type: ignore[method-assign]
+
+    result = pipeline.run_batch(SparkCompactsMidBatch(pipeline.config, pipeline.source, pipeline.rows))
+
+    assert (result.status, result.batch) == ("committed", before.ledger.batch + 1)
+    assert attempts == ["conflict", "committed"]  # the moved head was noticed, the ledger re-observed
+    [rewritten], [produced] = rewrites, pending
+    assert rewritten["rewritten_data_files_count"] == small  # only committed files: ours were pending
+    *_, replace, mine = _snapshots(pipeline)
+    assert replace.summary.operation.value == "replace" and OFFSETS not in replace.summary.additional_properties
+    assert (replace.parent_snapshot_id, mine.parent_snapshot_id) == (before.snapshot_id, replace.snapshot_id)
+    assert mine.snapshot_id == result.snapshot_id
+    landed = decode("orders", mine.summary.additional_properties)
+    assert landed is not None and landed.start_offsets == before.ledger.offsets
+    # the append went onto Spark's head: compacted files plus this batch's, no resurrected small files
+    assert len(pipeline.rows.live_data_files()) == rewritten["added_data_files_count"] + len(produced.files)
+
+    _catch_up(pipeline)
+    _assert_exactly_once(env, pipeline)
+
+
+def test_spark_expiry_of_every_ledger_fails_closed(make_env, iceberg_jars) -> None:
+    env = make_env(batch={"max_records": 200})
+    env.produce(400, bad_every=13)
+    pipeline = Pipeline.open(env.config)
+    _catch_up(pipeline)
+    ours = _snapshots(pipeline)
+    newest = datetime.fromtimestamp(max(s.timestamp_ms for s in ours) / 1000, tz=UTC)
+    cutoff = (newest + timedelta(milliseconds=1)).isoformat(timespec="milliseconds")
+    expire = (
+        f"CALL {env.config.catalog['name']}.system.expire_snapshots(table => '{env.config.table}', "
+        f"older_than => TIMESTAMP '{cutoff}', retain_last => 1)"
+    )
+
+    [[rewritten], [expired]] = _spark(env, iceberg_jars, _rewrite(env), expire)
+
+    [replace] = _snapshots(pipeline)  # every snapshot carrying the ledger is gone
+    assert replace.summary.operation.value == "replace" and OFFSETS not in replace.summary.additional_properties
+    assert replace.parent_snapshot_id == ours[-1].snapshot_id  # a dangling link to an expired snapshot
+    assert expired["deleted_data_files_count"] == rewritten["rewritten_data_files_count"]
+    state, counts = _written(pipeline), env.counts()
+    assert counts == (400 - env.bad, env.bad)  # Spark kept every row
+    env.produce(100, bad_every=13)  # new data: a pipeline that started over would write it (and re-read the rest)
+
+    result = env.cli("run", "--json")
+
+    assert result.returncode == ExitCode.FATAL, (result.stdout, result.stderr)
+    error = json.loads(result.stdout.splitlines()[0])
+    assert (error["type"], error["kind"]) == ("LedgerLost", "fatal")
+    assert error["error"].startswith("ledger lost") and "'ingest.pipelines'" in error["error"]
+    assert _written(pipeline) == state  # nothing was written: no snapshot, no data file, in either table
+    assert env.counts() == counts
+
+
+def _written(pipeline: Pipeline) -> tuple[object, ...]:
+    """Everything a run could have written: snapshots and stored files of both tables."""
+    pipeline.rows.refresh()
+    pipeline.dead.refresh()
+    return tuple(
+        (sorted(s.snapshot_id for s in table.all_snapshots()), sorted(path for path, _ in table.stored_data_files()))
+        for table in (pipeline.rows, pipeline.dead)
+    )
