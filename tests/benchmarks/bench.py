@@ -24,7 +24,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results.jsonl")
-TUNED_FETCH = {"fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760}
 
 SCHEMA = [
     {"name": "order_id", "type": "long", "required": True},
@@ -56,8 +55,10 @@ def payload(i: int) -> bytes:
 
 
 def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
-    """librdkafka consumption with tuned fetch settings and no decoding."""
+    """librdkafka consumption with the tuned fetch settings the pipeline uses, and no decoding."""
     from confluent_kafka import Consumer, TopicPartition
+
+    from ingest.kafka import FETCH_DEFAULTS
 
     consumer = Consumer(
         {
@@ -65,7 +66,7 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
             "group.id": "bench-raw",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
-            **TUNED_FETCH,
+            **FETCH_DEFAULTS,
         }
     )
     consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
@@ -202,6 +203,53 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def stage_spark(args: argparse.Namespace) -> dict[str, Any]:
+    """The Spark engine (``local[2]``) on a warm session: one batch of all records, end to end.
+
+    Session start (JVM, SparkContext) and a warm-up batch (executors' Python workers start and
+    import the package) are reported apart from the timed batch. Peak RSS is the driver's only.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from ingest import config as config_module
+    from ingest.pipeline import Pipeline
+    from ingest.spark import SparkEngine
+
+    started = time.perf_counter()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session_s = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as tmp:
+        warmup = Pipeline.open(config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-warmup"]}))
+        started = time.perf_counter()
+        warmup.run_batch(SparkEngine.create(warmup, spark))
+        warmup_s = time.perf_counter() - started
+        pipeline = Pipeline.open(config_module.parse(_config(args, tmp) | {"table": "bench.spark"}))
+        started = time.perf_counter()
+        result = pipeline.run_batch(SparkEngine.create(pipeline, spark))
+        seconds = time.perf_counter() - started
+    spark.stop()
+    return {
+        "records": result.records + result.dead_letters,
+        "bytes": result.bytes,
+        "seconds": seconds,
+        "session_start_s": session_s,
+        "warmup_batch_s": warmup_s,
+    }
+
+
+def spark_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyspark") is not None
+
+
 def _config(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     return {
         "pipeline": "bench",
@@ -276,6 +324,7 @@ STAGES = {
     "parquet": stage_parquet,
     "naive": stage_naive,
     "ingest": stage_ingest,
+    "spark": stage_spark,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
 }
@@ -340,8 +389,15 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
         console.print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f}s")
         create_topic(args.bootstrap, args.topic + "-fixed", 4)
+        stages = ["raw", "decode", "parquet", "naive", "ingest"]
+        if spark_installed():
+            stages.append("spark")
+            create_topic(args.bootstrap, args.topic + "-warmup", args.partitions)
+            produce(args.bootstrap, args.topic + "-warmup", ((i % 4, None, payload(i), None) for i in range(20_000)))
+        else:
+            console.print("Spark engine not measured: pip install 'lakehouse-ingest[spark]'")
         results = {}
-        for name in ("raw", "decode", "parquet", "naive", "ingest"):
+        for name in stages:
             results[name] = _run_stage(name, args)
             console.print(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
         fixed = _run_stage("fixed", args)["per_batch_s"]
@@ -362,6 +418,11 @@ def orchestrate(args: argparse.Namespace) -> None:
             "ingest_rss_vs_budget": results["ingest"]["peak_rss_mb"] / (4 * payload_mb + 400),
         },
     }
+    if "spark" in results:
+        report["ratios"] |= {
+            "spark_vs_raw": results["spark"]["records_per_s"] / results["raw"]["records_per_s"],
+            "spark_vs_naive": results["spark"]["records_per_s"] / results["naive"]["records_per_s"],
+        }
     table = Table(title=f"{args.records:,} records, {args.partitions} partitions, {payload_mb:.0f} MB payload")
     for column in ("stage", "records/s", "MB/s", "peak RSS MB"):
         table.add_column(column, justify="right")
@@ -374,6 +435,13 @@ def orchestrate(args: argparse.Namespace) -> None:
         f"{ratios['ingest_vs_naive']:.1f}× (target ≥ 6); RSS / (4×payload + 400 MB) = "
         f"{ratios['ingest_rss_vs_budget']:.2f} (target ≤ 1)"
     )
+    if "spark" in results:
+        spark = results["spark"]
+        console.print(
+            f"spark local[2] (warm session; driver RSS only): spark / raw = {ratios['spark_vs_raw']:.2f}, "
+            f"spark / naive = {ratios['spark_vs_naive']:.1f}×; session start {spark['session_start_s']:.1f}s, "
+            f"warm-up batch {spark['warmup_batch_s']:.1f}s"
+        )
     console.print(
         "per-batch fixed cost by snapshots in the table: "
         + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in fixed.items())
