@@ -120,18 +120,25 @@ class KafkaSource:
         consumer = self._consumer(sized_for=max(end - start for _, start, end in ranges))
         try:
             consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start, end in ranges if end > start])
-            yield from self._drain(consumer, remaining, chunk_records)
+            yield from self._drain(consumer, {tp: start for tp, start, _ in ranges}, remaining, chunk_records)
         finally:
             consumer.close()
 
     def _drain(
-        self, consumer: Consumer, remaining: dict[TopicPartition, int], chunk_records: int
+        self,
+        consumer: Consumer,
+        positions: dict[TopicPartition, int],
+        remaining: dict[TopicPartition, int],
+        chunk_records: int,
     ) -> Iterator[RawChunk]:
         ends = {(tp.topic, tp.partition): end for tp, end in remaining.items()}
         pending: list[Message] = []
         last_progress = time.monotonic()
         while remaining:
-            messages = consumer.consume(num_messages=min(chunk_records, 100_000), timeout=0.05)
+            # consume() returns when it has num_messages or its timeout passed: asking for no more
+            # than the ranges can still hold lets a small batch finish without waiting it out
+            left = sum(end - positions[tp] for tp, end in remaining.items())
+            messages = consumer.consume(num_messages=max(1, min(chunk_records, 100_000, left)), timeout=0.05)
             if messages:
                 last_progress = time.monotonic()
                 if any(map(Message.error, messages)):  # events (partition EOF) and errors are rare
@@ -151,8 +158,10 @@ class KafkaSource:
             # contiguous (transaction markers, aborted records, compaction)
             for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in remaining]):
                 tp = TopicPartition(position.topic, position.partition)
-                if position.offset >= 0 and position.offset >= remaining[tp]:
-                    self._finish(consumer, remaining, tp)
+                if position.offset >= 0:
+                    positions[tp] = position.offset
+                    if position.offset >= remaining[tp]:
+                        self._finish(consumer, remaining, tp)
             if len(pending) >= chunk_records:
                 yield _build(pending, ends)
                 pending = []
