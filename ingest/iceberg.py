@@ -9,6 +9,7 @@ own retry rebases an append onto the new head and lands a second copy of the bat
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import uuid
@@ -181,6 +182,13 @@ class IcebergTable:
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
         return IcebergTable(self.catalog, self.identifier, self._table, branch)
+
+    def detached(self) -> IcebergTable:
+        """A copy that only writes data files: it holds no catalog connection, so it pickles (Spark
+        ships it to executors)."""
+        table = copy.copy(self._table)
+        table.catalog = None  # type: ignore[assignment]
+        return IcebergTable(None, self.identifier, table, self.branch)  # type: ignore[arg-type]
 
     @classmethod
     def open(

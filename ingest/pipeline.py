@@ -10,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -22,7 +22,7 @@ from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
-from ingest.decode import DEAD_LETTER_SCHEMA, Decoder
+from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
 from ingest.errors import Fenced
 from ingest.iceberg import DataFile, IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
 from ingest.kafka import KafkaSource
@@ -142,6 +142,43 @@ def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
         thread.join(timeout=30)
 
 
+def decode_and_write(
+    chunks: Iterable[RawChunk], decoder: Decoder, rows: IcebergTable, reach: Callable[[str], None] = lambda _: None
+) -> Produced:
+    """Decode each chunk and write its rows as data files (committed nowhere); every engine's core.
+
+    ``reach`` is called at the ``mid-read`` and ``mid-write`` failpoints of the first chunk.
+    """
+    files: list[DataFile] = []
+    dead: list[pa.Table] = []
+    records = nbytes = 0
+    timestamps: dict[TopicPartition, int] = {}
+    for i, chunk in enumerate(chunks):
+        if i == 0:
+            reach("mid-read")
+        decoded = decoder.decode(chunk)
+        records += len(chunk)
+        nbytes += chunk.nbytes
+        timestamps = _merge_max(
+            timestamps, _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp")
+        )
+        timestamps = _merge_max(timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp"))
+        if i == 0:
+            reach("mid-write")
+        files.extend(rows.write(decoded.rows))
+        dead.append(decoded.dead_letters)
+    dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
+    return Produced(files, dead_letters, records, nbytes, timestamps)
+
+
+def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[TopicPartition, int]:
+    """Newest record timestamp per partition over several engines' results."""
+    merged: dict[TopicPartition, int] = {}
+    for part in parts:
+        merged = _merge_max(merged, part)
+    return merged
+
+
 class LocalEngine:
     """Reads, decodes and writes in this process, one bounded chunk at a time."""
 
@@ -152,32 +189,11 @@ class LocalEngine:
         self.decoder = Decoder(config.schema_)
 
     def produce(self, batch: Batch) -> Produced:
-        files: list[DataFile] = []
-        dead: list[pa.Table] = []
-        records = nbytes = 0
-        timestamps: dict[TopicPartition, int] = {}
         failpoints.reach("before-read")
         chunks = prefetched(self.source.read(batch.ranges(), self.config.batch.chunk_records))
-        for i, chunk in enumerate(chunks):
-            if i == 0:
-                failpoints.reach("mid-read")
-            decoded = self.decoder.decode(chunk)
-            records += len(chunk)
-            nbytes += chunk.nbytes
-            timestamps = _merge_max(
-                timestamps,
-                _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp"),
-            )
-            timestamps = _merge_max(
-                timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp")
-            )
-            if i == 0:
-                failpoints.reach("mid-write")
-            files.extend(self.rows.write(decoded.rows))
-            dead.append(decoded.dead_letters)
+        produced = decode_and_write(chunks, self.decoder, self.rows, failpoints.reach)
         failpoints.reach("files-written")
-        dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
-        return Produced(files, dead_letters, records, nbytes, timestamps)
+        return produced
 
 
 class Pipeline:

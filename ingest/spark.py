@@ -27,7 +27,6 @@ Tuning keys, read from the session's conf at every batch (``spark-submit --conf`
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -52,7 +51,7 @@ from ingest.decode import DEAD_LETTER_SCHEMA, Decoder
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError
 from ingest.iceberg import DataFile, IcebergTable
 from ingest.kafka import KafkaSource
-from ingest.pipeline import Pipeline, Produced, _max_timestamps, _merge_max, prefetched
+from ingest.pipeline import Pipeline, Produced, decode_and_write, merge_timestamps, prefetched
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -151,13 +150,6 @@ class TaskOutput:
     timestamps: dict[TopicPartition, int]
 
 
-def _detached(rows: IcebergTable) -> IcebergTable:
-    """A copy of ``rows`` that only writes data files: it holds no catalog connection, so it pickles."""
-    table = copy.copy(rows.table)
-    table.catalog = None  # type: ignore[assignment]
-    return IcebergTable(None, rows.identifier, table)  # type: ignore[arg-type]
-
-
 def _ipc(tables: Sequence[pa.Table]) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, DEAD_LETTER_SCHEMA) as writer:
@@ -180,24 +172,18 @@ def _produce_task(job: _Job, task: TaskRange) -> TaskOutput:
     """Runs on an executor: read exactly ``task``'s range, decode, write data files."""
     config = job.config
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-    decoder = Decoder(config.schema_)
-    files: list[DataFile] = []
-    dead: list[pa.Table] = []
-    records = nbytes = 0
-    timestamps: dict[TopicPartition, int] = {}
     # as in the local engine: Kafka is read in a background thread while chunks decode and write
-    for chunk in prefetched(source.read([(task.tp, task.start, task.end)], config.batch.chunk_records)):
-        decoded = decoder.decode(chunk)
-        records += len(chunk)
-        nbytes += chunk.nbytes
-        timestamps = _merge_max(
-            timestamps, _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp")
-        )
-        timestamps = _merge_max(timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp"))
-        files.extend(job.rows.write(decoded.rows))
-        dead.append(decoded.dead_letters)
+    chunks = prefetched(source.read([(task.tp, task.start, task.end)], config.batch.chunk_records))
+    produced = decode_and_write(chunks, Decoder(config.schema_), job.rows)
     _inject_failure()
-    return TaskOutput(task.index, files, _ipc(dead), records, nbytes, timestamps)
+    return TaskOutput(
+        task.index,
+        produced.files,
+        _ipc([produced.dead_letters]),
+        produced.records,
+        produced.nbytes,
+        produced.timestamps,
+    )
 
 
 def _produce_partition(job: _Job, tasks: Iterable[TaskRange]) -> Iterator[TaskOutput]:
@@ -215,15 +201,12 @@ def _combine(tasks: Sequence[TaskRange], outputs: Sequence[TaskOutput]) -> Produ
         )
     ordered = sorted(outputs, key=lambda output: output.index)
     dead = [pa.ipc.open_stream(output.dead_letters).read_all() for output in ordered]
-    timestamps: dict[TopicPartition, int] = {}
-    for output in ordered:
-        timestamps = _merge_max(timestamps, output.timestamps)
     return Produced(
         files=[f for output in ordered for f in output.files],
         dead_letters=pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table(),
         records=sum(output.records for output in ordered),
         nbytes=sum(output.nbytes for output in ordered),
-        timestamps=timestamps,
+        timestamps=merge_timestamps(output.timestamps for output in ordered),
     )
 
 
@@ -292,7 +275,7 @@ class SparkEngine:
     def _run(self, tasks: list[TaskRange], batch: Batch) -> list[TaskOutput]:
         """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
         sc = self.spark.sparkContext
-        job = _Job(self.config, _detached(self.rows))
+        job = _Job(self.config, self.rows.detached())
         group = f"ingest-{self.config.pipeline}-{batch.number}-{uuid.uuid4().hex[:8]}"
 
         def collect() -> list[TaskOutput]:
