@@ -312,40 +312,84 @@ def reset(
     config: ConfigOption,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the snapshot summary).")],
     to_offsets: Annotated[
-        str | None, typer.Option("--to-offsets", help="TOPIC:PARTITION=OFFSET[,...]; other partitions keep theirs.")
+        str | None,
+        typer.Option(
+            "--to-offsets",
+            help="TOPIC:PARTITION=OFFSET[,...]; other partitions keep theirs (name all if the ledger is lost).",
+        ),
     ] = None,
     to_earliest: Annotated[bool, typer.Option("--to-earliest", help="Every partition to its earliest offset.")] = False,
     to_latest: Annotated[bool, typer.Option("--to-latest", help="Every partition to its end offset.")] = False,
     to_timestamp: Annotated[
         str | None, typer.Option("--to-timestamp", help="First offsets at or after an ISO-8601 timestamp.")
     ] = None,
+    from_table: Annotated[
+        bool,
+        typer.Option(
+            "--from-table",
+            help="Rebuild a lost ledger (and a lost dead-letter ledger) exactly from the Kafka coordinates "
+            "stored in the table and its dead letters: the fix for 'ledger lost'.",
+        ),
+    ] = False,
     reset_id: Annotated[
         str | None, typer.Option("--reset-id", help="Id that makes the reset apply once (default: from the command).")
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Move the ledger without data (one snapshot, applied once even if the command is re-run)."""
+    """Move the ledger without data (one snapshot, applied once even if the command is re-run).
+
+    Also works when the ledger is lost (expired or rewritten away by another tool); --from-table
+    then resumes exactly where the data in the tables ends.
+    """
     from ingest.reset import ResetTarget, parse_offsets
     from ingest.reset import reset as do_reset
 
-    chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp) if x]
+    chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp, from_table or None) if x]
     if len(chosen) != 1:
-        raise typer.BadParameter("give exactly one of --to-offsets, --to-earliest, --to-latest, --to-timestamp")
+        raise typer.BadParameter(
+            "give exactly one of --to-offsets, --to-earliest, --to-latest, --to-timestamp, --from-table"
+        )
 
     def body() -> None:
         if to_offsets:
             target = ResetTarget("offsets", offsets=parse_offsets(to_offsets))
         elif to_timestamp:
             target = ResetTarget("timestamp", timestamp_ms=_timestamp_ms(to_timestamp))
+        elif from_table:
+            target = ResetTarget("table")
         else:
             target = ResetTarget("earliest" if to_earliest else "latest")
         data = do_reset(_open(config), target, reason, reset_id)
         if json_output:
             print(json.dumps(data))
         else:
-            out.print(f"reset {data['reset_id']}: {data['status']} (snapshot {data['snapshot_id']})")
+            _print_reset(data)
 
     _guarded(json_output, body)
+
+
+def _print_reset(data: dict[str, Any]) -> None:
+    out.print(f"reset {data['reset_id']}: [bold]{data['status']}[/] (snapshot {data['snapshot_id']})", highlight=False)
+    if "note" in data:
+        out.print(data["note"], highlight=False)
+    if data["status"] != "applied":
+        return
+    if data["recovered"]:
+        out.print(f"the lost ledger of {data['pipeline']!r} was replaced", highlight=False)
+    for p in data["offsets"]:
+        basis = {"low-watermark": " (no record in the table: earliest retained offset)"}.get(p.get("basis", ""), "")
+        out.print(f"  {p['topic']}[{p['partition']}]: {p['from']} -> {p['to']}{basis}", highlight=False)
+    if "dead_letter_floor" in data:
+        out.print(
+            f"the lost dead-letter ledger was rebuilt (snapshot {data['dead_letter_floor']['snapshot_id']})",
+            highlight=False,
+        )
+    if data.get("dead_letter_ledger_lost"):
+        err.print(
+            "[yellow]warning[/]: the dead-letter table's ledger is lost too; the first batch with a dead letter "
+            "will fail until `ingest reset --from-table` rebuilds it",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -44,16 +44,25 @@ class Outcome:
     snapshot_id: int | None
 
 
-def observe(table: IcebergTable, pipeline: str, refresh: bool = True) -> Found | None:
+def observe(table: IcebergTable, pipeline: str, refresh: bool = True, *, recovering: bool = False) -> Found | None:
     """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger.
 
     ``refresh=False`` reads the metadata this handle already holds instead of loading it again.
+    ``recovering=True`` reads a lost ledger as no ledger instead: only ``ingest reset`` passes it,
+    because a reset is the operator's explicit statement of where to resume.
     """
     head = table.refresh() if refresh else table.head()
     found = find_ledger(pipeline, table.ancestry())
-    if found is None and pipeline in registered_pipelines(head.properties):
+    if found is None and not recovering and pipeline in registered_pipelines(head.properties):
         raise LedgerLost(pipeline, table.identifier)
     return found
+
+
+def ledger_lost(table: IcebergTable, pipeline: str) -> bool:
+    """Whether ``pipeline`` committed to ``table`` but no snapshot of the branch carries its ledger
+    (on the metadata the handle holds)."""
+    registered = pipeline in registered_pipelines(table.head().properties)
+    return registered and find_ledger(pipeline, table.ancestry()) is None
 
 
 def _retrying(max_attempts: int) -> Retrying:
@@ -78,14 +87,16 @@ def _attempt(
         raise _Again() from None
 
 
-def _decide(table: IcebergTable, pipeline: str, batch: Batch, held: bool) -> tuple[Found | None, Decision]:
+def _decide(
+    table: IcebergTable, pipeline: str, batch: Batch, held: bool, recovering: bool
+) -> tuple[Found | None, Decision]:
     """Observe and decide; with ``held``, a COMMIT decided on the handle's metadata is enough
     (the head requirement guards it), anything else is settled on freshly loaded metadata."""
     if held:
-        found = observe(table, pipeline, refresh=False)
+        found = observe(table, pipeline, refresh=False, recovering=recovering)
         if decide(found.ledger if found else None, batch) is Decision.COMMIT:
             return found, Decision.COMMIT
-    found = observe(table, pipeline)
+    found = observe(table, pipeline, recovering=recovering)
     return found, decide(found.ledger if found else None, batch)
 
 
@@ -102,18 +113,23 @@ def commit_rows(
     counts: BatchCounts,
     max_attempts: int,
     extra: Mapping[str, str] | None = None,
+    *,
+    recovering: bool = False,
 ) -> Outcome:
     """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once.
 
     The first attempt may commit on the metadata the handle already holds (normally what the
     batch was planned from) instead of loading it again: the commit requires that head, so a
     stale view can only conflict, and the next attempt observes afresh.
+
+    ``recovering=True`` (``ingest reset`` only) commits over a lost ledger as if there were none:
+    ``batch.base`` is then None.
     """
     summary = encode(pipeline, ledger, counts, extra)
     try:
         for attempt in _retrying(max_attempts):
             with attempt:
-                found, decision = _decide(table, pipeline, batch, held=_first_of_several(attempt, max_attempts))
+                found, decision = _decide(table, pipeline, batch, _first_of_several(attempt, max_attempts), recovering)
                 if decision is not Decision.COMMIT:
                     return Outcome(decision, found.snapshot_id if found else None)
                 props = register(table.head().properties, pipeline)

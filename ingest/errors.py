@@ -91,9 +91,10 @@ class LedgerLost(FatalError):
         super().__init__(
             f"ledger lost: table {table} lists pipeline {pipeline!r} in its 'ingest.pipelines' property, but no "
             f"snapshot in the current branch's ancestry carries 'ingest.{pipeline}.offsets' (expired, rolled back "
-            "or rewritten by another tool). Refusing to guess where to resume. Fix: roll the table back to a "
-            "snapshot that carries the ledger, or, to start over from `start:` deliberately, remove "
-            f"{pipeline!r} from the table property 'ingest.pipelines'."
+            "or rewritten by another tool). Refusing to guess where to resume. Fix: "
+            '`ingest reset -c <config> --from-table --reason "..."` rebuilds the ledger exactly from the Kafka '
+            "coordinates stored in the table and its dead letters (or roll the table back to a snapshot that "
+            "still carries the ledger)."
         )
 
 

@@ -4,6 +4,13 @@ The reset is a snapshot with no data files whose summary carries the new ledger 
 (``reset-id``, ``reset-by``, ``reset-reason``). Its id defaults to a hash of the command (pipeline,
 target, reason), so an orchestrator re-running the same command finds it already applied and does
 not move the ledger twice; pass ``--reset-id`` to make a deliberate repeat distinct.
+
+A reset also works when the ledger is **lost** (every snapshot carrying it was expired or rewritten
+away by another tool): the reset is the operator's explicit statement of where to resume, so it
+commits as if there were no ledger and records ``reset-recovered=true``. Target ``table``
+(``--from-table``) states no offsets itself: it rebuilds the lost ledger from the Kafka coordinates
+stored in the table and its dead letters (:mod:`ingest.core.rebuild`), which is exact, and restores
+a lost dead-letter ledger (the floor) too.
 """
 
 from __future__ import annotations
@@ -11,22 +18,32 @@ from __future__ import annotations
 import getpass
 import hashlib
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from ingest.committer import commit_rows
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.committer import commit_rows, ledger_lost, observe
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, read_extra
-from ingest.core.plan import Batch
+from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, read_extra
+from ingest.core.plan import Batch, KafkaView
+from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.errors import ConfigError, FatalError
+from ingest.iceberg import IcebergTable
 from ingest.pipeline import Pipeline
+
+ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
+ROW_COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
+DEAD_COORDINATES = ("topic", "partition", "offset", "timestamp")
 
 
 @dataclass(frozen=True)
 class ResetTarget:
-    """Exactly one of: explicit offsets, earliest, latest, or a timestamp (ms)."""
+    """Exactly one of: explicit offsets, earliest, latest, a timestamp (ms), or the table's data."""
 
-    kind: str  # offsets | earliest | latest | timestamp
+    kind: ResetKind
     offsets: dict[TopicPartition, int] | None = None
     timestamp_ms: int | None = None
 
@@ -51,74 +68,231 @@ def parse_offsets(text: str) -> dict[TopicPartition, int]:
     return result
 
 
+def _spec(offsets: Mapping[TopicPartition, int]) -> str:
+    return ",".join(f"{tp.topic}:{tp.partition}={o}" for tp, o in sorted(offsets.items()))
+
+
+@dataclass(frozen=True)
+class _Reset:
+    """One reset command: who, why, under which id."""
+
+    pipeline: Pipeline
+    target: ResetTarget
+    reason: str
+    reset_id: str
+    by: str
+
+    def extra(self, recovered: bool) -> dict[str, str]:
+        extra = {
+            "reset-id": self.reset_id,
+            "reset-by": self.by,
+            "reset-reason": self.reason,
+            "reset-target": self.target.describe(),
+        }
+        return extra | ({"reset-recovered": "true"} if recovered else {})
+
+    def report(self, status: str, snapshot_id: int | None, **more: Any) -> dict[str, Any]:
+        name = self.pipeline.config.pipeline
+        return {"pipeline": name, "reset_id": self.reset_id, "status": status, "snapshot_id": snapshot_id, **more}
+
+
 def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | None = None) -> dict[str, Any]:
     name = pipeline.config.pipeline
     reset_id = reset_id or hashlib.sha256(f"{name}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
-    found = pipeline.ledger()
-    for snap in pipeline.rows.ancestry():
-        if read_extra(name, snap.summary, "reset-id") == reset_id:
-            return {
-                "pipeline": name,
-                "reset_id": reset_id,
-                "status": "already-applied",
-                "snapshot_id": snap.snapshot_id,
-            }
+    command = _Reset(pipeline, target, reason, reset_id, f"{getpass.getuser()}@{socket.gethostname()}")
+    found = observe(pipeline.rows, name, recovering=True)
+    lost = found is None and ledger_lost(pipeline.rows, name)
+    dead_lost = observe(pipeline.dead, name, recovering=True) is None and ledger_lost(pipeline.dead, name)
+    if target.kind == "table":
+        return _from_table(command, found, lost, dead_lost)
+    applied = _applied(pipeline.rows, name, reset_id)
+    if applied is not None:
+        return command.report("already-applied", applied)
     view = pipeline.source.describe()
     current = dict(found.ledger.offsets) if found else {}
+    new = _target_offsets(pipeline, target, view, current, lost)
+    _check_retained(view, new)
+    timestamps = found.ledger.timestamps if found else {}
+    snapshot_id, number = _commit(command, pipeline.rows, found, new, view, timestamps, lost)
+    return command.report(
+        "applied",
+        snapshot_id,
+        batch=number,
+        by=command.by,
+        reason=reason,
+        recovered=lost,
+        dead_letter_ledger_lost=dead_lost,
+        offsets=[
+            {"topic": tp.topic, "partition": tp.partition, "from": current.get(tp), "to": o}
+            for tp, o in sorted(new.items())
+        ],
+    )
+
+
+def _applied(table: IcebergTable, pipeline: str, reset_id: str) -> int | None:
+    """The snapshot of ``table``'s branch that applied reset ``reset_id``, if any."""
+    for snap in table.ancestry():
+        if read_extra(pipeline, snap.summary, "reset-id") == reset_id:
+            return snap.snapshot_id
+    return None
+
+
+def _target_offsets(
+    pipeline: Pipeline, target: ResetTarget, view: KafkaView, current: dict[TopicPartition, int], lost: bool
+) -> dict[TopicPartition, int]:
     if target.kind == "offsets":
         assert target.offsets is not None
         unknown = sorted(set(target.offsets) - set(view.partitions))
         if unknown:
             raise ConfigError(f"--to-offsets names partitions Kafka does not have: {', '.join(map(str, unknown))}")
+        unnamed = sorted(set(view.partitions) - set(target.offsets))
+        if lost and unnamed:
+            # with the ledger lost they have no offset to keep, and earliest would ingest them again
+            raise ConfigError(
+                f"the ledger of {pipeline.config.pipeline!r} is lost, so --to-offsets must name every partition; "
+                f"missing: {', '.join(map(str, unnamed))}. Or rebuild the ledger exactly with --from-table."
+            )
         new = {**current, **target.offsets}
         for tp in view.partitions:
             new.setdefault(tp, view.partitions[tp].low)
-    elif target.kind == "earliest":
-        new = {tp: wm.low for tp, wm in view.partitions.items()}
-    elif target.kind == "latest":
-        new = {tp: wm.high for tp, wm in view.partitions.items()}
-    else:
-        assert target.timestamp_ms is not None
-        new = pipeline.source.offsets_for_time(sorted(view.partitions), target.timestamp_ms)
-        new = {tp: (o if o >= 0 else view.partitions[tp].high) for tp, o in new.items()}
+        return new
+    if target.kind == "earliest":
+        return {tp: wm.low for tp, wm in view.partitions.items()}
+    if target.kind == "latest":
+        return {tp: wm.high for tp, wm in view.partitions.items()}
+    assert target.kind == "timestamp" and target.timestamp_ms is not None
+    found = pipeline.source.offsets_for_time(sorted(view.partitions), target.timestamp_ms)
+    return {tp: (o if o >= 0 else view.partitions[tp].high) for tp, o in found.items()}
+
+
+def _check_retained(view: KafkaView, new: Mapping[TopicPartition, int], hint: str = "") -> None:
     outside = [
         f"{tp} offset {o} (retained [{view.partitions[tp].low}, {view.partitions[tp].high}])"
         for tp, o in sorted(new.items())
         if not view.partitions[tp].low <= o <= view.partitions[tp].high
     ]
     if outside:
-        raise FatalError("reset refused, offsets outside what Kafka holds: " + "; ".join(outside))
+        raise FatalError("reset refused, offsets outside what Kafka holds: " + "; ".join(outside) + hint)
+
+
+def _commit(
+    command: _Reset,
+    table: IcebergTable,
+    found: Found | None,
+    new: Mapping[TopicPartition, int],
+    view: KafkaView,
+    timestamps: Mapping[TopicPartition, int],
+    recovering: bool,
+) -> tuple[int | None, int]:
+    """Commit ledger ``new`` to ``table`` in a snapshot without data: (snapshot id, batch number)."""
+    name = command.pipeline.config.pipeline
     number = found.ledger.batch + 1 if found else 1
-    batch = Batch(
-        number=number, base=found.ledger if found else None, start=current or new, end=new, cluster_id=view.cluster_id
-    )
-    ledger = Ledger(
-        batch=number,
-        offsets=new,
-        start_offsets=new,
-        cluster_id=view.cluster_id,
-        timestamps=found.ledger.timestamps if found else {},
-    )
-    who = f"{getpass.getuser()}@{socket.gethostname()}"
-    extra = {"reset-id": reset_id, "reset-by": who, "reset-reason": reason, "reset-target": target.describe()}
+    start = dict(found.ledger.offsets) if found else dict(new)
+    batch = Batch(number=number, base=found.ledger if found else None, start=start, end=new, cluster_id=view.cluster_id)
+    ledger = Ledger(batch=number, offsets=new, start_offsets=new, cluster_id=view.cluster_id, timestamps=timestamps)
     outcome = commit_rows(
-        pipeline.rows, name, batch, ledger, [], BatchCounts(), pipeline.config.commit.max_attempts, extra
+        table,
+        name,
+        batch,
+        ledger,
+        [],
+        BatchCounts(),
+        command.pipeline.config.commit.max_attempts,
+        command.extra(recovering),
+        recovering=recovering,
     )
     if outcome.decision is Decision.FENCED:
         raise FatalError(
-            f"reset {reset_id} not applied: another writer committed to {pipeline.config.table} meanwhile. "
+            f"reset {command.reset_id} not applied: another writer committed to {table.identifier} meanwhile. "
             "Stop the scheduled runs of this pipeline and run the reset again."
         )
-    return {
-        "pipeline": name,
-        "reset_id": reset_id,
-        "status": "applied",
-        "snapshot_id": outcome.snapshot_id,
-        "batch": number,
-        "by": who,
-        "reason": reason,
-        "offsets": [
-            {"topic": tp.topic, "partition": tp.partition, "from": current.get(tp), "to": o}
-            for tp, o in sorted(new.items())
-        ],
-    }
+    return outcome.snapshot_id, number
+
+
+def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: bool) -> dict[str, Any]:
+    """Rebuild whichever ledger is lost (rows, dead letters or both) from the tables' data."""
+    pipeline = command.pipeline
+    name = pipeline.config.pipeline
+    if not lost and not dead_lost:
+        applied = _applied(pipeline.rows, name, command.reset_id) or _applied(pipeline.dead, name, command.reset_id)
+        if applied is not None:
+            return command.report("already-applied", applied)
+        return command.report(
+            "not-needed",
+            found.snapshot_id if found else None,
+            note=f"both ledgers of {name!r} are intact: nothing to rebuild (--to-offsets and the others move it)",
+        )
+    view = pipeline.source.describe()
+    last_row, row_times = _newest(pipeline.rows, ROW_COORDINATES, pipeline.config.topics)
+    last_dead, dead_times = _newest(pipeline.dead, DEAD_COORDINATES, pipeline.config.topics)
+    check_coordinates(last_row, last_dead, view)
+    unseen: Sequence[TopicPartition] = ()
+    if lost:
+        rebuilt = rebuild_offsets(last_row, last_dead, view)
+        new, unseen = rebuilt.offsets, rebuilt.unseen
+        _check_retained(view, new, _retention_hint(view, new))
+    else:
+        assert found is not None
+        new = found.ledger.offsets
+    more: dict[str, Any] = {"by": command.by, "reason": command.reason, "recovered": lost}
+    snapshot_id = None
+    if dead_lost:
+        # first: a crash before the rows commit leaves the rows ledger lost, and the same command
+        # then finds the floor in place and finishes
+        floor = rebuild_floor(new, last_dead)
+        floor_snapshot, _ = _commit(command, pipeline.dead, None, floor, view, {}, recovering=True)
+        more["dead_letter_floor"] = {
+            "snapshot_id": floor_snapshot,
+            "offsets": [{"topic": tp.topic, "partition": tp.partition, "floor": o} for tp, o in sorted(floor.items())],
+        }
+        snapshot_id = floor_snapshot
+    if lost:
+        # the newest dead letter's time counts only if it lies inside the rebuilt ranges
+        timestamps = dict(row_times)
+        for tp, when in dead_times.items():
+            if last_dead[tp] < new[tp]:
+                timestamps[tp] = max(timestamps.get(tp, when), when)
+        snapshot_id, more["batch"] = _commit(command, pipeline.rows, None, new, view, timestamps, recovering=True)
+    more["offsets"] = [
+        {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "from": found.ledger.offsets.get(tp) if found else None,
+            "to": o,
+            "basis": "low-watermark" if tp in unseen else ("table" if lost else "ledger"),
+        }
+        for tp, o in sorted(new.items())
+    ]
+    return command.report("applied", snapshot_id, **more)
+
+
+def _retention_hint(view: KafkaView, new: Mapping[TopicPartition, int]) -> str:
+    below = {tp: view.partitions[tp].low for tp, o in new.items() if o < view.partitions[tp].low}
+    if not below:
+        return ""
+    return (
+        ". Kafka no longer holds the records right after the newest row of those partitions, so the tables "
+        "cannot tell whether they were ingested (as dead letters) or not. To resume at the earliest retained "
+        f"offset instead, accepting that loss, run: ingest reset --to-offsets {_spec({**new, **below})} --reason ..."
+    )
+
+
+def _newest(
+    table: IcebergTable, columns: tuple[str, str, str, str], topics: Sequence[str]
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Per partition of ``topics``: the newest offset ``table`` holds on its branch head, and the
+    newest record timestamp (ms). Only the four coordinate columns are read, aggregated in Arrow."""
+    topic, partition, offset, timestamp = columns
+    data = table.scan_columns(list(columns))
+    data = data.filter(pc.is_in(data[topic], pa.array(list(topics), pa.string())))
+    if data.num_rows == 0:
+        return {}, {}
+    grouped = data.group_by([topic, partition]).aggregate([(offset, "max"), (timestamp, "max")])
+    offsets: dict[TopicPartition, int] = {}
+    times: dict[TopicPartition, int] = {}
+    for row in grouped.to_pylist():  # one row per partition
+        tp = TopicPartition(row[topic], row[partition])
+        offsets[tp] = int(row[f"{offset}_max"])
+        if row[f"{timestamp}_max"] is not None:
+            times[tp] = int(row[f"{timestamp}_max"].timestamp() * 1000)
+    return offsets, times

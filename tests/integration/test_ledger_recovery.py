@@ -1,0 +1,219 @@
+"""Recovering a lost ledger with ``ingest reset``, driven through the CLI as a user would.
+
+The ledger is lost the way another tool loses it (Spark's ``rewrite_data_files`` followed by
+``expire_snapshots(retain_last => 1)``): every row is rewritten into a snapshot without the ledger
+and every older snapshot expires.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow.compute as pc
+import pytest
+
+from ingest.core.plan import KafkaView, Watermarks
+from ingest.errors import ExitCode, FatalError, TopicRecreated
+from ingest.iceberg import IcebergTable
+from ingest.pipeline import Pipeline
+from ingest.reset import DEAD_COORDINATES, ROW_COORDINATES, ResetTarget, reset
+
+pytestmark = pytest.mark.integration
+
+
+def _lose_ledger(table: IcebergTable) -> None:
+    """Rewrite every data file into a snapshot without the ledger, then expire all older snapshots."""
+    iceberg = table.table.refresh()
+    iceberg.overwrite(iceberg.scan().to_arrow())
+    iceberg = iceberg.refresh()
+    iceberg.maintenance.expire_snapshots().older_than(datetime.now(tz=UTC)).commit()
+    assert not any("ingest.orders.offsets" in s.summary.additional_properties for s in iceberg.refresh().snapshots())
+
+
+def _json(result: Any) -> dict[str, Any]:
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout.splitlines()[0])  # type: ignore[no-any-return]
+
+
+def _fails_closed(env: Any, table: str) -> None:
+    result = env.cli("run", "--json")
+    assert result.returncode == ExitCode.FATAL, (result.stdout, result.stderr)
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["type"] == "LedgerLost" and f"table {table} " in error["error"]
+    assert 'ingest reset -c <config> --from-table --reason "..."' in error["error"]
+
+
+def _assert_exactly_once(env: Any) -> None:
+    assert env.counts() == (env.produced - env.bad, env.bad)
+    pipeline = Pipeline.open(env.config)
+    for table, columns in ((pipeline.rows, ROW_COORDINATES), (pipeline.dead, DEAD_COORDINATES)):
+        coordinates = table.scan_columns(list(columns[:3]))
+        if coordinates.num_rows:
+            copies = coordinates.group_by(list(columns[:3])).aggregate([([], "count_all")])["count_all"]
+            assert pc.max(copies).as_py() == 1, f"duplicate Kafka coordinates in {table.identifier}"
+    env.verify()
+
+
+def _offsets(report: dict[str, Any]) -> dict[int, tuple[int, str]]:
+    return {p["partition"]: (p["to"], p["basis"]) for p in report["offsets"]}
+
+
+def test_from_table_rebuilds_both_lost_ledgers_once_and_ingestion_resumes_exactly(make_env) -> None:
+    env = make_env(partitions=3)
+    env.produce(903, bad_every=7)  # the last record, offset 300 of partition 2, is a dead letter
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    pipeline = Pipeline.open(env.config)
+    before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    _lose_ledger(pipeline.rows)
+    _lose_ledger(pipeline.dead)
+    env.produce(300, bad_every=7)
+    _fails_closed(env, pipeline.rows.identifier)
+
+    command = ("reset", "--from-table", "--reason", "INC-7: Spark expiry removed the ledger", "--json")
+    applied = _json(env.cli(*command))
+    again = _json(env.cli(*command))
+
+    assert (applied["status"], applied["recovered"]) == ("applied", True)
+    # exact where the table ends: the old ledger, except that the trailing dead letter is read again
+    assert _offsets(applied) == {0: (before[min(before)], "table"), 1: (301, "table"), 2: (300, "table")}
+    assert sorted(before.values()) == [301, 301, 301]
+    assert {p["partition"]: p["floor"] for p in applied["dead_letter_floor"]["offsets"]} == {0: 301, 1: 301, 2: 301}
+    assert (again["status"], again["snapshot_id"]) == ("already-applied", applied["snapshot_id"])
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert len(history) == 1  # one ledger snapshot: the reset, applied once
+    pipeline.rows.refresh()
+    summary = pipeline.rows.table.metadata.snapshot_by_id(applied["snapshot_id"]).summary  # type: ignore[union-attr]
+    assert summary.additional_properties["ingest.orders.reset-recovered"] == "true"
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    _assert_exactly_once(env)
+
+
+def test_from_table_after_a_crash_between_the_two_commits_then_both_ledgers_lost(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(400, bad_every=9)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    env.produce(400, bad_every=9)
+    killed = env.cli("run", env={"INGEST_FAILPOINT": "between-commits"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # the dead letters of offsets 200..399 are stored, their good neighbours are in neither table
+    pipeline = Pipeline.open(env.config)
+    _lose_ledger(pipeline.rows)
+    _lose_ledger(pipeline.dead)
+    _fails_closed(env, pipeline.rows.identifier)
+
+    applied = _json(env.cli("reset", "--from-table", "--reason", "restore after crash", "--json"))
+
+    assert {p: o for p, (o, _) in _offsets(applied).items()} == {0: 200, 1: 200}
+    floor = {p["partition"]: p["floor"] for p in applied["dead_letter_floor"]["offsets"]}
+    assert floor[0] > 200 and floor[1] > 200  # past the stored dead letters of the crashed batch
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    _assert_exactly_once(env)
+
+
+def test_lost_dead_letter_ledger_fails_closed_and_from_table_restores_only_the_floor(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(400, bad_every=9)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    env.produce(400, bad_every=9)
+    assert env.cli("run", env={"INGEST_FAILPOINT": "between-commits"}).returncode == -signal.SIGKILL
+    pipeline = Pipeline.open(env.config)
+    rows_ledger = pipeline.ledger()
+    assert rows_ledger is not None
+    _lose_ledger(pipeline.dead)
+    _fails_closed(env, pipeline.dead.identifier)  # the re-read batch has dead letters to store
+
+    applied = _json(env.cli("reset", "--from-table", "--reason", "dead letters expired", "--json"))
+    again = _json(env.cli("reset", "--from-table", "--reason", "dead letters expired", "--json"))
+
+    assert (applied["status"], applied["recovered"]) == ("applied", False)
+    assert {b for _, b in _offsets(applied).values()} == {"ledger"}
+    assert pipeline.ledger() == rows_ledger  # the rows ledger is intact and was not moved
+    floor = {p["partition"]: p["floor"] for p in applied["dead_letter_floor"]["offsets"]}
+    assert all(floor[tp.partition] > offset for tp, offset in rows_ledger.ledger.offsets.items())
+    assert (again["status"], again["snapshot_id"]) == ("already-applied", applied["snapshot_id"])
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    _assert_exactly_once(env)
+
+
+def test_partitions_with_no_record_in_the_tables_resume_at_their_low_watermark(make_env) -> None:
+    env = make_env(partitions=4)
+    env.produce(2)  # one record each in partitions 0 and 1
+    assert env.cli("run").returncode == 0
+    env.produce(4)  # partitions 2 and 3 get their first records; nothing of them is ingested yet
+    pipeline = Pipeline.open(env.config)
+    _lose_ledger(pipeline.rows)
+    _fails_closed(env, pipeline.rows.identifier)
+
+    shown = env.cli("reset", "--from-table", "--reason", "rebuild")
+    again = _json(env.cli("reset", "--from-table", "--reason", "rebuild", "--json"))
+
+    assert shown.returncode == 0, shown.stderr
+    unseen = [line for line in shown.stdout.splitlines() if "no record in the table" in line]
+    assert [line.split(":")[0].strip() for line in unseen] == [f"{env.topic}[2]", f"{env.topic}[3]"]
+    assert again["status"] == "already-applied"
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert [p["committed"] for p in status["partitions"]] == [1, 1, 0, 0]
+    pipeline.dead.refresh()
+    assert pipeline.dead.table.metadata.snapshots == []  # never had a ledger: left alone
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    _assert_exactly_once(env)
+
+
+def test_to_offsets_over_a_lost_ledger_must_name_every_partition(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(200, bad_every=10)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    pipeline = Pipeline.open(env.config)
+    before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    _lose_ledger(pipeline.rows)
+    _fails_closed(env, pipeline.rows.identifier)
+    p0, p1 = sorted(before)
+
+    partial = env.cli("reset", "--to-offsets", f"{env.topic}:0={before[p0]}", "--reason", "INC-9")
+    full = env.cli(
+        "reset", "--to-offsets", f"{env.topic}:0={before[p0]},{env.topic}:1={before[p1]}", "--reason", "INC-9", "--json"
+    )
+
+    assert partial.returncode == ExitCode.CONFIG and "must name every partition" in partial.stderr
+    applied = _json(full)
+    assert (applied["status"], applied["recovered"], applied["dead_letter_ledger_lost"]) == ("applied", True, False)
+    assert [(p["from"], p["to"]) for p in applied["offsets"]] == [(None, before[p0]), (None, before[p1])]
+    nothing_lost = _json(env.cli("reset", "--from-table", "--reason", "INC-9", "--json"))
+    assert (nothing_lost["status"], nothing_lost["snapshot_id"]) == ("not-needed", applied["snapshot_id"])
+    env.produce(100, bad_every=10)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    _assert_exactly_once(env)
+
+
+@pytest.mark.parametrize("kafka_now", ["retention-passed-the-table", "topic-recreated"])
+def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(make_env, monkeypatch, kafka_now) -> None:
+    env = make_env(partitions=2)
+    env.produce(200, bad_every=10)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    pipeline = Pipeline.open(env.config)
+    _lose_ledger(pipeline.rows)
+    _lose_ledger(pipeline.dead)
+    real = type(pipeline.source).describe(pipeline.source)
+    tp = min(real.partitions)
+    # what Kafka would report: retention deleted records after the newest row (offset 99), or the
+    # topic was recreated and holds 3 records
+    changed = Watermarks(106, 120) if kafka_now == "retention-passed-the-table" else Watermarks(0, 3)
+    view = KafkaView(real.cluster_id, {**real.partitions, tp: changed})
+    monkeypatch.setattr(pipeline.source, "describe", lambda: view)
+    before = [len(t.refresh() and t.table.metadata.snapshots) for t in (pipeline.rows, pipeline.dead)]
+
+    with pytest.raises(FatalError) as caught:
+        reset(pipeline, ResetTarget("table"), "rebuild")
+
+    message = str(caught.value)
+    if kafka_now == "topic-recreated":
+        assert isinstance(caught.value, TopicRecreated)
+        assert f"{tp} offset 99, but the partition ends at 3" in message and "recreated" in message
+    else:
+        assert f"{tp} offset 100 (retained [106, 120])" in message
+        assert f"ingest reset --to-offsets {env.topic}:0=106,{env.topic}:1=99" in message
+    assert [len(t.refresh() and t.table.metadata.snapshots) for t in (pipeline.rows, pipeline.dead)] == before
