@@ -164,7 +164,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     _assert_exactly_once(env, pipeline)
 
 
-def test_spark_expiry_of_every_ledger_fails_closed(make_env, iceberg_jars) -> None:
+def test_spark_expiry_of_every_ledger_fails_closed_then_from_table_recovers(make_env, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 200})
     env.produce(400, bad_every=13)
     pipeline = Pipeline.open(env.config)
@@ -195,6 +195,15 @@ def test_spark_expiry_of_every_ledger_fails_closed(make_env, iceberg_jars) -> No
     assert error["error"].startswith("ledger lost") and "'ingest.pipelines'" in error["error"]
     assert _written(pipeline) == state  # nothing was written: no snapshot, no data file, in either table
     assert env.counts() == counts
+    assert "--from-table" in error["error"]
+
+    # the fix the message names: rebuild the ledger from the Kafka coordinates Spark kept, then resume
+    recovered = env.cli("reset", "--from-table", "--reason", "Spark expired every ledger", "--json")
+    assert recovered.returncode == 0, (recovered.stdout, recovered.stderr)
+    assert json.loads(recovered.stdout.splitlines()[0])["status"] == "applied"
+    resumed = env.cli("run", "--until-caught-up")
+    assert resumed.returncode == 0, (resumed.stdout, resumed.stderr)
+    _assert_exactly_once(env, pipeline)
 
 
 def _written(pipeline: Pipeline) -> tuple[object, ...]:
