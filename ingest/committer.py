@@ -9,6 +9,7 @@ must be committed again, or was fenced by another writer. Attempts are bounded.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,14 +45,15 @@ class Outcome:
     snapshot_id: int | None
 
 
-def observe(table: IcebergTable, pipeline: str, refresh: bool = True, *, recovering: bool = False) -> Found | None:
+def observe(table: IcebergTable, pipeline: str, max_age_s: float = 0.0, *, recovering: bool = False) -> Found | None:
     """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger.
 
-    ``refresh=False`` reads the metadata this handle already holds instead of loading it again.
+    The metadata is loaded again unless the handle's came from the catalog less than
+    ``max_age_s`` ago (``math.inf``: whatever the handle holds).
     ``recovering=True`` reads a lost ledger as no ledger instead: only ``ingest reset`` passes it,
     because a reset is the operator's explicit statement of where to resume.
     """
-    head = table.refresh() if refresh else table.head()
+    head = table.refresh(max_age_s)
     found = find_ledger(pipeline, table.ancestry())
     if found is None and not recovering and pipeline in registered_pipelines(head.properties):
         raise LedgerLost(pipeline, table.identifier)
@@ -93,7 +95,7 @@ def _decide(
     """Observe and decide; with ``held``, a COMMIT decided on the handle's metadata is enough
     (the head requirement guards it), anything else is settled on freshly loaded metadata."""
     if held:
-        found = observe(table, pipeline, refresh=False, recovering=recovering)
+        found = observe(table, pipeline, math.inf, recovering=recovering)
         if decide(found.ledger if found else None, batch) is Decision.COMMIT:
             return found, Decision.COMMIT
     found = observe(table, pipeline, recovering=recovering)

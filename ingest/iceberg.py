@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -173,11 +175,15 @@ class Head:
 class IcebergTable:
     """One Iceberg table as the protocol uses it (main branch)."""
 
-    def __init__(self, catalog: Catalog, identifier: str, table: Table, branch: str = MAIN) -> None:
+    def __init__(
+        self, catalog: Catalog, identifier: str, table: Table, branch: str = MAIN, loaded_at: float = -math.inf
+    ) -> None:
         self.catalog = catalog
         self.identifier = identifier
         self.branch = branch
         self._table = table
+        #: when the held metadata came from the catalog (a load or a commit's answer), monotonic
+        self._loaded_at = loaded_at
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
@@ -209,17 +215,22 @@ class IcebergTable:
         if table.properties.get("commit.retry.num-retries") != "0":
             log.info("setting commit.retry.num-retries=0 on %s (library retries duplicate batches)", identifier)
             table = table.transaction().set_properties(NO_LIBRARY_RETRIES).commit_transaction()
-        return cls(catalog, identifier, table)
+        return cls(catalog, identifier, table, loaded_at=time.monotonic())
 
     @property
     def table(self) -> Table:
         return self._table
 
-    def refresh(self) -> Head:
+    def refresh(self, max_age_s: float = 0.0) -> Head:
+        """The branch head after loading the metadata again, unless what the handle holds came
+        from the catalog less than ``max_age_s`` ago."""
+        if time.monotonic() - self._loaded_at < max_age_s:
+            return self.head()
         try:
             self._table = self._table.refresh()
         except Exception as error:
             raise CatalogUnavailable(f"cannot refresh table {self.identifier}: {error}") from None
+        self._loaded_at = time.monotonic()
         return self.head()
 
     def head(self) -> Head:
@@ -306,6 +317,7 @@ class IcebergTable:
         """Commit with the catalog's own requirements; map the outcome to conflict or unknown."""
         try:
             self._table = transaction.commit_transaction()
+            self._loaded_at = time.monotonic()
         except CommitFailedException as error:
             raise CommitConflict(str(error)) from None
         except Exception as error:

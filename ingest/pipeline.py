@@ -29,6 +29,9 @@ from ingest.kafka import KafkaSource
 
 log = logging.getLogger(__name__)
 
+#: planning uses the rows table's metadata as held if it came from the catalog this recently
+PLAN_FROM_HELD_S = 1.0
+
 
 @dataclass
 class Produced:
@@ -220,11 +223,13 @@ class Pipeline:
         floor that deduplicates re-read ranges)."""
         return Pipeline(self.config, self.source, self.rows.on_branch(branch), self.dead)
 
-    def ledger(self) -> Found | None:
-        return observe(self.rows, self.config.pipeline)
+    def ledger(self, max_age_s: float = 0.0) -> Found | None:
+        return observe(self.rows, self.config.pipeline, max_age_s)
 
     def plan(self, view: KafkaView | None = None) -> Batch:
-        found = self.ledger()
+        # metadata just loaded (opening the table) or just committed is current enough to plan
+        # from: if another writer moved the head since, the commit conflicts and observes again
+        found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
         return plan_batch(found.ledger if found else None, view or self.source.describe(), self.policy)
 
     def run_batch(self, engine: Engine | None = None) -> BatchResult:
@@ -311,6 +316,6 @@ class Pipeline:
             yield result
             if target is None or result.status == "empty":
                 return
-            found = self.ledger()
+            found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
