@@ -182,7 +182,9 @@ class IcebergTable:
         self.identifier = identifier
         self.branch = branch
         self._table = table
-        #: when the held metadata came from the catalog (a load or a commit's answer), monotonic
+        #: when the held metadata was loaded from the catalog (monotonic); a commit through this
+        #: handle resets it: a handle that keeps committing (``run --every``, a run loop) while
+        #: another writer commits too must not plan from its own last commit and redo their batch
         self._loaded_at = loaded_at
 
     def on_branch(self, branch: str) -> IcebergTable:
@@ -317,7 +319,7 @@ class IcebergTable:
         """Commit with the catalog's own requirements; map the outcome to conflict or unknown."""
         try:
             self._table = transaction.commit_transaction()
-            self._loaded_at = time.monotonic()
+            self._loaded_at = -math.inf
         except CommitFailedException as error:
             raise CommitConflict(str(error)) from None
         except Exception as error:

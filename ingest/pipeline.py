@@ -29,7 +29,7 @@ from ingest.kafka import KafkaSource
 
 log = logging.getLogger(__name__)
 
-#: planning uses the rows table's metadata as held if it came from the catalog this recently
+#: planning uses the rows table's metadata as held if it was loaded this recently
 PLAN_FROM_HELD_S = 1.0
 
 
@@ -227,8 +227,8 @@ class Pipeline:
         return observe(self.rows, self.config.pipeline, max_age_s)
 
     def plan(self, view: KafkaView | None = None) -> Batch:
-        # metadata just loaded (opening the table) or just committed is current enough to plan
-        # from: if another writer moved the head since, the commit conflicts and observes again
+        # metadata loaded a moment ago (opening the table) is current enough to plan from: if
+        # another writer moved the head since, the commit conflicts and observes again
         found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
         return plan_batch(found.ledger if found else None, view or self.source.describe(), self.policy)
 
