@@ -53,18 +53,17 @@ def observe(table: IcebergTable, pipeline: str, max_age_s: float = 0.0, *, recov
     ``recovering=True`` reads a lost ledger as no ledger instead: only ``ingest reset`` passes it,
     because a reset is the operator's explicit statement of where to resume.
     """
-    head = table.refresh(max_age_s)
+    table.refresh(max_age_s)
     found = find_ledger(pipeline, table.ancestry())
-    if found is None and not recovering and pipeline in registered_pipelines(head.properties):
+    if not recovering and ledger_lost(table, pipeline, found):
         raise LedgerLost(pipeline, table.identifier)
     return found
 
 
-def ledger_lost(table: IcebergTable, pipeline: str) -> bool:
-    """Whether ``pipeline`` committed to ``table`` but no snapshot of the branch carries its ledger
-    (on the metadata the handle holds)."""
-    registered = pipeline in registered_pipelines(table.head().properties)
-    return registered and find_ledger(pipeline, table.ancestry()) is None
+def ledger_lost(table: IcebergTable, pipeline: str, found: Found | None) -> bool:
+    """Whether ``pipeline`` committed to ``table`` (its registry says so) although ``found``, the
+    ledger lookup on the handle's metadata, found none."""
+    return found is None and pipeline in registered_pipelines(table.head().properties)
 
 
 def _retrying(max_attempts: int) -> Retrying:

@@ -101,8 +101,8 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
     reset_id = reset_id or hashlib.sha256(f"{name}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
     command = _Reset(pipeline, target, reason, reset_id, f"{getpass.getuser()}@{socket.gethostname()}")
     found = observe(pipeline.rows, name, recovering=True)
-    lost = found is None and ledger_lost(pipeline.rows, name)
-    dead_lost = observe(pipeline.dead, name, recovering=True) is None and ledger_lost(pipeline.dead, name)
+    lost = ledger_lost(pipeline.rows, name, found)
+    dead_lost = ledger_lost(pipeline.dead, name, observe(pipeline.dead, name, recovering=True))
     if target.kind == "table":
         return _from_table(command, found, lost, dead_lost)
     applied = _applied(pipeline.rows, name, reset_id)
