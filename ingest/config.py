@@ -67,10 +67,13 @@ class FieldSpec(_Strict):
 
 class BatchSpec(_Strict):
     max_records: Annotated[int, Field(gt=0)] = 500_000
-    #: records decoded and written together; bounds memory independently of the batch size
+    #: rows written together (a data file per partition value); decoded rows are held in Arrow until
+    #: then, so this and ``workers`` bound memory independently of the batch size
     chunk_records: Annotated[int, Field(gt=0)] = 200_000
     #: seconds without progress from Kafka before the batch gives up (retryable)
     read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    #: processes the local engine shares a batch of two chunks or more between ("auto": one per core)
+    workers: Annotated[int, Field(gt=0, le=256)] | Literal["auto"] = "auto"
 
 
 class CommitSpec(_Strict):

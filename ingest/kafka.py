@@ -111,15 +111,19 @@ class KafkaSource:
         except KafkaException as error:
             raise BrokerUnavailable(f"listing offsets failed on {self._props['bootstrap.servers']}: {error}") from None
 
-    def read(self, ranges: Sequence[tuple[TopicPartition, int, int]], chunk_records: int) -> Iterator[RawChunk]:
-        """Every record at offsets ``[start, end)`` of each range, in chunks of ~``chunk_records``."""
+    def read(
+        self, ranges: Sequence[tuple[TopicPartition, int, int]], chunk_records: int, chunk_bytes: int = 1 << 62
+    ) -> Iterator[RawChunk]:
+        """Every record at offsets ``[start, end)`` of each range, in chunks of about ``chunk_records``
+        records or ``chunk_bytes`` bytes of values, whichever comes first."""
         remaining = {tp: end for tp, start, end in ranges if end > start}
         if not remaining:
             return
         consumer = self._consumer(sized_for=max(end - start for _, start, end in ranges))
         try:
             consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start, end in ranges if end > start])
-            yield from self._drain(consumer, {tp: start for tp, start, _ in ranges}, remaining, chunk_records)
+            positions = {tp: start for tp, start, _ in ranges}
+            yield from self._drain(consumer, positions, remaining, chunk_records, chunk_bytes)
         finally:
             consumer.close()
 
@@ -129,9 +133,11 @@ class KafkaSource:
         positions: dict[TopicPartition, int],
         remaining: dict[TopicPartition, int],
         chunk_records: int,
+        chunk_bytes: int,
     ) -> Iterator[RawChunk]:
         ends = {(tp.topic, tp.partition): end for tp, end in remaining.items()}
         pending: list[Message] = []
+        pending_bytes = 0
         last_progress = time.monotonic()
         while remaining:
             # consume() returns when it has num_messages or its timeout passed: asking for no more
@@ -147,6 +153,7 @@ class KafkaSource:
                             self._raise(error, message)
                     messages = [m for m in messages if m.error() is None]
                 pending.extend(messages)
+                pending_bytes += sum(map(len, messages))  # len(): the value's size, counted in C
             elif time.monotonic() - last_progress > self.timeout_s:
                 stuck = ", ".join(f"{tp} (reading up to {end})" for tp, end in sorted(remaining.items()))
                 raise BrokerUnavailable(
@@ -161,9 +168,9 @@ class KafkaSource:
                     positions[tp] = position.offset
                     if position.offset >= remaining[tp]:
                         self._finish(consumer, remaining, tp)
-            if len(pending) >= chunk_records:
+            if len(pending) >= chunk_records or pending_bytes >= chunk_bytes:
                 yield _build(pending, ends)
-                pending = []
+                pending, pending_bytes = [], 0
         if pending:
             yield _build(pending, ends)
 

@@ -7,42 +7,27 @@ and committing are here, shared.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
-
-import pyarrow as pa
+from typing import Protocol
 
 from ingest import failpoints
 from ingest.committer import commit_dead_letters, commit_rows, observe
 from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition
+from ingest.core.ledger import BatchCounts, Found, Ledger
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
-from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
 from ingest.errors import Fenced
-from ingest.iceberg import DataFile, IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
+from ingest.iceberg import IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
 from ingest.kafka import KafkaSource
+from ingest.local import LocalEngine
+from ingest.tasks import Produced, merge_timestamps
 
 log = logging.getLogger(__name__)
 
 #: planning uses the rows table's metadata as held if it was loaded this recently
 PLAN_FROM_HELD_S = 1.0
-
-
-@dataclass
-class Produced:
-    """What an engine made of a batch's ranges: committed nowhere yet."""
-
-    files: list[DataFile]
-    dead_letters: pa.Table
-    records: int
-    nbytes: int
-    #: newest record timestamp read per partition (ms)
-    timestamps: dict[TopicPartition, int]
 
 
 class Engine(Protocol):
@@ -73,130 +58,6 @@ class BatchResult:
             "seconds": round(self.seconds, 3),
             "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in self.ranges],
         }
-
-
-def _max_timestamps(table: pa.Table, topic: str, partition: str, ts: str) -> dict[TopicPartition, int]:
-    if table.num_rows == 0:
-        return {}
-    grouped = table.group_by([topic, partition]).aggregate([(ts, "max")])
-    result = {}
-    for row in grouped.to_pylist():
-        value = row[f"{ts}_max"]
-        if value is not None:
-            result[TopicPartition(row[topic], row[partition])] = int(value.timestamp() * 1000)
-    return result
-
-
-def _merge_max(a: Mapping[TopicPartition, int], b: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-    merged = dict(a)
-    for tp, value in b.items():
-        merged[tp] = max(merged.get(tp, value), value)
-    return merged
-
-
-T = TypeVar("T")
-_DONE = object()
-
-
-def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """Iterate ``items`` in a background thread, ``depth`` items ahead of the consumer.
-
-    Reading Kafka (a Python loop over librdkafka messages) then overlaps with decoding and
-    Parquet writing, which run in Arrow without the GIL. Memory stays bounded: at most
-    ``depth + 2`` chunks exist at once. An exception in the reader is raised in the consumer.
-    """
-    handoff: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                handoff.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def pump() -> None:
-        try:
-            for item in items:
-                if not offer(item):
-                    return
-            offer(_DONE)
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            offer(error)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # e.g. closes the Kafka consumer when the batch stops early
-
-    thread = threading.Thread(target=pump, name="kafka-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = handoff.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-
-
-def decode_and_write(
-    chunks: Iterable[RawChunk], decoder: Decoder, rows: IcebergTable, reach: Callable[[str], None] = lambda _: None
-) -> Produced:
-    """Decode each chunk and write its rows as data files (committed nowhere); every engine's core.
-
-    ``reach`` is called at the ``mid-read`` and ``mid-write`` failpoints of the first chunk.
-    """
-    files: list[DataFile] = []
-    dead: list[pa.Table] = []
-    records = nbytes = 0
-    timestamps: dict[TopicPartition, int] = {}
-    for i, chunk in enumerate(chunks):
-        if i == 0:
-            reach("mid-read")
-        decoded = decoder.decode(chunk)
-        records += len(chunk)
-        nbytes += chunk.nbytes
-        timestamps = _merge_max(
-            timestamps, _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp")
-        )
-        timestamps = _merge_max(timestamps, _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp"))
-        if i == 0:
-            reach("mid-write")
-        files.extend(rows.write(decoded.rows))
-        dead.append(decoded.dead_letters)
-    dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
-    return Produced(files, dead_letters, records, nbytes, timestamps)
-
-
-def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[TopicPartition, int]:
-    """Newest record timestamp per partition over several engines' results."""
-    merged: dict[TopicPartition, int] = {}
-    for part in parts:
-        merged = _merge_max(merged, part)
-    return merged
-
-
-class LocalEngine:
-    """Reads, decodes and writes in this process, one bounded chunk at a time."""
-
-    def __init__(self, config: PipelineConfig, source: KafkaSource, rows: IcebergTable) -> None:
-        self.config = config
-        self.source = source
-        self.rows = rows
-        self.decoder = Decoder(config.schema_)
-
-    def produce(self, batch: Batch) -> Produced:
-        failpoints.reach("before-read")
-        chunks = prefetched(self.source.read(batch.ranges(), self.config.batch.chunk_records))
-        produced = decode_and_write(chunks, self.decoder, self.rows, failpoints.reach)
-        failpoints.reach("files-written")
-        return produced
 
 
 class Pipeline:
@@ -234,7 +95,9 @@ class Pipeline:
 
     def run_batch(self, engine: Engine | None = None) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""
-        engine = engine or LocalEngine(self.config, self.source, self.rows)
+        if engine is None:
+            with LocalEngine(self.config, self.rows) as local:
+                return self.run_batch(local)
         batch = self.plan()
         for _ in range(self.config.commit.max_replans + 1):
             result = self._attempt(batch, engine)
@@ -270,7 +133,7 @@ class Pipeline:
             offsets=batch.end,
             start_offsets=batch.start,
             cluster_id=batch.cluster_id,
-            timestamps=_merge_max(batch.base.timestamps if batch.base else {}, produced.timestamps),
+            timestamps=merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]),
             lost=batch.lost,
         )
         counts = BatchCounts(
@@ -307,7 +170,11 @@ class Pipeline:
         self, *, until_caught_up: bool, max_batches: int | None, engine: Engine | None = None
     ) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``), each
-        produced by ``engine`` (default: a :class:`LocalEngine`)."""
+        produced by ``engine`` (default: a :class:`LocalEngine` for the whole run)."""
+        if engine is None:
+            with LocalEngine(self.config, self.rows) as local:
+                yield from self.run(until_caught_up=until_caught_up, max_batches=max_batches, engine=local)
+            return
         target = {tp: wm.high for tp, wm in self.source.describe().partitions.items()} if until_caught_up else None
         done = 0
         while max_batches is None or done < max_batches:

@@ -28,30 +28,25 @@ Tuning keys, read from the session's conf at every batch (``spark-submit --conf`
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 
-import pyarrow as pa
-
 from ingest import errors, failpoints
 from ingest.config import PipelineConfig
-from ingest.core.ledger import TopicPartition
 from ingest.core.plan import Batch
-from ingest.decode import DEAD_LETTER_SCHEMA, Decoder
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError
-from ingest.iceberg import DataFile, IcebergTable
-from ingest.kafka import KafkaSource
-from ingest.pipeline import Pipeline, Produced, decode_and_write, merge_timestamps, prefetched
+from ingest.iceberg import IcebergTable
+from ingest.pipeline import Pipeline
+from ingest.tasks import Produced, TaskOutput, TaskRange, combine, run_task, split_ranges
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -76,86 +71,12 @@ class SparkUnavailable(RetryableError):
 
 
 @dataclass(frozen=True)
-class TaskRange:
-    """One task's share of a batch: offsets ``[start, end)`` of one partition."""
-
-    index: int
-    tp: TopicPartition
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-def _divide(tp: TopicPartition, start: int, end: int, parts: int) -> list[tuple[TopicPartition, int, int]]:
-    """``[start, end)`` as ``parts`` contiguous pieces of near-equal size (the last takes the rest)."""
-    pieces, remaining = [], end - start
-    for part in range(parts):
-        size = remaining // (parts - part)
-        pieces.append((tp, start, start + size))
-        start, remaining = start + size, remaining - size
-    return pieces
-
-
-def split_ranges(
-    ranges: Sequence[tuple[TopicPartition, int, int]],
-    min_partitions: int | None = None,
-    max_records_per_partition: int | None = None,
-) -> list[TaskRange]:
-    """Planned ranges as tasks that together cover every range exactly, each piece non-empty.
-
-    First no task gets more than ``max_records_per_partition`` offsets; then, if that leaves fewer
-    than ``min_partitions`` tasks, each piece is split again in proportion to its size (Spark's
-    Kafka source does the same with ``minPartitions``, rounding halves up).
-    """
-    pieces = [
-        piece
-        for tp, start, end in ranges
-        if end > start
-        for piece in _divide(tp, start, end, math.ceil((end - start) / (max_records_per_partition or end - start)))
-    ]
-    if min_partitions is not None and len(pieces) < min_partitions:
-        total = sum(end - start for _, start, end in pieces)
-        pieces = [
-            smaller
-            for tp, start, end in pieces
-            for smaller in _divide(
-                tp, start, end, min(end - start, max(1, math.floor((end - start) / total * min_partitions + 0.5)))
-            )
-        ]
-    return [TaskRange(i, tp, start, end) for i, (tp, start, end) in enumerate(pieces)]
-
-
-@dataclass(frozen=True)
 class _Job:
     """What every task needs, shipped to the executors (it pickles)."""
 
     config: PipelineConfig
     #: write-only copy of the rows table: the driver's current metadata and FileIO, no catalog
     rows: IcebergTable
-
-
-@dataclass(frozen=True)
-class TaskOutput:
-    """What one successful task attempt returns to the driver. Nothing in it is committed yet."""
-
-    index: int
-    files: list[DataFile]
-    #: Arrow IPC stream of the task's dead letters (schema DEAD_LETTER_SCHEMA)
-    dead_letters: bytes
-    records: int
-    nbytes: int
-    timestamps: dict[TopicPartition, int]
-
-
-def _ipc(tables: Sequence[pa.Table]) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, DEAD_LETTER_SCHEMA) as writer:
-        for table in tables:
-            writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _inject_failure() -> None:
@@ -170,44 +91,14 @@ def _inject_failure() -> None:
 
 def _produce_task(job: _Job, task: TaskRange) -> TaskOutput:
     """Runs on an executor: read exactly ``task``'s range, decode, write data files."""
-    config = job.config
-    source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-    # as in the local engine: Kafka is read in a background thread while chunks decode and write
-    chunks = prefetched(source.read([(task.tp, task.start, task.end)], config.batch.chunk_records))
-    produced = decode_and_write(chunks, Decoder(config.schema_), job.rows)
+    output = run_task(job.config, job.rows, task.index, [(task.tp, task.start, task.end)])
     _inject_failure()
-    return TaskOutput(
-        task.index,
-        produced.files,
-        _ipc([produced.dead_letters]),
-        produced.records,
-        produced.nbytes,
-        produced.timestamps,
-    )
+    return output
 
 
 def _produce_partition(job: _Job, tasks: Iterable[TaskRange]) -> Iterator[TaskOutput]:
     for task in tasks:
         yield _produce_task(job, task)
-
-
-def _combine(tasks: Sequence[TaskRange], outputs: Sequence[TaskOutput]) -> Produced:
-    indices = sorted(output.index for output in outputs)
-    if indices != [task.index for task in tasks]:
-        # never commit a batch whose pieces are missing or doubled: that would break exactly-once
-        raise SparkUnavailable(
-            f"the Spark job returned results for tasks {indices}, expected each of 0..{len(tasks) - 1} once; "
-            "nothing was committed. Run again."
-        )
-    ordered = sorted(outputs, key=lambda output: output.index)
-    dead = [pa.ipc.open_stream(output.dead_letters).read_all() for output in ordered]
-    return Produced(
-        files=[f for output in ordered for f in output.files],
-        dead_letters=pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table(),
-        records=sum(output.records for output in ordered),
-        nbytes=sum(output.nbytes for output in ordered),
-        timestamps=merge_timestamps(output.timestamps for output in ordered),
-    )
 
 
 def _translate(error: Py4JJavaError, batch: Batch) -> IngestError | None:
@@ -263,7 +154,7 @@ class SparkEngine:
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch) if tasks else []
         failpoints.reach("files-written")
-        return _combine(tasks, outputs)
+        return combine(len(tasks), outputs, lambda problem: SparkUnavailable(f"the Spark job {problem}"))
 
     def tasks(self, batch: Batch) -> list[TaskRange]:
         """The batch's ranges as tasks, split by the ``spark.ingest.*`` settings current in the session."""

@@ -15,7 +15,9 @@ from ingest.broker import EmbeddedBroker, free_port
 from ingest.core.plan import Batch
 from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka import create_topic
-from ingest.pipeline import LocalEngine, Pipeline, Produced
+from ingest.local import LocalEngine
+from ingest.pipeline import Pipeline
+from ingest.tasks import Produced
 
 from .conftest import REPO, Env
 
@@ -117,7 +119,7 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
 
         try:
             with pytest.raises(BrokerUnavailable) as caught:
-                pipeline.run_batch(Hang(pipeline.config, pipeline.source, pipeline.rows))
+                pipeline.run_batch(Hang(pipeline.config, pipeline.rows))
         finally:
             os.kill(broker.pid, signal.SIGCONT)
         assert "no progress from Kafka" in str(caught.value)

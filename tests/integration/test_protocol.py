@@ -16,7 +16,9 @@ from ingest.config import BatchSpec
 from ingest.core.plan import Batch, KafkaView, Watermarks
 from ingest.errors import DataLoss, Fenced, LedgerLost, TopicRecreated
 from ingest.iceberg import CommitUnknown
-from ingest.pipeline import LocalEngine, Pipeline, Produced
+from ingest.local import LocalEngine
+from ingest.pipeline import Pipeline
+from ingest.tasks import Produced
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +90,7 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
             table.append(foreign)  # another writer's snapshot, without this pipeline's ledger
             return produced
 
-    result = pipeline.run_batch(ForeignWriterMidBatch(pipeline.config, pipeline.source, pipeline.rows))
+    result = pipeline.run_batch(ForeignWriterMidBatch(pipeline.config, pipeline.rows))
 
     assert result.status == "committed" and result.batch == 2
     summaries = [
@@ -116,7 +118,7 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
                 assert fast.run_batch().status == "committed"  # same offsets, commits first
             return produced
 
-    result = slow.run_batch(RacedEngine(slow.config, slow.source, slow.rows))
+    result = slow.run_batch(RacedEngine(slow.config, slow.rows))
 
     # the slow copy's batch 1 had identical offsets to the fast one: recognised as landed
     assert (result.batch, result.status) == (1, "landed")
@@ -146,7 +148,7 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
                 assert sum(fast.ledger().ledger.offsets.values()) == 1_200  # type: ignore[union-attr]
             return produced
 
-    result = slow.run_batch(RacedEngine(slow.config, slow.source, slow.rows))
+    result = slow.run_batch(RacedEngine(slow.config, slow.rows))
 
     assert (result.batch, result.status) == (2, "committed")  # fenced, then planned again
     assert env.counts() == (1_400 - env.bad, env.bad)
@@ -167,7 +169,7 @@ def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
             return produced
 
     with pytest.raises(Fenced) as caught:
-        slow.run_batch(AlwaysRaced(slow.config, slow.source, slow.rows))
+        slow.run_batch(AlwaysRaced(slow.config, slow.rows))
     assert caught.value.retryable and "run again" in str(caught.value)
     env.verify()
 

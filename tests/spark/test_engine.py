@@ -14,8 +14,9 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch
 from ingest.errors import ConfigError
-from ingest.pipeline import Pipeline, Produced
+from ingest.pipeline import Pipeline
 from ingest.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
+from ingest.tasks import Produced
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -26,7 +26,9 @@ from ingest.core.ledger import decode
 from ingest.core.plan import Batch
 from ingest.errors import ExitCode
 from ingest.iceberg import CommitConflict
-from ingest.pipeline import BatchResult, LocalEngine, Pipeline, Produced
+from ingest.local import LocalEngine
+from ingest.pipeline import BatchResult, Pipeline
+from ingest.tasks import Produced
 from tests.integration.conftest import Env
 from tests.spark.iceberg_jvm import call, iceberg_jars_fixture, jdbc_catalog  # noqa: F401  (fixture iceberg_jars)
 
@@ -145,7 +147,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
 
     pipeline.rows.try_commit = recorded  # type: ignore[method-assign]
 
-    result = pipeline.run_batch(SparkCompactsMidBatch(pipeline.config, pipeline.source, pipeline.rows))
+    result = pipeline.run_batch(SparkCompactsMidBatch(pipeline.config, pipeline.rows))
 
     assert (result.status, result.batch) == ("committed", before.ledger.batch + 1)
     assert attempts == ["conflict", "committed"]  # the moved head was noticed, the ledger re-observed

@@ -1,0 +1,201 @@
+"""Worker processes of the local engine, and their main (``python -m ingest.workers FD``).
+
+Why processes: confluent-kafka hands every message to Python as an object built under the GIL,
+so one process reads Kafka on one core at most, however many cores decode and write. A worker
+runs tasks (:func:`ingest.tasks.run_task`): it reads its share of the batch's ranges, decodes,
+writes data files, and returns their metadata. Only the engine's process commits.
+
+Workers are plain subprocesses of this interpreter (not ``multiprocessing``): they start the same
+way under Airflow's daemonic task processes, notebooks and scripts without a ``__main__`` guard.
+Each talks over its own socket pair with :mod:`multiprocessing.connection` framing.
+
+What a crash leaves:
+
+* a worker that dies (OOM killer, SIGKILL) fails the batch with :class:`WorkerLost` (retryable);
+  nothing was committed, and the files it wrote are orphans for ``ingest maintain``;
+* if the engine's process dies, every worker exits within :data:`WATCH_S`: between tasks its
+  socket reaches end-of-file, during a task a watchdog thread sees that its parent is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from types import TracebackType
+
+from ingest import failpoints
+from ingest.config import PipelineConfig
+from ingest.errors import IngestError, RetryableError
+from ingest.iceberg import IcebergTable
+from ingest.tasks import Range, TaskOutput, run_task
+
+log = logging.getLogger(__name__)
+
+#: how often a worker checks that the process that started it is alive
+WATCH_S = 0.2
+
+
+class WorkerLost(RetryableError):
+    """A worker process died or stopped answering during a batch; nothing was committed."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    config: PipelineConfig
+    rows: IcebergTable
+    index: int
+    ranges: Sequence[Range]
+
+
+class _Worker:
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ingest.workers", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.connection = Connection(ours.detach())
+
+    def describe(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return f"worker {self.process.pid} closed its connection"
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"worker {self.process.pid} {how}" + (" (SIGKILL: often the OOM killer)" if code == -9 else "")
+
+    def stop(self, kill: bool, timeout_s: float = 5.0) -> None:
+        if kill:  # a failed or interrupted batch: its workers' work is of no use
+            self.process.kill()
+        self.connection.close()  # end-of-file: an idle worker exits
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class WorkerPool:
+    """``size`` worker processes, started when first needed and kept for later batches."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._workers: list[_Worker] = []
+
+    def run(
+        self,
+        tasks: Sequence[tuple[PipelineConfig, IcebergTable, int, Sequence[Range]]],
+        reach: Callable[[str], None],
+        meanwhile: Callable[[], TaskOutput],
+    ) -> list[TaskOutput]:
+        """Run each task on a worker of its own (at most ``size``) and ``meanwhile()`` in this
+        process; forward ``mid-read`` and ``mid-write`` from the workers to ``reach``. On any
+        failure every worker is killed (the next batch starts new ones) and the error is raised."""
+        assert len(tasks) <= self.size, (len(tasks), self.size)
+        try:
+            while len(self._workers) < len(tasks):
+                self._workers.append(_Worker())
+            busy = {}
+            for worker, task in zip(self._workers, tasks, strict=False):
+                worker.connection.send(_Task(*task))
+                busy[worker.connection] = worker
+            outputs = [meanwhile()]
+            return outputs + self._collect(busy, reach)
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def _collect(self, busy: dict[Connection, _Worker], reach: Callable[[str], None]) -> list[TaskOutput]:
+        outputs = []
+        while busy:
+            for connection in wait(list(busy)):
+                assert isinstance(connection, Connection)
+                try:
+                    kind, payload = connection.recv()
+                except (EOFError, OSError):
+                    worker = busy[connection]
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        worker.process.wait(timeout=WATCH_S * 5)  # for its exit status
+                    raise WorkerLost(
+                        f"{worker.describe()} during the batch; nothing was committed. Run again (lower "
+                        "batch.workers or batch.chunk_records if the machine is short of memory)."
+                    ) from None
+                if kind == "reached":
+                    reach(payload)
+                elif kind == "done":
+                    outputs.append(payload)
+                    del busy[connection]
+                else:  # "failed": the task's own error, re-raised here with its kind and message
+                    error, text = payload
+                    log.debug("worker %d failed:\n%s", busy[connection].process.pid, text)
+                    raise error
+        return outputs
+
+    def close(self, kill: bool = False) -> None:
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop(kill)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# --- the worker's side --------------------------------------------------------------------------
+
+
+def _watch(parent: int) -> None:
+    """Exit as soon as the process that started this one is gone (its pid is no longer our parent)."""
+    while os.getppid() == parent:
+        time.sleep(WATCH_S)
+    os._exit(70)
+
+
+def _serve(connection: Connection) -> None:
+    while True:
+        try:
+            task: _Task = connection.recv()
+        except EOFError:
+            return  # the pool closed, or its process is gone
+
+        def reach(point: str) -> None:
+            failpoints.reach_in_worker(point)
+            connection.send(("reached", point))
+
+        try:
+            output = run_task(task.config, task.rows, task.index, task.ranges, reach)
+        except Exception as error:
+            text = traceback.format_exc()
+            if not isinstance(error, IngestError):  # a bug: keep where it happened
+                error = RuntimeError(f"a worker's task failed (nothing was committed):\n{text}")
+            connection.send(("failed", (error, text)))
+            continue
+        connection.send(("done", output))
+
+
+def main(argv: Sequence[str]) -> None:
+    fd, parent = int(argv[0]), int(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the engine decides
+    threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s")
+    _serve(Connection(fd))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

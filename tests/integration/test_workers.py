@@ -1,0 +1,170 @@
+"""The local engine's worker processes: a large batch is shared out, and no crash of either side
+loses or doubles a record or leaves a process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ingest.broker import EmbeddedBroker
+from ingest.core.ledger import TopicPartition
+from ingest.errors import BrokerUnavailable
+from ingest.failpoints import POINTS
+from ingest.kafka import create_topic
+from ingest.pipeline import Pipeline
+from ingest.tasks import TaskOutput
+from ingest.workers import WorkerPool
+
+pytestmark = pytest.mark.integration
+
+SHARED = {"max_records": 6_000, "chunk_records": 500, "workers": 3, "read_timeout_s": 20}
+
+
+def workers_of(pid: int) -> list[int]:
+    """Live worker processes started by process ``pid`` (their command line names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"ingest.workers" in argv and argv[-2:-1] == [str(pid).encode()] and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while workers_of(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_large_batch_is_shared_between_worker_processes(make_env) -> None:
+    env = make_env(batch=SHARED)
+    env.produce(6_000, bad_every=11)
+
+    process = env.popen("-v", "run", "--json")
+    _, stderr = process.communicate(timeout=300)
+
+    assert process.returncode == 0, stderr
+    assert "6000 records shared between this process and 2 workers" in stderr
+    assert gone(process.pid), "workers outlived a run that ended normally"
+    assert env.counts() == (6_000 - env.bad, env.bad)
+    env.verify()
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("point", POINTS)
+def test_engine_killed_at_each_step_leaves_no_worker_behind(make_env, point: str) -> None:
+    env = make_env(batch=SHARED)
+    env.produce(6_000, bad_every=11)
+
+    killed = env.popen("run", env={"INGEST_FAILPOINT": point})
+    _, stderr = killed.communicate(timeout=300)
+
+    assert killed.returncode == -signal.SIGKILL, stderr
+    assert gone(killed.pid), f"workers of the killed engine still run: {workers_of(killed.pid)}"
+    rerun = env.cli("run", "--until-caught-up")
+    assert rerun.returncode == 0, rerun.stderr
+    assert env.counts() == (6_000 - env.bad, env.bad)
+    env.verify()
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("point", ["mid-read", "mid-write"])
+def test_a_killed_worker_fails_the_batch_retryably(make_env, point: str) -> None:
+    """What the OOM killer does to a worker: the batch stops, nothing is committed, a rerun completes it."""
+    env = make_env(batch=SHARED)
+    env.produce(6_000, bad_every=11)
+
+    failed = env.popen("run", env={"INGEST_WORKER_FAILPOINT": point})
+    _, stderr = failed.communicate(timeout=300)
+
+    assert failed.returncode == 75, stderr
+    assert "WorkerLost" in stderr and "was killed by signal 9" in stderr and "nothing was committed" in stderr
+    assert gone(failed.pid)
+    pipeline = Pipeline.open(env.config)
+    assert pipeline.rows.table.metadata.snapshots == [] and pipeline.dead.table.metadata.snapshots == []
+    rerun = env.cli("run", "--until-caught-up")
+    assert rerun.returncode == 0, rerun.stderr
+    assert env.counts() == (6_000 - env.bad, env.bad)
+    env.verify()
+
+
+def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
+    """A worker whose broker does not answer: the engine gets the worker's BrokerUnavailable, and the
+    pool's processes are stopped."""
+    env = make_env(batch={"read_timeout_s": 1})
+    pipeline = Pipeline.open(env.config)
+    unreachable = env.config.model_copy(update={"kafka": {"bootstrap.servers": "127.0.0.1:9"}})
+    pool = WorkerPool(1)
+    task = (unreachable, pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
+
+    def meanwhile() -> TaskOutput:
+        return TaskOutput(0, [], b"", 0, 0, {})
+
+    with pytest.raises(BrokerUnavailable, match="no progress from Kafka"):
+        pool.run([task], lambda point: None, meanwhile)
+    assert gone(os.getpid())
+
+
+WORKER_STUCK = """
+import sys, time
+from ingest import config
+from ingest.broker import EmbeddedBroker
+from ingest.core.ledger import TopicPartition
+from ingest.pipeline import Pipeline
+from ingest.workers import WorkerPool
+
+cfg = config.load(sys.argv[1])
+rows = Pipeline.open(cfg).rows.detached()
+
+def meanwhile():
+    print("sent", flush=True)
+    time.sleep(600)
+
+WorkerPool(1).run([(cfg, rows, 1, [(TopicPartition(sys.argv[2], 0), 0, 100)])], print, meanwhile)
+"""
+
+
+@pytest.mark.crash
+def test_a_worker_stuck_on_a_hung_broker_exits_when_the_engine_is_killed(make_env, tmp_path: Path) -> None:
+    """A killed Airflow task whose worker waits on a broker that stopped answering: the worker must
+    not sit out its read timeout (two minutes here)."""
+    with EmbeddedBroker(log_path=tmp_path / "own-broker.log") as broker:
+        env = make_env(batch={"read_timeout_s": 120}, kafka={"bootstrap.servers": broker.bootstrap_servers})
+        env.bootstrap = broker.bootstrap_servers
+        create_topic(broker.bootstrap_servers, env.topic, env.partitions)
+        env.produce(400)
+        assert broker.pid is not None
+        engine = subprocess.Popen(
+            [sys.executable, "-c", WORKER_STUCK, str(env.config_path), env.topic],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert engine.stdout is not None and engine.stdout.readline() == "sent\n"
+            os.kill(broker.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 30
+            while not workers_of(engine.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(2.0)  # the worker imports, connects and waits on the stopped broker
+            assert workers_of(engine.pid), "the worker did not start"
+            engine.kill()
+            engine.wait()
+            assert gone(engine.pid, timeout_s=5.0), "the worker outlived its engine"
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+            engine.kill()
