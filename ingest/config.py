@@ -73,7 +73,16 @@ class BatchSpec(_Strict):
     #: seconds without progress from Kafka before the batch gives up (retryable)
     read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     #: processes the local engine shares a batch of two chunks or more between ("auto": one per core)
-    workers: Annotated[int, Field(gt=0, le=256)] | Literal["auto"] = "auto"
+    workers: int | Literal["auto"] = "auto"
+
+    @field_validator("workers", mode="plain")
+    @classmethod
+    def _workers(cls, value: object) -> int | Literal["auto"]:
+        if value == "auto":
+            return "auto"
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256:
+            return value
+        raise ValueError(f"expected a number of processes from 1 to 256, or 'auto' (one per core); got {value!r}")
 
 
 class CommitSpec(_Strict):

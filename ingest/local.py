@@ -40,14 +40,13 @@ class LocalEngine:
         self.workers = available_cores() if workers == "auto" else workers
         self._pool = WorkerPool(self.workers - 1)
 
-    def shares(self, batch: Batch) -> int:
-        """How many processes work on ``batch``: one per full chunk, at most ``workers``."""
-        records = sum(end - start for _, start, end in batch.ranges())
+    def processes_for(self, records: int) -> int:
+        """How many processes work on a batch of ``records``: one per full chunk, at most ``workers``."""
         return max(1, min(self.workers, records // self.config.batch.chunk_records))
 
     def produce(self, batch: Batch) -> Produced:
         failpoints.reach("before-read")
-        groups = share(batch.ranges(), self.shares(batch))
+        groups = share(batch.ranges(), self.processes_for(sum(end - start for _, start, end in batch.ranges())))
         reached: set[str] = set()
 
         def reach(point: str) -> None:  # each failpoint once, whichever process gets there first

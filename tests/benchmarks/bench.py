@@ -186,9 +186,11 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
 
 def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     """`ingest run` with the local engine: one batch of all records (plan, read, decode, write,
-    commit), timed as the Spark and scaling stages are; opening the catalog and creating the
-    tables is reported apart (``open_s``)."""
+    commit), timed as the Spark and scaling stages are, including starting the worker processes;
+    opening the catalog and creating the tables is reported apart (``open_s``). Peak RSS counts
+    the workers too (each as large as the largest: an upper bound of the simultaneous peak)."""
     from ingest import config as config_module
+    from ingest.local import LocalEngine
     from ingest.pipeline import Pipeline
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,13 +199,18 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
         pipeline = Pipeline.open(config)
         open_s = time.perf_counter() - started
         started = time.perf_counter()
-        result = pipeline.run_batch()
-        seconds = time.perf_counter() - started
+        with LocalEngine(config, pipeline.rows) as engine:
+            result = pipeline.run_batch(engine)
+            seconds = time.perf_counter() - started
+            processes = engine.processes_for(sum(end - start for *_, start, end in result.ranges))
+    workers = processes - 1
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
         "seconds": seconds,
         "open_s": open_s,
+        "processes": processes,
+        "children_peak_rss_mb": workers * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
 
 
@@ -371,6 +378,7 @@ def main() -> None:
     if args.stage:
         result = STAGES[args.stage](args)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["peak_rss_mb"] += result.pop("children_peak_rss_mb", 0.0)
         print(json.dumps(result))
         return
     orchestrate(args)
@@ -431,7 +439,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     for column in ("stage", "records/s", "MB/s", "peak RSS MB"):
         table.add_column(column, justify="right")
     for name, r in results.items():
-        table.add_row(name, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
+        label = f"ingest ({r['processes']} processes)" if name == "ingest" else name
+        table.add_row(label, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
     console.print(table)
     ratios = report["ratios"]
     console.print(

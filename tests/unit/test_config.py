@@ -133,6 +133,8 @@ def test_a_missing_required_key_is_named(key: str) -> None:
         ("catalog", {"type": "sql"}, "catalog: needs 'name'"),
         ("batch/max_records", 0, "batch.max_records: Input should be greater than 0"),
         ("batch/chunk_records", -5, "batch.chunk_records: Input should be greater than 0"),
+        ("batch/workers", 0, "batch.workers: expected a number of processes from 1 to 256, or 'auto'"),
+        ("batch/workers", "all", "batch.workers: expected a number of processes from 1 to 256, or 'auto'"),
         ("commit/max_attempts", 0, "commit.max_attempts: Input should be greater than 0"),
         ("start", "beginning", "start: Input should be 'earliest' or 'latest'"),
         ("on_data_loss", "ignore", "on_data_loss: Input should be 'fail' or 'skip'"),
