@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
@@ -119,20 +120,27 @@ class Decoded:
 _JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}
 
 
+_NEWLINE, _RETURN, _BRACE = ord("\n"), ord("\r"), ord("{")
+
+
 class _Bad(Exception):
     pass
 
 
 def _one_object_per_line(values: list[bytes | None]) -> bytes | None:
     """The values joined by newlines when each is one line that starts like a JSON object (the
-    usual chunk), checked on the joined bytes without a per-value Python step; else None."""
+    usual chunk), else None. Checked on the joined bytes with numpy, which releases the GIL: the
+    same checks with ``bytes.count`` held it for ~15% of a worker's time, stalling its Kafka reader."""
     if not values or None in values:
         return None
     payload = b"\n".join(values)  # type: ignore[arg-type]
-    lines = len(values) - 1
-    if payload[:1] == b"{" and payload.count(b"\n") == lines and payload.count(b"\n{") == lines:
-        return None if b"\r" in payload else payload
-    return None
+    if payload[:1] != b"{" or payload[-1:] == b"\n":
+        return None
+    data = np.frombuffer(payload, np.uint8)
+    breaks = np.flatnonzero(data == _NEWLINE)
+    if len(breaks) != len(values) - 1 or bool((data == _RETURN).any()):
+        return None  # a value spans lines: Arrow would read it as several records
+    return payload if bool((data[breaks + 1] == _BRACE).all()) else None  # each starts like an object
 
 
 class Decoder:

@@ -321,7 +321,7 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
     keys = pa.array(list(map(Message.key, messages)), type=pa.binary())
     raw_ts = pa.array(list(map(_SECOND, map(Message.timestamp, messages))), type=pa.int64())
     timestamps = pc.if_else(pc.less(raw_ts, 0), pa.scalar(None, pa.int64()), pc.multiply(raw_ts, 1000))
-    nbytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) + sum(map(len, filter(None, values)))
+    nbytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) + sum(map(len, messages))  # len(): value bytes
 
     def headers(i: int) -> Headers:
         raw = messages[i].headers()

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.config import FieldSpec
-from ingest.decode import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, Decoder, RawChunk
+from ingest.decode import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, Decoder, RawChunk, _one_object_per_line
 
 UTC = dt.UTC
 FIELDS = [
@@ -452,3 +452,27 @@ def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items, gaps) -> Non
     dead_values = decoded.dead_letters.column("value").to_pylist()
     assert dead_values == [payload for kind, payload in items if kind == "bad"]
     assert all(decoded.dead_letters.column("error").to_pylist())
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [b'{"a":1}', b' {"a":2}'],  # starts with whitespace
+        [b'{"a":\n1}', b'{"b":2}'],  # spans lines
+        [b'{"a":1}\r', b"{}"],  # carriage return
+        [b"[1]"],
+        [b'{"a":1}', b'{"a":1}\n{"b":2}'],  # two documents in one value
+        [b""],
+        [b"{}", b""],  # an empty value last
+        [b"", b"{}"],
+        [b"\n", b"{}"],
+        [b"{}", None],
+    ],
+)
+def test_the_fast_path_refuses_any_chunk_arrow_could_misalign(values) -> None:
+    assert _one_object_per_line(values) is None
+
+
+def test_the_fast_path_takes_one_object_per_line() -> None:
+    values = [b"{}", b'{"a":"x\\ny"}', b'{"b":[1,{"c":2}]}']  # an escaped newline is one line
+    assert _one_object_per_line(values) == b"\n".join(values)
