@@ -225,7 +225,7 @@ def verify(pipeline: Pipeline) -> dict[str, Any]:
         low = view.partitions[tp].low if tp in view.partitions else end
         ranges.append((tp, max(claims.origin.get(tp, end), low), end))
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
-    for chunk in pipeline.source.read(ranges, chunk_records=500_000):
+    for chunk in pipeline.source.read(ranges):
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)

@@ -29,13 +29,6 @@ from ingest.kafka import KafkaSource
 
 Range = tuple[TopicPartition, int, int]
 
-#: records and value bytes read from Kafka at a time. Raw records cost several hundred bytes of
-#: Python objects each; small chunks keep that in the CPU caches and let reading overlap with
-#: decoding at a fine grain (`make bench`: 25k-record chunks made the local engine ~35% faster
-#: than 200k ones, with 40% less memory). Files are sized separately (``batch.chunk_records``).
-READ_CHUNK_RECORDS = 25_000
-READ_CHUNK_BYTES = 8 << 20
-
 
 @dataclass
 class Produced:
@@ -267,9 +260,8 @@ def produce_ranges(
     """Read exactly ``ranges`` (Kafka is read in a background thread while earlier chunks decode
     and write), decode, and write data files into ``rows``' location."""
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-    size = config.batch.chunk_records
-    chunks = prefetched(source.read(ranges, min(size, READ_CHUNK_RECORDS), READ_CHUNK_BYTES))
-    return decode_and_write(chunks, Decoder(config.schema_), rows, size, reach)
+    chunks = prefetched(source.read(ranges))
+    return decode_and_write(chunks, Decoder(config.schema_), rows, config.batch.chunk_records, reach)
 
 
 @dataclass(frozen=True)
