@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ingest.broker import free_port
-from tests.integration.conftest import record
+from tests.integration.conftest import gone, record, workers_of
 
 from .conftest import NEEDS_AIRFLOW, Airflow, Env, dag_id, quick_retries
 
@@ -24,8 +24,12 @@ def _rewrite(env: Env, **changes: object) -> None:
     env.config_path.write_text(yaml.safe_dump(data))
 
 
+#: batches large enough to be shared with a worker process (see ingest.local)
+SHARED = {"max_records": 1_000, "chunk_records": 250, "workers": 2}
+
+
 def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow) -> None:
-    env = make_env(batch={"max_records": 1_000})
+    env = make_env(batch=SHARED)
     env.produce(3_000, bad_every=11)
     dag = airflow.dag(env)
 
@@ -47,8 +51,9 @@ def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow
 
 @pytest.mark.parametrize("point", ["mid-write", "between-commits"])
 def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, point: str) -> None:
-    """The process running the ingest task dies mid-batch (SIGKILL: no cleanup); the next try runs it again."""
-    env = make_env(batch={"max_records": 1_000})
+    """The process running the ingest task dies mid-batch (SIGKILL: no cleanup) and takes its worker
+    process with it; the next try runs the batch again."""
+    env = make_env(batch=SHARED)
     env.produce(3_000, bad_every=11)
 
     # `airflow dags test` runs the task in its own process; the failpoint SIGKILLs that process in batch 1
@@ -56,6 +61,8 @@ def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, p
     output, _ = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, output[-3000:]
     assert f"running task <TaskInstance: {dag_id(env)}.ingest" in output
+    assert "records shared between this process and 1 workers" in output, output[-3000:]
+    assert gone(killed.pid), f"the killed task's workers still run: {workers_of(killed.pid)}"
     rows, dead = env.counts()
     assert rows == 0  # the rows commit never happened
     assert (dead > 0) is (point == "between-commits")  # batch 1's dead letters landed, its rows did not

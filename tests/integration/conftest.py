@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,3 +162,28 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore
         return Env(bootstrap, name, partitions, path)
 
     return factory
+
+
+def workers_of(pid: int) -> list[int]:
+    """Live worker processes started by process ``pid`` (their command line names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"ingest.workers" in argv and argv[-2:-1] == [str(pid).encode()] and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while workers_of(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -20,35 +20,11 @@ from ingest.kafka import create_topic
 from ingest.pipeline import Pipeline
 from ingest.tasks import TaskOutput
 from ingest.workers import WorkerPool
+from tests.integration.conftest import gone, workers_of
 
 pytestmark = pytest.mark.integration
 
 SHARED = {"max_records": 6_000, "chunk_records": 500, "workers": 3, "read_timeout_s": 20}
-
-
-def workers_of(pid: int) -> list[int]:
-    """Live worker processes started by process ``pid`` (their command line names it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"ingest.workers" in argv and argv[-2:-1] == [str(pid).encode()] and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def gone(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while workers_of(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_a_large_batch_is_shared_between_worker_processes(make_env) -> None:
@@ -127,6 +103,7 @@ from ingest.broker import EmbeddedBroker
 from ingest.core.ledger import TopicPartition
 from ingest.pipeline import Pipeline
 from ingest.workers import WorkerPool
+from tests.integration.conftest import gone, workers_of
 
 cfg = config.load(sys.argv[1])
 rows = Pipeline.open(cfg).rows.detached()
