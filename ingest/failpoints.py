@@ -14,13 +14,11 @@ import signal
 POINTS = ("before-read", "mid-read", "mid-write", "files-written", "between-commits", "after-commit")
 
 
-def reach(name: str) -> None:
-    assert name in POINTS, name
-    if os.environ.get("INGEST_FAILPOINT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+#: the variable naming the point for the ``ingest`` process, and for the local engine's workers
+ENGINE, WORKER = "INGEST_FAILPOINT", "INGEST_WORKER_FAILPOINT"
 
 
-def reach_in_worker(name: str) -> None:
+def reach(name: str, variable: str = ENGINE) -> None:
     assert name in POINTS, name
-    if os.environ.get("INGEST_WORKER_FAILPOINT") == name:
+    if os.environ.get(variable) == name:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -46,7 +46,8 @@ class LocalEngine:
 
     def produce(self, batch: Batch) -> Produced:
         failpoints.reach("before-read")
-        groups = share(batch.ranges(), self.processes_for(sum(end - start for _, start, end in batch.ranges())))
+        records = sum(end - start for _, start, end in batch.ranges())
+        groups = share(batch.ranges(), self.processes_for(records))
         reached: set[str] = set()
 
         def reach(point: str) -> None:  # each failpoint once, whichever process gets there first
@@ -60,7 +61,7 @@ class LocalEngine:
             log.info(
                 "batch %d: %d records shared between this process and %d workers",
                 batch.number,
-                sum(end - start for _, start, end in batch.ranges()),
+                records,
                 len(groups) - 1,
             )
             detached = self.rows.detached()

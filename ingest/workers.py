@@ -32,7 +32,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from types import TracebackType
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
@@ -148,14 +147,6 @@ class WorkerPool:
         for worker in workers:
             worker.stop(kill)
 
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
-
 
 # --- the worker's side --------------------------------------------------------------------------
 
@@ -175,7 +166,7 @@ def _serve(connection: Connection) -> None:
             return  # the pool closed, or its process is gone
 
         def reach(point: str) -> None:
-            failpoints.reach_in_worker(point)
+            failpoints.reach(point, failpoints.WORKER)
             connection.send(("reached", point))
 
         try:

@@ -184,11 +184,17 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": len(records), "bytes": nbytes, "seconds": seconds}
 
 
+def _workers_peak_rss_mb(processes: int) -> float:
+    """Peak RSS of the local engine's workers (ended children), each counted as large as the
+    largest: an upper bound of their simultaneous peak."""
+    return (processes - 1) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
 def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     """`ingest run` with the local engine: one batch of all records (plan, read, decode, write,
     commit), timed as the Spark and scaling stages are, including starting the worker processes;
     opening the catalog and creating the tables is reported apart (``open_s``). Peak RSS counts
-    the workers too (each as large as the largest: an upper bound of the simultaneous peak)."""
+    the workers too."""
     from ingest import config as config_module
     from ingest.local import LocalEngine
     from ingest.pipeline import Pipeline
@@ -203,14 +209,13 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
             result = pipeline.run_batch(engine)
             seconds = time.perf_counter() - started
             processes = engine.processes_for(sum(end - start for *_, start, end in result.ranges))
-    workers = processes - 1
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
         "seconds": seconds,
         "open_s": open_s,
         "processes": processes,
-        "children_peak_rss_mb": workers * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "children_peak_rss_mb": _workers_peak_rss_mb(processes),
     }
 
 
@@ -240,7 +245,7 @@ def stage_catchup(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": seconds,
         "first_batch_s": first_s,
         "processes": processes,
-        "children_peak_rss_mb": (processes - 1) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "children_peak_rss_mb": _workers_peak_rss_mb(processes),
     }
 
 
