@@ -137,10 +137,12 @@ def _one_object_per_line(values: list[bytes | None]) -> bytes | None:
     if payload[:1] != b"{" or payload[-1:] == b"\n":
         return None
     data = np.frombuffer(payload, np.uint8)
-    breaks = np.flatnonzero(data == _NEWLINE)
-    if len(breaks) != len(values) - 1 or bool((data == _RETURN).any()):
+    newlines = data == _NEWLINE
+    breaks = np.count_nonzero(newlines)
+    if breaks != len(values) - 1 or bool((data == _RETURN).any()):
         return None  # a value spans lines: Arrow would read it as several records
-    return payload if bool((data[breaks + 1] == _BRACE).all()) else None  # each starts like an object
+    # each line starts like an object: every newline is followed by a brace
+    return payload if np.count_nonzero(newlines[:-1] & (data[1:] == _BRACE)) == breaks else None
 
 
 class Decoder:

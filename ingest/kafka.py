@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -301,6 +302,7 @@ def _send(
 
 
 _SECOND = operator.itemgetter(1)
+_NO_END = np.iinfo(np.int64).max
 
 
 def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawChunk:
@@ -309,28 +311,36 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
     A fetch returns whole record batches, so messages past ``end`` can arrive before the
     partition is unassigned; they belong to the next batch and are dropped here.
     """
-    # one pass per field with map(): the per-message method calls are the reader's main cost
-    names = {topic for topic, _ in ends}
-    if len(names) == 1:
-        topics = pa.repeat(pa.scalar(next(iter(names)), pa.string()), len(messages))
-    else:
-        topics = pa.array(list(map(Message.topic, messages)), type=pa.string())
-    partitions = pa.array(list(map(Message.partition, messages)), type=pa.int32())
-    offsets = pa.array(list(map(Message.offset, messages)), type=pa.int64())
-    keep = None
+    # one pass per field with map() into numpy: the per-message method calls are the reader's
+    # main cost (the GIL is held throughout), so nothing else here works per message
+    count = len(messages)
+    names = sorted({topic for topic, _ in ends})
+    stops = np.full((len(names), max(partition for _, partition in ends) + 1), _NO_END, np.int64)
     for (topic, partition), end in ends.items():
-        past = pc.and_(
-            pc.and_(pc.equal(partitions, partition), pc.equal(topics, topic)), pc.greater_equal(offsets, end)
-        )
-        keep = past if keep is None else pc.or_(keep, past)
-    if keep is not None and pc.any(keep).as_py():
-        inside = pc.indices_nonzero(pc.invert(keep)).to_pylist()
+        stops[names.index(topic), partition] = end
+    partitions = np.fromiter(map(Message.partition, messages), np.int32, count)
+    offsets = np.fromiter(map(Message.offset, messages), np.int64, count)
+    if len(names) == 1:
+        topic_names = None
+        past = offsets >= stops[0, partitions]
+    else:
+        code: dict[str | None, int] = {name: i for i, name in enumerate(names)}
+        topic_names = list(map(Message.topic, messages))
+        past = offsets >= stops[np.fromiter(map(code.__getitem__, topic_names), np.intp, count), partitions]
+    if past.any():
+        inside = np.flatnonzero(~past)
         messages = [messages[i] for i in inside]
-        topics, partitions, offsets = (a.take(pa.array(inside, pa.int64())) for a in (topics, partitions, offsets))
+        partitions, offsets = partitions[inside], offsets[inside]
+        topic_names = None if topic_names is None else [topic_names[i] for i in inside]
+        count = len(messages)
+    if topic_names is None:
+        topics = pa.repeat(pa.scalar(names[0], pa.string()), count)
+    else:
+        topics = pa.array(topic_names, type=pa.string())
     values: list[bytes | None] = list(map(Message.value, messages))
     keys = pa.array(list(map(Message.key, messages)), type=pa.binary())
-    raw_ts = pa.array(list(map(_SECOND, map(Message.timestamp, messages))), type=pa.int64())
-    timestamps = pc.if_else(pc.less(raw_ts, 0), pa.scalar(None, pa.int64()), pc.multiply(raw_ts, 1000))
+    millis = np.fromiter(map(_SECOND, map(Message.timestamp, messages)), np.int64, count)  # -1: none
+    timestamps = pa.array(millis * 1000, pa.int64(), mask=millis < 0).cast(pa.timestamp("us", tz="UTC"))
     nbytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) + sum(map(len, messages))  # len(): value bytes
 
     def headers(i: int) -> Headers:
@@ -342,9 +352,9 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
 
     return RawChunk(
         topic=topics,
-        partition=partitions,
-        offset=offsets,
-        timestamp=timestamps.cast(pa.timestamp("us", tz="UTC")),
+        partition=pa.array(partitions),
+        offset=pa.array(offsets),
+        timestamp=timestamps,
         key=keys,
         values=values,
         headers=headers,
