@@ -60,6 +60,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from ingest import nogc
 from ingest.config import TRANSFORM, FieldSpec
 from ingest.core.ledger import SnapshotView
 from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
@@ -229,7 +230,8 @@ class IcebergTable:
         if time.monotonic() - self._loaded_at < max_age_s:
             return self.head()
         try:
-            self._table = self._table.refresh()
+            with nogc.paused():  # pydantic builds an object per snapshot, summary and log entry
+                self._table = self._table.refresh()
         except Exception as error:
             raise CatalogUnavailable(f"cannot refresh table {self.identifier}: {error}") from None
         self._loaded_at = time.monotonic()
@@ -282,14 +284,16 @@ class IcebergTable:
         Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
         :class:`CommitUnknown` for any failure that leaves the outcome open.
         """
-        transaction = self._head_only().transaction()
-        if properties:
-            transaction.set_properties(dict(properties))
-        with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).fast_append() as append:
-            for data_file in files:
-                append.append_data_file(data_file)
-            snapshot_id = append.snapshot_id
-        self._commit(transaction)
+        with nogc.paused():  # the catalog loads, deep-copies and writes the whole metadata
+            transaction = self._head_only().transaction()
+            if properties:
+                transaction.set_properties(dict(properties))
+            snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
+            with snapshot.fast_append() as append:
+                for data_file in files:
+                    append.append_data_file(data_file)
+                snapshot_id = append.snapshot_id
+            self._commit(transaction)
         return snapshot_id
 
     def _head_only(self) -> Table:

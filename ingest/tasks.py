@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from ingest import nogc
 from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition
 from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
@@ -258,10 +259,12 @@ def produce_ranges(
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:
     """Read exactly ``ranges`` (Kafka is read in a background thread while earlier chunks decode
-    and write), decode, and write data files into ``rows``' location."""
+    and write), decode, and write data files into ``rows``' location. The cyclic garbage collector
+    is paused meanwhile (:mod:`ingest.nogc`): a Python object per record forms no cycles."""
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-    chunks = prefetched(source.read(ranges))
-    return decode_and_write(chunks, Decoder(config.schema_), rows, config.batch.chunk_records, reach)
+    with nogc.paused():
+        chunks = prefetched(source.read(ranges))
+        return decode_and_write(chunks, Decoder(config.schema_), rows, config.batch.chunk_records, reach)
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,11 @@ def payload(i: int) -> bytes:
 
 
 def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
-    """librdkafka consumption with the tuned fetch settings the pipeline uses, and no decoding."""
+    """librdkafka consumption with the tuned fetch settings the pipeline uses, and no decoding;
+    the cyclic garbage collector paused as in the pipeline (a ``Message`` per record)."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from ingest import nogc
     from ingest.kafka import FETCH_DEFAULTS
 
     consumer = Consumer(
@@ -72,13 +74,14 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
     consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
     count = nbytes = eof = 0
     started = time.perf_counter()
-    while eof < args.partitions:
-        for message in consumer.consume(100_000, 1.0):
-            if message.error() is not None:
-                eof += 1
-                continue
-            count += 1
-            nbytes += len(message.value())
+    with nogc.paused():
+        while eof < args.partitions:
+            for message in consumer.consume(100_000, 1.0):
+                if message.error() is not None:
+                    eof += 1
+                    continue
+                count += 1
+                nbytes += len(message.value())
     seconds = time.perf_counter() - started
     consumer.close()
     return {"records": count, "bytes": nbytes, "seconds": seconds}

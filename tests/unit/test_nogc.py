@@ -1,0 +1,71 @@
+"""The collector pause: process-wide, nested and shared between threads, always restored."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ingest import nogc
+
+
+@pytest.fixture(autouse=True)
+def collector_enabled() -> Iterator[None]:
+    gc.enable()
+    yield
+    gc.enable()
+
+
+def test_paused_inside_and_running_again_after() -> None:
+    with nogc.paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_nested_pauses_end_with_the_outermost() -> None:
+    with nogc.paused():
+        with nogc.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_an_error_inside_still_ends_the_pause() -> None:
+    with pytest.raises(KeyError), nogc.paused():
+        raise KeyError("x")
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_before_stays_disabled() -> None:
+    gc.disable()
+    with nogc.paused():
+        pass
+    assert not gc.isenabled()
+
+
+def test_overlapping_pauses_in_two_threads_end_with_the_last() -> None:
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first() -> None:
+        with nogc.paused():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with nogc.paused():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(gc.isenabled())  # the first thread's pause ended, this one still holds
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert seen == [False]
+    assert gc.isenabled()
