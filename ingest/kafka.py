@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -59,6 +60,38 @@ EXACT_READ: dict[str, Any] = {
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     consumer_only = {"group.id", *FETCH_DEFAULTS, *EXACT_READ}
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
+
+
+Range = tuple[TopicPartition, int, int]
+
+
+class Stops:
+    """Where a read of exact ranges has got to, and where each range ends.
+
+    The reader moves ``position`` (the next offset it will get) forward. Another thread may move
+    an ``end`` back to hand the rest of a range to another reader, never below its position, so
+    nothing read is taken back. Both change only under ``lock``. Every message the reader was
+    given below a range's end is kept: an end moved back drops only what is past it.
+    """
+
+    def __init__(self, ranges: Sequence[Range]) -> None:
+        self.lock = threading.Lock()
+        self.start = {tp: start for tp, start, end in ranges if end > start}
+        self.position = dict(self.start)
+        self.end = {tp: end for tp, start, end in ranges if end > start}
+        if len(self.end) != sum(1 for _, start, end in ranges if end > start):
+            raise ValueError(f"two ranges of one partition in {ranges}")
+
+    def unread(self) -> list[Range]:
+        """What is left to read, in the order the ranges were given (hold ``lock``)."""
+        return [(tp, self.position[tp], end) for tp, end in self.end.items() if self.position[tp] < end]
+
+    def ranges(self) -> list[Range]:
+        """The ranges as they now end: once the read is over, exactly what it covered."""
+        return [(tp, start, self.end[tp]) for tp, start in self.start.items() if self.end[tp] > start]
+
+    def ends(self) -> dict[tuple[str, int], int]:
+        return {(tp.topic, tp.partition): end for tp, end in self.end.items()}
 
 
 class KafkaSource:
@@ -121,74 +154,68 @@ class KafkaSource:
 
     def read(
         self,
-        ranges: Sequence[tuple[TopicPartition, int, int]],
+        ranges: Sequence[Range] | Stops,
         chunk_records: int = READ_CHUNK_RECORDS,
         chunk_bytes: int = READ_CHUNK_BYTES,
     ) -> Iterator[RawChunk]:
         """Every record at offsets ``[start, end)`` of each range, in chunks of about ``chunk_records``
-        records or ``chunk_bytes`` bytes of values, whichever comes first."""
-        remaining = {tp: end for tp, start, end in ranges if end > start}
-        if not remaining:
+        records or ``chunk_bytes`` bytes of values, whichever comes first. Given :class:`Stops`,
+        the read also ends each range where another thread has since moved its end."""
+        stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
+        if not stops.end:
             return
-        consumer = self._consumer(sized_for=max(end - start for _, start, end in ranges))
+        consumer = self._consumer(sized_for=max(end - stops.start[tp] for tp, end in stops.end.items()))
         try:
-            consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start, end in ranges if end > start])
-            positions = {tp: start for tp, start, _ in ranges}
-            yield from self._drain(consumer, positions, remaining, chunk_records, chunk_bytes)
+            consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start in stops.start.items()])
+            yield from self._drain(consumer, stops, chunk_records, chunk_bytes)
         finally:
             consumer.close()
 
-    def _drain(
-        self,
-        consumer: Consumer,
-        positions: dict[TopicPartition, int],
-        remaining: dict[TopicPartition, int],
-        chunk_records: int,
-        chunk_bytes: int,
-    ) -> Iterator[RawChunk]:
-        ends = {(tp.topic, tp.partition): end for tp, end in remaining.items()}
+    def _drain(self, consumer: Consumer, stops: Stops, chunk_records: int, chunk_bytes: int) -> Iterator[RawChunk]:
+        reading = set(stops.end)
         pending: list[Message] = []
         pending_bytes = 0
         last_progress = time.monotonic()
-        while remaining:
-            # consume() returns when it has num_messages or its timeout passed: asking for no more
-            # than the ranges can still hold lets a small batch finish without waiting it out
-            left = sum(end - positions[tp] for tp, end in remaining.items())
-            messages = consumer.consume(num_messages=max(1, min(chunk_records, 100_000, left)), timeout=0.05)
-            if messages:
-                last_progress = time.monotonic()
-                if any(map(Message.error, messages)):  # events (partition EOF) and errors are rare
-                    for message in messages:
-                        error = message.error()
-                        if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                            self._raise(error, message)
-                    messages = [m for m in messages if m.error() is None]
-                pending.extend(messages)
-                pending_bytes += sum(map(len, messages))  # len(): the value's size, counted in C
-            elif time.monotonic() - last_progress > self.timeout_s:
-                stuck = ", ".join(f"{tp} (reading up to {end})" for tp, end in sorted(remaining.items()))
-                raise BrokerUnavailable(
-                    f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}; nothing was "
-                    "committed. Run again when the broker is healthy."
-                )
-            # a partition is done when its position reaches the range's end: offsets are not
-            # contiguous (transaction markers, aborted records, compaction)
-            for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in remaining]):
-                tp = TopicPartition(position.topic, position.partition)
-                if position.offset >= 0:
-                    positions[tp] = position.offset
-                    if position.offset >= remaining[tp]:
-                        self._finish(consumer, remaining, tp)
-            if len(pending) >= chunk_records or pending_bytes >= chunk_bytes:
-                yield _build(pending, ends)
-                pending, pending_bytes = [], 0
+        while True:
+            chunk = None
+            with stops.lock:  # a hand-off sees positions and ends between two steps, never during one
+                # a partition is done when its position reaches the range's end: offsets are not
+                # contiguous (transaction markers, aborted records, compaction)
+                for tp in [tp for tp in reading if stops.position[tp] >= stops.end[tp]]:
+                    reading.discard(tp)
+                    consumer.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+                if not reading:
+                    break
+                # consume() returns when it has num_messages or its timeout passed: asking for no more
+                # than the ranges can still hold lets a small batch finish without waiting it out
+                left = sum(stops.end[tp] - stops.position[tp] for tp in reading)
+                messages = consumer.consume(num_messages=max(1, min(chunk_records, 100_000, left)), timeout=0.05)
+                if messages:
+                    last_progress = time.monotonic()
+                    if any(map(Message.error, messages)):  # events (partition EOF) and errors are rare
+                        for message in messages:
+                            error = message.error()
+                            if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                                self._raise(error, message)
+                        messages = [m for m in messages if m.error() is None]
+                    pending.extend(messages)
+                    pending_bytes += sum(map(len, messages))  # len(): the value's size, counted in C
+                elif time.monotonic() - last_progress > self.timeout_s:
+                    stuck = ", ".join(f"{tp} (reading up to {stops.end[tp]})" for tp in sorted(reading))
+                    raise BrokerUnavailable(
+                        f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}; nothing was "
+                        "committed. Run again when the broker is healthy."
+                    )
+                for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in reading]):
+                    if position.offset >= 0:
+                        stops.position[TopicPartition(position.topic, position.partition)] = position.offset
+                if len(pending) >= chunk_records or pending_bytes >= chunk_bytes:
+                    chunk = _build(pending, stops.ends())
+                    pending, pending_bytes = [], 0
+            if chunk is not None:
+                yield chunk
         if pending:
-            yield _build(pending, ends)
-
-    @staticmethod
-    def _finish(consumer: Consumer, remaining: dict[TopicPartition, int], tp: TopicPartition) -> None:
-        if remaining.pop(tp, None) is not None:
-            consumer.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+            yield _build(pending, stops.ends())
 
     @staticmethod
     def _raise(error: KafkaError, message: Message) -> None:

@@ -154,7 +154,7 @@ class SparkEngine:
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch) if tasks else []
         failpoints.reach("files-written")
-        return combine(len(tasks), outputs, lambda problem: SparkUnavailable(f"the Spark job {problem}"))
+        return combine(batch.ranges(), outputs, lambda problem: SparkUnavailable(f"the Spark job {problem}"))
 
     def tasks(self, batch: Batch) -> list[TaskRange]:
         """The batch's ranges as tasks, split by the ``spark.ingest.*`` settings current in the session."""

@@ -26,9 +26,7 @@ from ingest.core.ledger import TopicPartition
 from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
 from ingest.errors import IngestError
 from ingest.iceberg import DataFile, IcebergTable
-from ingest.kafka import KafkaSource
-
-Range = tuple[TopicPartition, int, int]
+from ingest.kafka import KafkaSource, Range, Stops
 
 
 @dataclass
@@ -125,6 +123,26 @@ def share(ranges: Sequence[Range], parts: int) -> list[list[Range]]:
             want -= take
         groups.append(group)
     return [g for g in groups if g]
+
+
+def hand_off(stops: Stops, parts: int, least: int = 1) -> list[list[Range]]:
+    """Up to ``parts`` shares, for other readers, of what the reader behind ``stops`` has not read.
+
+    The unread rest is cut as :func:`share` cuts a batch, into ``parts + 1`` near-equal stretches;
+    the reader keeps the first (its ranges' ends move back to where that stretch ends) and the
+    others are returned. A share smaller than ``least`` offsets is not worth another reader, so
+    fewer shares are given then, or none.
+    """
+    with stops.lock:
+        unread = stops.unread()
+        parts = min(parts, sum(end - start for _, start, end in unread) // max(1, least) - 1)
+        if parts < 1:
+            return []
+        groups = share(unread, parts + 1)
+        kept = {tp: end for tp, _, end in groups[0]}
+        for tp, position, _ in unread:
+            stops.end[tp] = kept.get(tp, position)
+        return groups[1:]
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -255,12 +273,13 @@ def decode_and_write(
 def produce_ranges(
     config: PipelineConfig,
     rows: IcebergTable,
-    ranges: Sequence[Range],
+    ranges: Sequence[Range] | Stops,
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:
     """Read exactly ``ranges`` (Kafka is read in a background thread while earlier chunks decode
-    and write), decode, and write data files into ``rows``' location. The cyclic garbage collector
-    is paused meanwhile (:mod:`ingest.nogc`): a Python object per record forms no cycles."""
+    and write; given :class:`Stops`, up to wherever :func:`hand_off` leaves their ends), decode,
+    and write data files into ``rows``' location. The cyclic garbage collector is paused meanwhile
+    (:mod:`ingest.nogc`): a Python object per record forms no cycles."""
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
     with nogc.paused():
         chunks = prefetched(source.read(ranges))
@@ -278,17 +297,20 @@ class TaskOutput:
     records: int
     nbytes: int
     timestamps: dict[TopicPartition, int]
+    #: the offsets the task read, ``[start, end)`` per partition
+    ranges: tuple[Range, ...]
 
 
 def run_task(
     config: PipelineConfig,
     rows: IcebergTable,
     index: int,
-    ranges: Sequence[Range],
+    ranges: Sequence[Range] | Stops,
     reach: Callable[[str], None] = lambda _: None,
 ) -> TaskOutput:
     """One task: :func:`produce_ranges`, returned in a form that crosses process boundaries."""
     produced = produce_ranges(config, rows, ranges, reach)
+    read = ranges.ranges() if isinstance(ranges, Stops) else [r for r in ranges if r[2] > r[1]]
     return TaskOutput(
         index,
         produced.files,
@@ -296,6 +318,7 @@ def run_task(
         produced.records,
         produced.nbytes,
         produced.timestamps,
+        tuple(read),
     )
 
 
@@ -307,14 +330,15 @@ def _ipc(tables: Sequence[pa.Table]) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def combine(count: int, outputs: Sequence[TaskOutput], incomplete: Callable[[str], IngestError]) -> Produced:
-    """The outputs of tasks ``0..count-1`` as one result; ``incomplete(message)`` is raised when
-    any task's output is missing or doubled (committing then would lose or duplicate records)."""
-    indices = sorted(output.index for output in outputs)
-    if indices != list(range(count)):
-        raise incomplete(
-            f"got results for tasks {indices}, expected each of 0..{count - 1} once; nothing was committed. Run again."
-        )
+def combine(
+    expected: Sequence[Range], outputs: Sequence[TaskOutput], incomplete: Callable[[str], IngestError]
+) -> Produced:
+    """The outputs of a batch's tasks as one result; ``incomplete(message)`` is raised unless the
+    ranges the tasks read cover each ``expected`` range exactly once (committing then would lose
+    or duplicate records)."""
+    problem = _coverage_problem(expected, [r for output in outputs for r in output.ranges])
+    if problem is not None:
+        raise incomplete(f"got results that {problem}; nothing was committed. Run again.")
     ordered = sorted(outputs, key=lambda output: output.index)
     dead = [pa.ipc.open_stream(output.dead_letters).read_all() for output in ordered]
     return Produced(
@@ -324,3 +348,23 @@ def combine(count: int, outputs: Sequence[TaskOutput], incomplete: Callable[[str
         nbytes=sum(output.nbytes for output in ordered),
         timestamps=merge_timestamps(output.timestamps for output in ordered),
     )
+
+
+def _coverage_problem(expected: Sequence[Range], read: Sequence[Range]) -> str | None:
+    """What is wrong with ``read`` as a tiling of ``expected`` (None: every offset once)."""
+    pieces: dict[TopicPartition, list[tuple[int, int]]] = {}
+    for tp, start, end in read:
+        pieces.setdefault(tp, []).append((start, end))
+    wanted = {tp: (start, end) for tp, start, end in expected if end > start}
+    for tp in pieces.keys() - wanted.keys():
+        return f"read {tp}, which the batch does not cover"
+    for tp, (start, end) in wanted.items():
+        cursor = start
+        for low, high in sorted(pieces.get(tp, [])):
+            if low != cursor:
+                how = "missed" if low > cursor else "read twice"
+                return f"{how} offsets of {tp} from {min(low, cursor)} (covering {start}..{end})"
+            cursor = high
+        if cursor != end:
+            return f"covered {tp} up to {cursor}, not {end}"
+    return None

@@ -37,7 +37,8 @@ from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.errors import IngestError, RetryableError
 from ingest.iceberg import IcebergTable
-from ingest.tasks import Range, TaskOutput, run_task
+from ingest.kafka import Range
+from ingest.tasks import TaskOutput, run_task
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,20 @@ class _Worker:
         )
         theirs.close()
         self.connection = Connection(ours.detach())
+        self.ready = False  # it says so once its imports are done
+
+    def take_ready(self) -> None:
+        """Receive the worker's word that its imports are done (it is the first it sends)."""
+        try:
+            self.connection.recv()  # ("ready", None)
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=WATCH_S * 5)  # for its exit status
+            raise WorkerLost(
+                f"{self.describe()} while it started; nothing was committed. Run again "
+                "(lower batch.workers if the machine is short of memory)."
+            ) from None
+        self.ready = True
 
     def describe(self) -> str:
         code = self.process.poll()
@@ -86,6 +101,61 @@ class _Worker:
             self.process.wait()
 
 
+Task = tuple[PipelineConfig, IcebergTable, int, Sequence[Range]]
+
+
+class _Dispatch:
+    """Hands tasks to workers as they become ready, from a thread of its own while the engine's
+    process works on its own share."""
+
+    def __init__(self, workers: Sequence[_Worker], hand_off: Callable[[int], Sequence[Task]]) -> None:
+        self.hand_off = hand_off
+        for worker in workers:  # started in an earlier batch, ready since
+            if not worker.ready and worker.connection.poll():
+                worker.take_ready()
+        self.idle = [worker for worker in workers if worker.ready]
+        self.starting = {worker.connection: worker for worker in workers if not worker.ready}
+        self.busy: dict[Connection, _Worker] = {}
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="worker-dispatch", daemon=True)
+
+    def assign(self) -> None:
+        """Give each idle worker a task, as far as ``hand_off`` has any."""
+        if not self.idle:
+            return
+        tasks = self.hand_off(len(self.idle))
+        for worker, task in zip(self.idle, tasks, strict=False):
+            worker.connection.send(_Task(*task))
+            self.busy[worker.connection] = worker
+        self.idle = self.idle[len(tasks) :]
+
+    def start(self) -> None:
+        if self.starting:
+            self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while self.starting and not self._stopping.is_set():
+                joined = False
+                for connection in wait(list(self.starting), timeout=0.05):
+                    assert isinstance(connection, Connection)
+                    worker = self.starting.pop(connection)
+                    worker.take_ready()
+                    joined = True
+                    self.idle.append(worker)
+                if joined and not self._stopping.is_set():
+                    self.assign()
+        except BaseException as error:  # raised by the engine's thread once its own share is done
+            self.error = error
+
+    def stop(self) -> None:
+        """No more hand-offs: the engine's process has read its share."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 class WorkerPool:
     """``size`` worker processes, started when first needed and kept for later batches."""
 
@@ -93,25 +163,46 @@ class WorkerPool:
         self.size = size
         self._workers: list[_Worker] = []
 
+    def start(self, count: int, timeout_s: float | None = None) -> None:
+        """Start workers up to ``count`` now; with ``timeout_s``, return once each is ready."""
+        try:
+            while len(self._workers) < min(count, self.size):
+                self._workers.append(_Worker())
+            for worker in self._workers if timeout_s is not None else []:
+                if not worker.ready:
+                    if not worker.connection.poll(timeout_s):
+                        raise WorkerLost(f"worker {worker.process.pid} was not ready after {timeout_s:.0f}s")
+                    worker.take_ready()
+        except BaseException:
+            self.close(kill=True)
+            raise
+
     def run(
         self,
-        tasks: Sequence[tuple[PipelineConfig, IcebergTable, int, Sequence[Range]]],
+        helpers: int,
+        hand_off: Callable[[int], Sequence[Task]],
         reach: Callable[[str], None],
         meanwhile: Callable[[], TaskOutput],
     ) -> list[TaskOutput]:
-        """Run each task on a worker of its own (at most ``size``) and ``meanwhile()`` in this
-        process; forward ``mid-read`` and ``mid-write`` from the workers to ``reach``. On any
+        """Run ``meanwhile()`` in this process while up to ``helpers`` workers join in: whenever
+        some are ready and idle, ``hand_off(n)`` gives up to ``n`` tasks, one per worker. Workers
+        already running get theirs before ``meanwhile`` starts; one started for this batch asks
+        when its imports are done (seconds on a cold machine), so it takes a share of what is then
+        left. ``mid-read`` and ``mid-write`` reached in workers are forwarded to ``reach``. On any
         failure every worker is killed (the next batch starts new ones) and the error is raised."""
-        assert len(tasks) <= self.size, (len(tasks), self.size)
+        assert helpers <= self.size, (helpers, self.size)
         try:
-            while len(self._workers) < len(tasks):
-                self._workers.append(_Worker())
-            busy = {}
-            for worker, task in zip(self._workers, tasks, strict=False):
-                worker.connection.send(_Task(*task))
-                busy[worker.connection] = worker
-            outputs = [meanwhile()]
-            return outputs + self._collect(busy, reach)
+            self.start(helpers)
+            dispatch = _Dispatch(self._workers[:helpers], hand_off)
+            dispatch.assign()
+            dispatch.start()
+            try:
+                own = meanwhile()
+            finally:
+                dispatch.stop()
+            if dispatch.error is not None:
+                raise dispatch.error
+            return [own, *self._collect(dispatch.busy, reach)]
         except BaseException:
             self.close(kill=True)
             raise
@@ -159,6 +250,7 @@ def _watch(parent: int) -> None:
 
 
 def _serve(connection: Connection) -> None:
+    connection.send(("ready", None))
     while True:
         try:
             task: _Task = connection.recv()

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 
 import pytest
 
 from ingest.core.ledger import TopicPartition
-from ingest.kafka import KafkaSource, create_topic, produce
+from ingest.decode import RawChunk
+from ingest.kafka import KafkaSource, Stops, create_topic, produce
+from ingest.tasks import _coverage_problem as combine_problem
+from ingest.tasks import hand_off
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +53,42 @@ def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted
     ranges = [(TopicPartition(name[t], p), start, end) for t, p, start, end in wanted]
     source = KafkaSource({"bootstrap.servers": bootstrap}, sorted({tp.topic for tp, _, _ in ranges}), "read-test", 20)
 
-    got = []
-    for chunk in source.read(ranges, chunk_records=7):  # small chunks: fetches overrun every range's end
+    got = _rows(source.read(ranges, chunk_records=7), before, after)  # small chunks: fetches overrun the ends
+
+    expected = [
+        (tp.topic, tp.partition, offset, *_record(tp.topic, tp.partition, offset))
+        for tp, start, end in ranges
+        for offset in range(start, end)
+    ]
+    assert sorted(got, key=lambda row: row[:3]) == sorted(expected, key=lambda row: row[:3])
+
+
+def test_a_read_hands_off_what_it_has_not_read_and_no_offset_is_lost_or_doubled(bootstrap: str, topics) -> None:
+    a, b, before, after = topics
+    ranges = [(TopicPartition(a, 0), 0, PER_PARTITION), (TopicPartition(a, 1), 3, 57), (TopicPartition(b, 0), 10, 50)]
+    source = KafkaSource({"bootstrap.servers": bootstrap}, [a, b], "read-test", 20)
+    stops = Stops(ranges)
+    reading = source.read(stops, chunk_records=5)
+
+    first = next(reading)  # the reader is under way, with more fetched than it has handed on
+    given = hand_off(stops, 2)
+    got = _rows([first], before, after) + _rows(reading, before, after)
+    for share in given:
+        got += _rows(source.read(share, chunk_records=5), before, after)
+
+    assert len(given) == 2 and all(share for share in given)
+    expected = [
+        (tp.topic, tp.partition, offset, *_record(tp.topic, tp.partition, offset))
+        for tp, start, end in ranges
+        for offset in range(start, end)
+    ]
+    assert sorted(got, key=lambda row: row[:3]) == sorted(expected, key=lambda row: row[:3])
+    assert combine_problem(ranges, stops.ranges() + [r for share in given for r in share]) is None
+
+
+def _rows(chunks: Iterable[RawChunk], before: int, after: int) -> list[tuple[object, ...]]:
+    rows = []
+    for chunk in chunks:
         columns = zip(
             chunk.topic.to_pylist(),
             chunk.partition.to_pylist(),
@@ -63,11 +101,5 @@ def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted
         )
         for topic, partition, offset, key, value, headers, timestamp in columns:
             assert before <= timestamp.timestamp() * 1000 <= after + 1, timestamp
-            got.append((topic, partition, offset, key, value, headers))
-
-    expected = [
-        (tp.topic, tp.partition, offset, *_record(tp.topic, tp.partition, offset))
-        for tp, start, end in ranges
-        for offset in range(start, end)
-    ]
-    assert sorted(got, key=lambda row: row[:3]) == sorted(expected, key=lambda row: row[:3])
+            rows.append((topic, partition, offset, key, value, headers))
+    return rows

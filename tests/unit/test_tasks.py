@@ -1,4 +1,5 @@
-"""Sharing a batch's ranges between worker processes (ingest.tasks.share): no Kafka needed."""
+"""Sharing a batch's ranges between processes (ingest.tasks.share and hand_off) and checking that
+their results cover it exactly (combine): no Kafka needed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.core.ledger import TopicPartition
-from ingest.tasks import share
+from ingest.kafka import Stops
+from ingest.tasks import _coverage_problem as combine_problem
+from ingest.tasks import hand_off, share
 
 ranges_strategy = st.lists(
     st.tuples(st.integers(0, 7), st.integers(0, 10_000), st.integers(0, 3_000)), max_size=8, unique_by=lambda r: r[0]
@@ -43,3 +46,59 @@ def test_a_group_takes_whole_ranges_where_it_can() -> None:
     assert groups == [[(a, 0, 100), (b, 50, 100)], [(b, 100, 150), (c, 0, 100)]]
     assert share([(a, 5, 5)], 4) == []
     assert share([(a, 0, 3)], 8) == [[(a, 0, 1)], [(a, 1, 2)], [(a, 2, 3)]]
+
+
+@given(
+    ranges_strategy,
+    st.lists(st.floats(0, 1), min_size=8, max_size=8),
+    st.integers(1, 8),
+    st.integers(1, 2_000),
+)
+def test_a_hand_off_gives_away_only_unread_offsets_and_loses_none(ranges, read, parts: int, least: int) -> None:
+    stops = Stops(ranges)
+    for (tp, start, end), fraction in zip(ranges, read, strict=False):
+        if end > start:
+            stops.position[tp] = start + int((end - start) * fraction)
+    before = {tp: stops.position[tp] for tp in stops.end}
+
+    given = hand_off(stops, parts, least)
+
+    unread = sum(end - before[tp] for tp, _, end in ranges if end > start_of(ranges, tp))
+    kept = sum(stops.end[tp] - before[tp] for tp in stops.end)
+    sizes = [kept] + [sum(end - start for _, start, end in group) for group in given]
+    assert len(given) <= parts
+    assert all(size >= least for size in sizes[1:])
+    assert sum(sizes) == unread
+    if given:
+        assert max(sizes) - min(sizes) <= 1
+    # what the reader read, what it keeps and what it gave away cover each range exactly once
+    read_and_kept = [(tp, start, stops.end[tp]) for tp, start, end in ranges if end > start]
+    assert combine_problem(ranges, read_and_kept + [r for group in given for r in group]) is None
+    assert all(stops.end[tp] >= before[tp] for tp in stops.end)  # nothing read is taken back
+
+
+def start_of(ranges, tp) -> int:
+    return next(start for t, start, _ in ranges if t == tp)
+
+
+def test_nothing_is_handed_off_when_the_shares_would_be_too_small() -> None:
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    stops = Stops([(a, 0, 100), (b, 0, 100)])
+    stops.position[a] = 90
+
+    # 110 unread: two shares of 55 (the reader keeps a's last 10 and b's first 45), not four of 27
+    assert hand_off(stops, 3, least=40) == [[(b, 45, 100)]]
+    assert stops.end == {a: 100, b: 45}
+    assert hand_off(stops, 3, least=40) == []  # 55 unread: one share
+    assert stops.end == {a: 100, b: 45}
+
+
+def test_results_that_miss_or_double_offsets_are_refused() -> None:
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    batch = [(a, 0, 100), (b, 10, 10)]
+
+    assert combine_problem(batch, [(a, 50, 100), (a, 0, 50)]) is None
+    assert "missed offsets of t[0] from 40" in str(combine_problem(batch, [(a, 0, 40), (a, 50, 100)]))
+    assert "read twice offsets of t[0] from 40" in str(combine_problem(batch, [(a, 0, 60), (a, 40, 100)]))
+    assert "up to 90, not 100" in str(combine_problem(batch, [(a, 0, 90)]))
+    assert "does not cover" in str(combine_problem(batch, [(a, 0, 100), (b, 10, 11)]))
