@@ -73,6 +73,12 @@ class LocalEngine:
         if helpers == 0:
             outputs = [run_task(self.config, self.rows, 0, stops, reach)]
         else:
+            log.info(
+                "batch %d: reading %d records in this process, %d workers joining as they are ready",
+                batch.number,
+                records,
+                helpers,
+            )
             detached = self.rows.detached()
             numbers = itertools.count(1)
             least = min(self.config.batch.chunk_records, READ_CHUNK_RECORDS)

@@ -61,7 +61,7 @@ def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, p
     output, _ = killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL, output[-3000:]
     assert f"running task <TaskInstance: {dag_id(env)}.ingest" in output
-    assert "records shared between this process and 1 workers" in output, output[-3000:]
+    assert "records in this process, 1 workers joining as they are ready" in output, output[-3000:]
     assert gone(killed.pid), f"the killed task's workers still run: {workers_of(killed.pid)}"
     rows, dead = env.counts()
     assert rows == 0  # the rows commit never happened
