@@ -91,7 +91,7 @@ class _Worker:
         return f"worker {self.process.pid} {how}" + (" (SIGKILL: often the OOM killer)" if code == -9 else "")
 
     def stop(self, kill: bool, timeout_s: float = 5.0) -> None:
-        if kill:  # a failed or interrupted batch: its workers' work is of no use
+        if kill or not self.ready:  # a failed batch's work is of no use, nor are a starting worker's imports
             self.process.kill()
         self.connection.close()  # end-of-file: an idle worker exits
         try:
@@ -250,7 +250,10 @@ def _watch(parent: int) -> None:
 
 
 def _serve(connection: Connection) -> None:
-    connection.send(("ready", None))
+    try:
+        connection.send(("ready", None))
+    except OSError:  # the pool closed while this process started
+        return
     while True:
         try:
             task: _Task = connection.recv()

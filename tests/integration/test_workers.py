@@ -62,6 +62,22 @@ def test_workers_started_by_a_run_leave_with_it(make_env) -> None:
     env.verify()
 
 
+def test_a_run_that_ends_while_its_workers_start_stops_them_quietly(make_env) -> None:
+    """One small batch is read and committed before the worker processes it started have imported
+    what they need: the run ends without waiting for them, and they leave no error behind."""
+    env = make_env(batch=SHARED)
+    env.produce(3_000)
+
+    process = env.popen("-v", "run")
+    _, stderr = process.communicate(timeout=300)
+
+    assert process.returncode == 0, stderr
+    assert "3000 records shared between this process and" in stderr  # 0 workers, unless a slow read let one join
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert gone(process.pid)
+    assert env.counts() == (3_000, 0)
+
+
 @pytest.mark.crash
 @pytest.mark.parametrize("point", POINTS)
 def test_engine_killed_at_each_step_leaves_no_worker_behind(make_env, point: str) -> None:
