@@ -81,7 +81,7 @@ class LocalEngine:
             )
             detached = self.rows.detached()
             numbers = itertools.count(1)
-            least = min(self.config.batch.chunk_records, READ_CHUNK_RECORDS)
+            least = min(self.config.batch.chunk_records, READ_CHUNK_RECORDS)  # less is not worth a consumer
 
             def give(parts: int) -> list[Task]:
                 shares = hand_off(stops, parts, least)

@@ -32,6 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
@@ -70,17 +71,22 @@ class _Worker:
         self.connection = Connection(ours.detach())
         self.ready = False  # it says so once its imports are done
 
-    def take_ready(self) -> None:
-        """Receive the worker's word that its imports are done (it is the first it sends)."""
+    def receive(self, when: str) -> tuple[str, Any]:
+        """The worker's next message; :class:`WorkerLost` if it is gone (``when``: what it was doing)."""
         try:
-            self.connection.recv()  # ("ready", None)
+            kind, payload = self.connection.recv()
         except (EOFError, OSError):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=WATCH_S * 5)  # for its exit status
             raise WorkerLost(
-                f"{self.describe()} while it started; nothing was committed. Run again "
-                "(lower batch.workers if the machine is short of memory)."
+                f"{self.describe()} {when}; nothing was committed. Run again (lower batch.workers or "
+                "batch.chunk_records if the machine is short of memory)."
             ) from None
+        return kind, payload
+
+    def take_ready(self) -> None:
+        """Receive the worker's word that its imports are done (the first message it sends)."""
+        self.receive("while it started")
         self.ready = True
 
     def describe(self) -> str:
@@ -212,16 +218,7 @@ class WorkerPool:
         while busy:
             for connection in wait(list(busy)):
                 assert isinstance(connection, Connection)
-                try:
-                    kind, payload = connection.recv()
-                except (EOFError, OSError):
-                    worker = busy[connection]
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        worker.process.wait(timeout=WATCH_S * 5)  # for its exit status
-                    raise WorkerLost(
-                        f"{worker.describe()} during the batch; nothing was committed. Run again (lower "
-                        "batch.workers or batch.chunk_records if the machine is short of memory)."
-                    ) from None
+                kind, payload = busy[connection].receive("during the batch")
                 if kind == "reached":
                     reach(payload)
                 elif kind == "done":
