@@ -68,8 +68,8 @@ class FieldSpec(_Strict):
 class BatchSpec(_Strict):
     max_records: Annotated[int, Field(gt=0)] = 500_000
     #: rows written together (a data file per partition value); decoded rows are held in Arrow until
-    #: then, so this and ``workers`` bound memory independently of the batch size. Also the least
-    #: share of a batch worth a worker process (starting one costs about half a second)
+    #: then, so this and ``workers`` bound memory independently of the batch size. A batch is shared
+    #: with one worker process per full chunk beyond the first (a worker's imports take ~0.5-1 s)
     chunk_records: Annotated[int, Field(gt=0)] = 1_000_000
     #: seconds without progress from Kafka before the batch gives up (retryable)
     read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
