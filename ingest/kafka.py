@@ -342,18 +342,18 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
     # main cost (the GIL is held throughout), so nothing else here works per message
     count = len(messages)
     names = sorted({topic for topic, _ in ends})
-    stops = np.full((len(names), max(partition for _, partition in ends) + 1), _NO_END, np.int64)
+    limits = np.full((len(names), max(partition for _, partition in ends) + 1), _NO_END, np.int64)
     for (topic, partition), end in ends.items():
-        stops[names.index(topic), partition] = end
+        limits[names.index(topic), partition] = end
     partitions = np.fromiter(map(Message.partition, messages), np.int32, count)
     offsets = np.fromiter(map(Message.offset, messages), np.int64, count)
     if len(names) == 1:
         topic_names = None
-        past = offsets >= stops[0, partitions]
+        past = offsets >= limits[0, partitions]
     else:
         code: dict[str | None, int] = {name: i for i, name in enumerate(names)}
         topic_names = list(map(Message.topic, messages))
-        past = offsets >= stops[np.fromiter(map(code.__getitem__, topic_names), np.intp, count), partitions]
+        past = offsets >= limits[np.fromiter(map(code.__getitem__, topic_names), np.intp, count), partitions]
     if past.any():
         inside = np.flatnonzero(~past)
         messages = [messages[i] for i in inside]

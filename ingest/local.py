@@ -85,7 +85,7 @@ class LocalEngine:
 
             def give(parts: int) -> list[Task]:
                 shares = hand_off(stops, parts, least)
-                return [(self.config, detached, next(numbers), ranges) for ranges in shares]
+                return [Task(self.config, detached, next(numbers), ranges) for ranges in shares]
 
             outputs = self._pool.run(
                 helpers, give, reach, meanwhile=lambda: run_task(self.config, self.rows, 0, stops, reach)

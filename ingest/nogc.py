@@ -5,7 +5,8 @@ confluent-kafka ``Message`` per record (GC-tracked), and pydantic models by the 
 each time pyiceberg loads or copies a table's metadata. The collector runs every 700 such
 allocations and, every so often, walks every live tracked object; in a process reading a batch
 that cost a third of its CPU. One local-engine process on ``make bench``'s 2M records:
-280-316k records/s with the collector running, 429-452k/s with it paused.
+280-316k records/s with the collector running, 468-479k/s with it paused here; the batch left 55
+unreachable objects for the collector once it ran again.
 
 Reference counting frees everything as usual while the collector is paused; only garbage in
 cycles waits until the pause ends. Mercurial's ``util.nogc`` does the same around its bulk

@@ -273,16 +273,16 @@ def decode_and_write(
 def produce_ranges(
     config: PipelineConfig,
     rows: IcebergTable,
-    ranges: Sequence[Range] | Stops,
+    stops: Stops,
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:
-    """Read exactly ``ranges`` (Kafka is read in a background thread while earlier chunks decode
-    and write; given :class:`Stops`, up to wherever :func:`hand_off` leaves their ends), decode,
-    and write data files into ``rows``' location. The cyclic garbage collector is paused meanwhile
+    """Read exactly the ranges of ``stops``, up to wherever :func:`hand_off` leaves their ends
+    (Kafka is read in a background thread while earlier chunks decode and write), decode, and
+    write data files into ``rows``' location. The cyclic garbage collector is paused meanwhile
     (:mod:`ingest.nogc`): a Python object per record forms no cycles."""
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
     with nogc.paused():
-        chunks = prefetched(source.read(ranges))
+        chunks = prefetched(source.read(stops))
         return decode_and_write(chunks, Decoder(config.schema_), rows, config.batch.chunk_records, reach)
 
 
@@ -309,8 +309,8 @@ def run_task(
     reach: Callable[[str], None] = lambda _: None,
 ) -> TaskOutput:
     """One task: :func:`produce_ranges`, returned in a form that crosses process boundaries."""
-    produced = produce_ranges(config, rows, ranges, reach)
-    read = ranges.ranges() if isinstance(ranges, Stops) else [r for r in ranges if r[2] > r[1]]
+    stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
+    produced = produce_ranges(config, rows, stops, reach)
     return TaskOutput(
         index,
         produced.files,
@@ -318,7 +318,7 @@ def run_task(
         produced.records,
         produced.nbytes,
         produced.timestamps,
-        tuple(read),
+        tuple(stops.ranges()),  # once the read is over, what it covered
     )
 
 

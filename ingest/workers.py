@@ -52,7 +52,9 @@ class WorkerLost(RetryableError):
 
 
 @dataclass(frozen=True)
-class _Task:
+class Task:
+    """A share of a batch for a worker: read ``ranges``, write into ``rows``' location."""
+
     config: PipelineConfig
     rows: IcebergTable
     index: int
@@ -84,10 +86,13 @@ class _Worker:
             ) from None
         return kind, payload
 
-    def take_ready(self) -> None:
-        """Receive the worker's word that its imports are done (the first message it sends)."""
-        self.receive("while it started")
-        self.ready = True
+    def poll_ready(self, timeout_s: float = 0.0) -> bool:
+        """Whether the worker has said its imports are done (the first message it sends), waiting
+        up to ``timeout_s`` for the word."""
+        if not self.ready and self.connection.poll(timeout_s):
+            self.receive("while it started")
+            self.ready = True
+        return self.ready
 
     def describe(self) -> str:
         code = self.process.poll()
@@ -107,19 +112,13 @@ class _Worker:
             self.process.wait()
 
 
-Task = tuple[PipelineConfig, IcebergTable, int, Sequence[Range]]
-
-
 class _Dispatch:
     """Hands tasks to workers as they become ready, from a thread of its own while the engine's
     process works on its own share."""
 
     def __init__(self, workers: Sequence[_Worker], hand_off: Callable[[int], Sequence[Task]]) -> None:
         self.hand_off = hand_off
-        for worker in workers:  # started in an earlier batch, ready since
-            if not worker.ready and worker.connection.poll():
-                worker.take_ready()
-        self.idle = [worker for worker in workers if worker.ready]
+        self.idle = [worker for worker in workers if worker.poll_ready()]  # some started in an earlier batch
         self.starting = {worker.connection: worker for worker in workers if not worker.ready}
         self.busy: dict[Connection, _Worker] = {}
         self.error: BaseException | None = None
@@ -131,8 +130,9 @@ class _Dispatch:
         if not self.idle:
             return
         tasks = self.hand_off(len(self.idle))
+        assert len(tasks) <= len(self.idle), (len(tasks), len(self.idle))
         for worker, task in zip(self.idle, tasks, strict=False):
-            worker.connection.send(_Task(*task))
+            worker.connection.send(task)
             self.busy[worker.connection] = worker
         self.idle = self.idle[len(tasks) :]
 
@@ -147,9 +147,9 @@ class _Dispatch:
                 for connection in wait(list(self.starting), timeout=0.05):
                     assert isinstance(connection, Connection)
                     worker = self.starting.pop(connection)
-                    worker.take_ready()
-                    joined = True
+                    worker.poll_ready()  # wait() saw its word (or its end: WorkerLost)
                     self.idle.append(worker)
+                    joined = True
                 if joined and not self._stopping.is_set():
                     self.assign()
         except BaseException as error:  # raised by the engine's thread once its own share is done
@@ -174,11 +174,9 @@ class WorkerPool:
         try:
             while len(self._workers) < min(count, self.size):
                 self._workers.append(_Worker())
-            for worker in self._workers if timeout_s is not None else []:
-                if not worker.ready:
-                    if not worker.connection.poll(timeout_s):
-                        raise WorkerLost(f"worker {worker.process.pid} was not ready after {timeout_s:.0f}s")
-                    worker.take_ready()
+            for worker in self._workers:
+                if timeout_s is not None and not worker.poll_ready(timeout_s):
+                    raise WorkerLost(f"worker {worker.process.pid} was not ready after {timeout_s:.0f}s")
         except BaseException:
             self.close(kill=True)
             raise
@@ -253,7 +251,7 @@ def _serve(connection: Connection) -> None:
         return
     while True:
         try:
-            task: _Task = connection.recv()
+            task: Task = connection.recv()
         except EOFError:
             return  # the pool closed, or its process is gone
 

@@ -125,7 +125,7 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     unreachable = env.config.model_copy(update={"kafka": {"bootstrap.servers": "127.0.0.1:9"}})
     pool = WorkerPool(1)
-    task = (unreachable, pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
+    task = Task(unreachable, pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
     handed = threading.Event()
 
     def hand_off(parts: int) -> list[Task]:
@@ -158,7 +158,7 @@ def meanwhile():
     print("sent", flush=True)
     time.sleep(600)
 
-WorkerPool(1).run(1, lambda parts: [(cfg, rows, 1, [(TopicPartition(sys.argv[2], 0), 0, 100)])], print, meanwhile)
+WorkerPool(1).run(1, lambda parts: [Task(cfg, rows, 1, [(TopicPartition(sys.argv[2], 0), 0, 100)])], print, meanwhile)
 """
 
 
