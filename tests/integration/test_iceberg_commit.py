@@ -1,13 +1,19 @@
 """An append is built on the branch head alone (pyiceberg re-derives the whole metadata on every read
 inside a transaction) and applied by the catalog to its complete metadata: nothing else in the
 table may change — other branches, tags, older snapshots, the snapshot and metadata logs, and the
-summary totals that readers use.
+summary totals that readers use. The SQL catalog parses a metadata file once, and still sees every
+other writer's commit.
 """
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+from pyiceberg.catalog import load_catalog
+from pyiceberg.serializers import FromInputFile
+
+from ingest.iceberg import HeldSqlCatalog
 from ingest.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -46,4 +52,40 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
         assert head.summary is not None and head.summary["total-records"] == "1600"
         assert head.sequence_number == max(s.sequence_number for s in seen.snapshots if s.sequence_number)
     assert env.counts() == (1_600, 0)
+    env.verify()
+
+
+def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(make_env, monkeypatch) -> None:
+    env = make_env(batch={"max_records": 400})
+    env.produce(800)
+    pipeline = Pipeline.open(env.config)
+    assert isinstance(pipeline.rows.catalog, HeldSqlCatalog)
+    assert pipeline.run_batch().status == "committed"
+    parsed: list[str] = []
+    parse = FromInputFile.table_metadata
+
+    def counting(input_file: Any, encoding: str = "utf-8") -> Any:
+        parsed.append(input_file.location)
+        return parse(input_file, encoding)
+
+    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(counting))
+
+    # planning's refresh and the commit's own check find the metadata this handle committed last
+    assert pipeline.run_batch().status == "committed"
+    assert parsed == []
+    held = pipeline.rows.table
+    assert pipeline.rows.catalog.load_table(held.name()).metadata is held.metadata
+
+    # another writer, through pyiceberg's own catalog: its commit is seen by the next load
+    properties = dict(env.config.catalog)
+    other = load_catalog(properties.pop("name"), **properties).load_table(held.name())
+    assert type(other.catalog) is not HeldSqlCatalog
+    other.transaction().set_properties({"owner": "someone else"}).commit_transaction()
+    parsed.clear()
+    assert pipeline.rows.refresh().properties["owner"] == "someone else"
+    assert parsed == [other.metadata_location]
+    env.produce(400)
+    assert pipeline.run_batch().status == "committed"  # committed on top of the other writer's change
+    assert pipeline.rows.table.properties["owner"] == "someone else"
+    assert env.counts() == (1_200, 0)
     env.verify()
