@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +28,13 @@ def test_run_until_caught_up_lands_every_record_once(make_env) -> None:
     assert sum(b["records"] + b["dead_letters"] for b in batches) == 5_000
     assert env.counts() == (5_000 - env.bad, env.bad)
     env.verify()
+    # lag dashboards read the consumer group: it holds the end of the last batch, 5,000 records in all
+    group = ConsumerGroupTopicPartitions(
+        env.config.group_id, [TopicPartition(env.topic, p) for p in range(env.partitions)]
+    )
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    [future] = admin.list_consumer_group_offsets([group], request_timeout=20).values()
+    assert sum(tp.offset for tp in future.result(timeout=30).topic_partitions) == 5_000
 
 
 def test_default_run_is_one_batch_and_rerun_on_caught_up_writes_no_snapshot(make_env) -> None:
