@@ -1,4 +1,5 @@
-"""Iceberg adapter: the only module that imports pyiceberg.
+"""Iceberg adapter: the only module that imports pyiceberg (with :mod:`ingest.held_catalog`,
+imported only once an SQL catalog is opened: workers write files and need no SQLAlchemy).
 
 It turns the catalog into what the protocol needs: the branch head and its ancestry as
 :class:`~ingest.core.ledger.SnapshotView`, Parquet data files written under unique names, and one
@@ -21,7 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
@@ -32,9 +32,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO, _check_pyarrow_schema_compatible
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import CommitTableResponse, Table, Transaction
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -156,49 +154,16 @@ def connect(properties: Mapping[str, str]) -> Catalog:
     name = props.pop("name")
     try:
         catalog = load_catalog(name, **props)
-        if type(catalog) is SqlCatalog:  # the same catalog, holding what it parsed
-            catalog.engine.dispose()
+        if type(catalog).__module__ == "pyiceberg.catalog.sql":  # SqlCatalog: its module is loaded now
+            from ingest.held_catalog import HeldSqlCatalog
+
+            catalog.engine.dispose()  # type: ignore[attr-defined]
             catalog = HeldSqlCatalog(catalog.name, **catalog.properties)
         return catalog
     except (ValueError, NotImplementedError) as error:
         raise ConfigError(f"catalog: {error}") from None
     except Exception as error:  # driver errors of every catalog backend
         raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
-
-
-class HeldSqlCatalog(SqlCatalog):
-    """pyiceberg's SQL catalog, keeping the metadata it last parsed or committed for each table.
-
-    pyiceberg parses a table's whole metadata file on every load: twice per batch (planning
-    refreshes the head, and the commit checks it again), ~25 ms each at 1,000 snapshots. An Iceberg
-    metadata file is never changed once written and every commit writes one under a new name, so
-    when a load finds the same ``metadata_location`` in the table's row as last time, the
-    metadata parsed then is still exact. The row is read on every load, so a commit by any other
-    writer is seen at once; only the parsing is saved.
-    """
-
-    def __init__(self, name: str, **properties: str) -> None:
-        super().__init__(name, **properties)
-        #: per table: the metadata location last loaded or committed, and its parsed metadata
-        self._held: dict[tuple[str, ...], tuple[str, TableMetadata]] = {}
-
-    def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
-        identifier = (*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name)
-        location = orm_table.metadata_location
-        held = self._held.get(identifier)
-        if held is None or held[0] != location:
-            table = super()._convert_orm_to_iceberg(orm_table)
-            self._held[identifier] = (table.metadata_location, table.metadata)
-            return table
-        metadata = held[1]
-        return Table(identifier, metadata, location, self._load_file_io(metadata.properties, location), self)
-
-    def commit_table(
-        self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
-    ) -> CommitTableResponse:
-        response = super().commit_table(table, requirements, updates)
-        self._held[table.name()] = (response.metadata_location, response.metadata)
-        return response
 
 
 class CommitConflict(Exception):

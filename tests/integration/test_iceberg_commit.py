@@ -13,7 +13,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.serializers import FromInputFile
 
-from ingest.iceberg import HeldSqlCatalog
+from ingest.held_catalog import HeldSqlCatalog
 from ingest.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
