@@ -87,23 +87,27 @@ class IngestOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
         with _explicit_failures(self):
-            pipeline = _open(self.config_path)
-            totals |= {"pipeline": pipeline.config.pipeline, "batch": None, "snapshot_id": None}
-            for result in pipeline.run(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
-                self.log.info(
-                    "batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
-                    result.batch,
-                    result.status,
-                    result.records,
-                    result.dead_letters,
-                    result.seconds,
-                    result.snapshot_id,
-                )
-                totals["batches"] += 1
-                totals["committed"] += result.status == "committed"
-                totals["records"] += result.records
-                totals["dead_letters"] += result.dead_letters
-                totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
+            from ingest.local import opened
+
+            with opened(config_module.load(self.config_path)) as (pipeline, engine):
+                totals |= {"pipeline": pipeline.config.pipeline, "batch": None, "snapshot_id": None}
+                for result in pipeline.run(
+                    until_caught_up=self.until_caught_up, max_batches=self.max_batches, engine=engine
+                ):
+                    self.log.info(
+                        "batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
+                        result.batch,
+                        result.status,
+                        result.records,
+                        result.dead_letters,
+                        result.seconds,
+                        result.snapshot_id,
+                    )
+                    totals["batches"] += 1
+                    totals["committed"] += result.status == "committed"
+                    totals["records"] += result.records
+                    totals["dead_letters"] += result.dead_letters
+                    totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
         return totals
 
 

@@ -12,7 +12,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -86,9 +86,13 @@ def _guarded(json_output: bool, action: Callable[[], T]) -> T:
 
 
 def _open(path: Path) -> Any:
+    return _pipeline(config_module.load(path))
+
+
+def _pipeline(config: Any) -> Any:
     from ingest.pipeline import Pipeline
 
-    return Pipeline.open(config_module.load(path))
+    return Pipeline.open(config)
 
 
 def _ms(value: int | None) -> str:
@@ -128,8 +132,7 @@ def run(
     interval = parse_duration(every) if every else None
 
     def body() -> None:
-        pipeline = _open(config)
-        with _engine(engine, pipeline) as chosen:  # one engine (one Spark session) for every batch of the run
+        with _open_run(config, engine) as (pipeline, chosen):  # one engine (one Spark session) for every batch
             while True:
                 started = time.monotonic()
                 try:
@@ -149,13 +152,21 @@ def run(
     _guarded(json_output, body)
 
 
-def _engine(name: EngineName, pipeline: Any) -> contextlib.AbstractContextManager[Any]:
-    """The engine ``--engine`` names; None stands for the pipeline's own local engine."""
+@contextlib.contextmanager
+def _open_run(path: Path, name: EngineName) -> Iterator[tuple[Any, Any]]:
+    """The pipeline and the engine ``--engine`` names, for every batch of a run."""
+    config = config_module.load(path)
     if name is EngineName.spark:
+        pipeline = _pipeline(config)
         from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
 
-        return SparkEngine.create(pipeline)
-    return contextlib.nullcontext(None)
+        with SparkEngine.create(pipeline) as spark:
+            yield pipeline, spark
+        return
+    from ingest.local import opened
+
+    with opened(config) as (pipeline, local):
+        yield pipeline, local
 
 
 def _run_once(pipeline: Any, engine: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:

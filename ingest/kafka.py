@@ -138,6 +138,24 @@ class KafkaSource:
             partitions={tp: Watermarks(low[tp], max(low[tp], high[tp])) for tp in tps},
         )
 
+    def backlog(self) -> int:
+        """Records past the consumer group's offsets (the low watermark where it has none), over
+        every partition: what the next batches will read if the group's offsets are the pipeline's
+        own, as they are after each of its batches. A guess, for deciding when to start workers;
+        what a batch reads is planned from the table's ledger."""
+        view = self.describe()
+        request = ConsumerGroupTopicPartitions(
+            self._group_id, [KafkaTP(tp.topic, tp.partition) for tp in view.partitions]
+        )
+        try:
+            [future] = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s).values()
+            stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in future.result().topic_partitions}
+        except KafkaException as error:
+            raise BrokerUnavailable(f"reading consumer group {self._group_id!r} failed: {error}") from None
+        return sum(
+            marks.high - min(max(stored.get(tp, -1), marks.low), marks.high) for tp, marks in view.partitions.items()
+        )
+
     def _list_offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
         from confluent_kafka import IsolationLevel
 

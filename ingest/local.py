@@ -12,23 +12,32 @@ write, and this process alone commits, once the shares cover the batch exactly.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+from collections.abc import Iterator
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
-from ingest.iceberg import IcebergTable
-from ingest.kafka import READ_CHUNK_RECORDS, Stops
+from ingest.errors import IngestError
+from ingest.kafka import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.tasks import Produced, combine, hand_off, run_task
 from ingest.workers import Task, WorkerLost, WorkerPool
+
+if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
+    from ingest.iceberg import IcebergTable
+    from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
 #: how long :meth:`LocalEngine.start_workers` waits for a worker's imports
 WORKER_READY_TIMEOUT_S = 120.0
+#: how long :func:`workers_for_backlog` waits for Kafka: a guess is not worth waiting for
+EARLY_GUESS_TIMEOUT_S = 2.0
 
 
 def available_cores() -> int:
@@ -38,15 +47,68 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+def processes(config: PipelineConfig, records: int | None = None) -> int:
+    """How many processes work on a batch of ``records``: one per full chunk, at most
+    ``batch.workers`` (all of them without ``records``)."""
+    workers = available_cores() if config.batch.workers == "auto" else config.batch.workers
+    return workers if records is None else max(1, min(workers, records // config.batch.chunk_records))
+
+
+def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
+    """The worker pool of a run's local engine, with the workers its first batch will want already
+    starting if Kafka shows a backlog that large (:meth:`KafkaSource.backlog`).
+
+    Called before the catalog is opened, as ``ingest run`` does: a worker's imports (a second or
+    more on a cold machine) then overlap this process's own imports and the catalog's opening
+    instead of the batch. The guess only decides when workers start; the batch is planned from
+    the table's ledger, and a worker it does not need is stopped with the engine. Without an
+    answer from Kafka, workers start when a batch needs them, and the plan reports the error.
+    """
+    pool = WorkerPool(processes(config) - 1)
+    source = KafkaSource(config.kafka, config.topics, config.group_id, EARLY_GUESS_TIMEOUT_S)
+    try:
+        backlog = source.backlog()
+    except IngestError as error:
+        log.debug("no early workers: %s", error)
+        return pool
+    helpers = processes(config, min(backlog, config.batch.max_records)) - 1
+    log.info(
+        "Kafka holds %d records past the offsets of consumer group %r: %d workers start before the catalog opens",
+        backlog,
+        config.group_id,
+        helpers,
+    )
+    if helpers:
+        pool.start(helpers)
+    return pool
+
+
+@contextlib.contextmanager
+def opened(config: PipelineConfig) -> Iterator[tuple[Pipeline, LocalEngine]]:
+    """The pipeline and the local engine for every batch of a run (``ingest run``, Airflow's
+    ``IngestOperator``). The workers the first batch will want start before the catalog is
+    opened and before pyiceberg is imported (:func:`workers_for_backlog`)."""
+    pool = workers_for_backlog(config)
+    try:
+        from ingest.pipeline import Pipeline
+
+        pipeline = Pipeline.open(config)
+    except BaseException:
+        pool.close(kill=True)
+        raise
+    with LocalEngine(config, pipeline.rows, pool) as engine:
+        yield pipeline, engine
+
+
 class LocalEngine:
     """Reads, decodes and writes on this machine, one bounded chunk at a time per process."""
 
-    def __init__(self, config: PipelineConfig, rows: IcebergTable) -> None:
+    def __init__(self, config: PipelineConfig, rows: IcebergTable, pool: WorkerPool | None = None) -> None:
+        """``pool``: one from :func:`workers_for_backlog`, whose workers may be starting already."""
         self.config = config
         self.rows = rows
-        workers = config.batch.workers
-        self.workers = available_cores() if workers == "auto" else workers
-        self._pool = WorkerPool(self.workers - 1)
+        self.workers = processes(config)
+        self._pool = pool if pool is not None else WorkerPool(self.workers - 1)
 
     def start_workers(self, wait: bool = False) -> None:
         """Start the worker processes now rather than when a batch first needs them; with ``wait``,
@@ -56,7 +118,7 @@ class LocalEngine:
 
     def processes_for(self, records: int) -> int:
         """How many processes work on a batch of ``records``: one per full chunk, at most ``workers``."""
-        return max(1, min(self.workers, records // self.config.batch.chunk_records))
+        return processes(self.config, records)
 
     def produce(self, batch: Batch) -> Produced:
         failpoints.reach("before-read")

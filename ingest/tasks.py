@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
@@ -25,8 +25,10 @@ from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition
 from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
 from ingest.errors import IngestError
-from ingest.iceberg import DataFile, IcebergTable
 from ingest.kafka import KafkaSource, Range, Stops
+
+if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
+    from ingest.iceberg import DataFile, IcebergTable
 
 
 @dataclass

@@ -20,6 +20,7 @@ What a crash leaves:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -32,14 +33,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.errors import IngestError, RetryableError
-from ingest.iceberg import IcebergTable
-from ingest.kafka import Range
 from ingest.tasks import TaskOutput, run_task
+
+if TYPE_CHECKING:
+    from ingest.iceberg import IcebergTable
+    from ingest.kafka import Range
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +278,7 @@ def main(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the engine decides
     threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s")
+    importlib.import_module("ingest.iceberg")  # a task holds its table: pyiceberg is loaded before the word "ready"
     _serve(Connection(fd))
 
 

@@ -62,6 +62,20 @@ def test_workers_started_by_a_run_leave_with_it(make_env) -> None:
     env.verify()
 
 
+def test_a_run_starts_the_workers_its_backlog_needs_before_opening_the_catalog(make_env) -> None:
+    """The backlog is guessed from the consumer group's offsets, which each batch leaves at its end."""
+    env = make_env(batch=SHARED)
+    for produced, workers in ((6_000, 2), (900, 0)):  # 900: under two chunks of 500, this process alone
+        env.produce(produced)
+        process = env.popen("-v", "run")
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+        group = f"{produced} records past the offsets of consumer group 'ingest-orders'"
+        assert f"Kafka holds {group}: {workers} workers start before the catalog opens" in stderr
+    assert env.counts() == (6_900, 0)
+    env.verify()
+
+
 def test_a_run_that_ends_while_its_workers_start_stops_them_quietly(make_env) -> None:
     """One small batch is read and committed before the worker processes it started have imported
     what they need: the run ends without waiting for them, and they leave no error behind."""
