@@ -228,12 +228,12 @@ class KafkaSource:
                     if position.offset >= 0:
                         stops.position[TopicPartition(position.topic, position.partition)] = position.offset
                 if len(pending) >= chunk_records or pending_bytes >= chunk_bytes:
-                    chunk = _build(pending, stops.ends())
+                    chunk = _build(pending, stops.ends(), pending_bytes)
                     pending, pending_bytes = [], 0
             if chunk is not None:
                 yield chunk
         if pending:
-            yield _build(pending, stops.ends())
+            yield _build(pending, stops.ends(), pending_bytes)
 
     @staticmethod
     def _raise(error: KafkaError, message: Message) -> None:
@@ -357,8 +357,9 @@ _SECOND = operator.itemgetter(1)
 _NO_END = np.iinfo(np.int64).max
 
 
-def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawChunk:
-    """Column-wise arrays of consumed messages, without those past their range's end.
+def _build(messages: list[Message], ends: Mapping[tuple[str, int], int], value_bytes: int) -> RawChunk:
+    """Column-wise arrays of consumed messages, without those past their range's end;
+    ``value_bytes``: the size of their values, as the reader counted them.
 
     A fetch returns whole record batches, so messages past ``end`` can arrive before the
     partition is unassigned; they belong to the next batch and are dropped here.
@@ -385,6 +386,7 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
         partitions, offsets = partitions[inside], offsets[inside]
         topic_names = None if topic_names is None else [topic_names[i] for i in inside]
         count = len(messages)
+        value_bytes = sum(map(len, messages))  # len(): the value's size, counted in C
     if topic_names is None:
         topics = pa.repeat(pa.scalar(names[0], pa.string()), count)
     else:
@@ -393,7 +395,7 @@ def _build(messages: list[Message], ends: Mapping[tuple[str, int], int]) -> RawC
     keys = pa.array(list(map(Message.key, messages)), type=pa.binary())
     millis = np.fromiter(map(_SECOND, map(Message.timestamp, messages)), np.int64, count)  # -1: none
     timestamps = pa.array(millis * 1000, pa.int64(), mask=millis < 0).cast(pa.timestamp("us", tz="UTC"))
-    nbytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) + sum(map(len, messages))  # len(): value bytes
+    nbytes = (pc.sum(pc.binary_length(keys)).as_py() or 0) + value_bytes
 
     def headers(i: int) -> Headers:
         raw = messages[i].headers()

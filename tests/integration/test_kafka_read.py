@@ -53,7 +53,8 @@ def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted
     ranges = [(TopicPartition(name[t], p), start, end) for t, p, start, end in wanted]
     source = KafkaSource({"bootstrap.servers": bootstrap}, sorted({tp.topic for tp, _, _ in ranges}), "read-test", 20)
 
-    got = _rows(source.read(ranges, chunk_records=7), before, after)  # small chunks: fetches overrun the ends
+    chunks = list(source.read(ranges, chunk_records=7))  # small chunks: fetches overrun the ends
+    got = _rows(chunks, before, after)
 
     expected = [
         (tp.topic, tp.partition, offset, *_record(tp.topic, tp.partition, offset))
@@ -61,6 +62,8 @@ def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted
         for offset in range(start, end)
     ]
     assert sorted(got, key=lambda row: row[:3]) == sorted(expected, key=lambda row: row[:3])
+    # the bytes a batch reports: keys and values of exactly these records, none past an end
+    assert sum(chunk.nbytes for chunk in chunks) == sum(len(row[3] or b"") + len(row[4] or b"") for row in expected)
 
 
 def test_a_read_hands_off_what_it_has_not_read_and_no_offset_is_lost_or_doubled(bootstrap: str, topics) -> None:
