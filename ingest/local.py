@@ -2,7 +2,9 @@
 
 A batch of fewer than two chunks (``batch.chunk_records``) runs in this process. A larger one is
 shared between this process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.workers`),
-started when a batch first needs them and kept for the following batches of the run. This process
+kept for the following batches of the run. A run started with :func:`opened` starts them before
+the catalog opens when Kafka shows a backlog that needs them (:func:`workers_for_backlog`); else a
+batch starts them when it first needs them. This process
 starts reading the whole batch at once; each worker, when it is ready, takes an equal share of
 what this process has not read yet (:func:`ingest.tasks.hand_off`). A worker already running
 therefore gets its share before anything is read, and one that takes seconds to start cannot hold
