@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
-from ingest import nogc
+from ingest import arrow_memory, nogc
 from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition
 from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
@@ -281,7 +281,9 @@ def produce_ranges(
     """Read exactly the ranges of ``stops``, up to wherever :func:`hand_off` leaves their ends
     (Kafka is read in a background thread while earlier chunks decode and write), decode, and
     write data files into ``rows``' location. The cyclic garbage collector is paused meanwhile
-    (:mod:`ingest.nogc`): a Python object per record forms no cycles."""
+    (:mod:`ingest.nogc`): a Python object per record forms no cycles. Arrow allocates from jemalloc
+    (:mod:`ingest.arrow_memory`)."""
+    arrow_memory.use_jemalloc()
     source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
     with nogc.paused():
         chunks = prefetched(source.read(stops))
