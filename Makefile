@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup demo test test-fast test-spark iceberg-spark lint format bench clean
+.PHONY: help setup services demo test test-fast test-spark iceberg-spark lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv/ with the package, the embedded broker and the dev tools
+
+services: ## install (Debian's postgresql) and start PostgreSQL for the tests; needs root
+	bash tests/services/postgres.sh
 
 demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result
 	$(BIN)/ingest demo --config conf/orders.yaml
