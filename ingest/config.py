@@ -28,6 +28,8 @@ TRANSFORM = re.compile(
 )
 ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas")
+#: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
+ORPHAN_AGE_FLOOR_HOURS = 1.0
 RESERVED_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key")
 
 
@@ -99,12 +101,32 @@ class MaintenanceSpec(_Strict):
     snapshot_retention_hours: Annotated[float, Field(ge=0)] = 24.0
     #: ... and always at least this many of the newest
     keep_last_snapshots: Annotated[int, Field(ge=1)] = 20
-    #: unreferenced data files younger than this are left alone (a batch may be writing them)
-    orphan_age_hours: Annotated[float, Field(ge=0)] = 24.0
+    #: unreferenced data files younger than this are left alone: a batch writes its files before
+    #: it commits them, and removing them then breaks the table (at least ORPHAN_AGE_FLOOR_HOURS)
+    orphan_age_hours: float = 24.0
     #: compaction rewrites data files smaller than this ...
     small_file_mb: Annotated[float, Field(gt=0)] = 32.0
-    #: ... into files of about this size
+    #: ... into files of about this size (at least ``small_file_mb``)
     target_file_mb: Annotated[float, Field(gt=0)] = 128.0
+
+    @field_validator("orphan_age_hours")
+    @classmethod
+    def _orphan_floor(cls, value: float) -> float:
+        if value < ORPHAN_AGE_FLOOR_HOURS:
+            raise ValueError(
+                f"must be at least {ORPHAN_AGE_FLOOR_HOURS:g} hour(s), got {value:g}: a running batch's data files are "
+                "unreferenced until it commits, and removing them then breaks the table"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _target_not_small(self) -> MaintenanceSpec:
+        if self.target_file_mb < self.small_file_mb:
+            raise ValueError(
+                "target_file_mb must be at least small_file_mb, or compaction's output is small again and "
+                "every run rewrites it"
+            )
+        return self
 
 
 class PipelineConfig(_Strict):

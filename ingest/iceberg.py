@@ -3,9 +3,14 @@ imported only once an SQL catalog is opened: workers write files and need no SQL
 
 It turns the catalog into what the protocol needs: the branch head and its ancestry as
 :class:`~ingest.core.ledger.SnapshotView`, Parquet data files written under unique names, and one
-commit attempt that either lands, conflicts, or has an unknown outcome. It never retries a commit
-itself, and it makes sure pyiceberg does not either (``commit.retry.num-retries=0``): pyiceberg's
-own retry rebases an append onto the new head and lands a second copy of the batch.
+commit attempt that either lands, conflicts, or has an unknown outcome.
+
+Every commit made here is a compare-and-swap on what the handle read: appends and rewrites require
+the branch head, ref moves require the ref's old target, expiry requires every ref it saw. None
+is ever retried by the library: pyiceberg's own retry rebases an append onto the new head and lands
+a second copy of the batch, and it reads ``commit.retry.num-retries`` from the table's properties,
+which any other writer may change. So each commit is built on metadata whose properties say
+``0`` (:func:`_no_library_retry`), whatever the table's own properties say.
 """
 
 from __future__ import annotations
@@ -30,9 +35,22 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.io.pyarrow import PyArrowFileIO, _check_pyarrow_schema_compatible, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import (
+    AssertRefSnapshotId,
+    AssertTableUUID,
+    RemoveSnapshotRefUpdate,
+    RemoveSnapshotsUpdate,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+)
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -180,6 +198,25 @@ class Head:
     properties: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A branch or tag as the handle last read it."""
+
+    name: str
+    snapshot_id: int
+    is_branch: bool
+
+
+def _no_library_retry(table: Table, metadata: TableMetadata | None = None) -> Table:
+    """``table`` (over ``metadata``, default its own) as a base for one commit that pyiceberg
+    must not retry: pyiceberg reads the retry count from the base metadata's properties when the
+    commit is made. The override is never written: the catalog applies only the commit's updates
+    to its own current metadata."""
+    metadata = metadata if metadata is not None else table.metadata
+    exact = metadata.model_copy(update={"properties": {**metadata.properties, **NO_LIBRARY_RETRIES}})
+    return Table(table.name(), exact, table.metadata_location, table.io, table.catalog, table.config)
+
+
 class IcebergTable:
     """One Iceberg table as the protocol uses it (main branch)."""
 
@@ -214,7 +251,11 @@ class IcebergTable:
         schema: Schema,
         spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
     ) -> IcebergTable:
-        """Load the table, creating it (and its namespace) if missing; adopt it for exact commits."""
+        """Load the table, creating it (and its namespace) if missing.
+
+        A table this creates gets ``commit.retry.num-retries=0``, which tells other tools that
+        library retries are unsafe here; an existing table is not changed (every commit made here
+        forces the retries off itself)."""
         try:
             table = _load_or_create(catalog, identifier, schema, spec)
         except (ConfigError, TableMismatch):
@@ -222,9 +263,6 @@ class IcebergTable:
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
         _check_compatible(identifier, table, schema)
-        if table.properties.get("commit.retry.num-retries") != "0":
-            log.info("setting commit.retry.num-retries=0 on %s (library retries duplicate batches)", identifier)
-            table = table.transaction().set_properties(NO_LIBRARY_RETRIES).commit_transaction()
         return cls(catalog, identifier, table, loaded_at=time.monotonic())
 
     @property
@@ -262,14 +300,17 @@ class IcebergTable:
             snapshot = metadata.snapshot_by_id(snapshot_id)
             if snapshot is None:  # parent expired: the chain is broken here
                 return
-            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-            yield SnapshotView(snapshot_id, dict(summary), snapshot.timestamp_ms)
+            yield _view(snapshot)
             snapshot_id = snapshot.parent_snapshot_id
 
     def all_snapshots(self) -> list[SnapshotView]:
+        return [_view(s) for s in self._table.metadata.snapshots]
+
+    def refs(self) -> list[Ref]:
+        """Every branch and tag, as the handle last read them."""
         return [
-            SnapshotView(s.snapshot_id, dict(s.summary.additional_properties if s.summary else {}), s.timestamp_ms)
-            for s in self._table.metadata.snapshots
+            Ref(name, ref.snapshot_id, ref.snapshot_ref_type == SnapshotRefType.BRANCH)
+            for name, ref in sorted(self._table.metadata.refs.items())
         ]
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
@@ -292,7 +333,7 @@ class IcebergTable:
         :class:`CommitUnknown` for any failure that leaves the outcome open.
         """
         with nogc.paused():  # the catalog loads, deep-copies and writes the whole metadata
-            transaction = self._head_only().transaction()
+            transaction = _no_library_retry(self._table, self._head_only()).transaction()
             if properties:
                 transaction.set_properties(dict(properties))
             snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
@@ -303,8 +344,8 @@ class IcebergTable:
             self._commit(transaction)
         return snapshot_id
 
-    def _head_only(self) -> Table:
-        """This table with its metadata cut to the branch head: what an append to that head needs.
+    def _head_only(self) -> TableMetadata:
+        """This table's metadata cut to the branch head: what an append to that head needs.
 
         pyiceberg's ``Transaction`` re-derives, and deep-copies, the whole table metadata each time
         it reads it (about fifteen times per append), so an append's cost grew with the number of
@@ -315,7 +356,7 @@ class IcebergTable:
         """
         metadata = self._table.metadata
         head = self.branch_head(self.branch)
-        lean = metadata.model_copy(
+        return metadata.model_copy(
             update={
                 "snapshots": [s for s in metadata.snapshots if s.snapshot_id == head],
                 "refs": {self.branch: metadata.refs[self.branch]} if head is not None else {},
@@ -323,8 +364,6 @@ class IcebergTable:
                 "metadata_log": [],
             }
         )
-        table = self._table
-        return Table(table.name(), lean, table.metadata_location, table.io, table.catalog, table.config)
 
     def _commit(self, transaction: Transaction) -> None:
         """Commit with the catalog's own requirements; map the outcome to conflict or unknown."""
@@ -336,18 +375,60 @@ class IcebergTable:
         except Exception as error:
             raise CommitUnknown(f"{type(error).__name__}: {error}") from None
 
-    def create_branch(self, name: str, snapshot_id: int) -> None:
-        try:
-            self._table.manage_snapshots().create_branch(snapshot_id, name).commit()
-        except CommitFailedException as error:
-            raise CommitConflict(str(error)) from None
+    def _commit_updates(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...]) -> None:
+        """Commit metadata updates (no new snapshot) under exactly ``requirements`` and the table's
+        UUID, straight through the catalog: nothing in between may retry or rebase them.
 
-    def set_main(self, snapshot_id: int) -> None:
-        """Point main at ``snapshot_id``, requiring main's head to be what this handle last saw."""
+        A requirement that fails, or an update the catalog's current metadata cannot take (a
+        snapshot already removed), did not apply: :class:`CommitConflict`. Anything else leaves
+        the outcome open: :class:`CommitUnknown`.
+        """
+        table = self._table
+        requirements = (*requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
         try:
-            self._table.manage_snapshots().set_current_snapshot(snapshot_id=snapshot_id).commit()
-        except CommitFailedException as error:
+            with nogc.paused():
+                response = self.catalog.commit_table(table, requirements, updates)
+        except (CommitFailedException, ValueError) as error:
             raise CommitConflict(str(error)) from None
+        except Exception as error:
+            raise CommitUnknown(f"{type(error).__name__}: {error}") from None
+        self._table = Table(
+            table.name(), response.metadata, response.metadata_location, table.io, table.catalog, table.config
+        )
+        self._loaded_at = -math.inf
+
+    def set_ref(self, name: str, snapshot_id: int, expected: int | None, *, tag: bool = False) -> None:
+        """Point branch (or tag) ``name`` at ``snapshot_id``, requiring it to point at ``expected``
+        now (None: that it does not exist yet)."""
+        kind = SnapshotRefType.TAG if tag else SnapshotRefType.BRANCH
+        self._commit_updates(
+            (SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id}),),
+            (_ref_is(name, expected),),
+        )
+
+    def remove_ref(self, name: str, expected: int) -> None:
+        """Remove branch or tag ``name``, requiring it to point at ``expected``."""
+        self._commit_updates((RemoveSnapshotRefUpdate.model_validate({"ref-name": name}),), (_ref_is(name, expected),))
+
+    def snapshot_operation(self, snapshot_id: int) -> str | None:
+        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None or snapshot.summary is None:
+            return None
+        return str(snapshot.summary.operation.value)
+
+    def added_data_files(self, snapshot_id: int) -> list[DataFile]:
+        """The data files snapshot ``snapshot_id`` added (what re-applying it elsewhere needs)."""
+        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            return []
+        io = self._table.io
+        return [
+            entry.data_file
+            for manifest in snapshot.manifests(io=io)
+            if manifest.content == ManifestContent.DATA and manifest.added_snapshot_id == snapshot_id
+            for entry in manifest.fetch_manifest_entry(io=io, discard_deleted=True)
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id
+        ]
 
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
         snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
@@ -366,24 +447,40 @@ class IcebergTable:
     # --- maintenance -------------------------------------------------------------------------
 
     def expire(self, snapshot_ids: Sequence[int]) -> None:
+        """Remove ``snapshot_ids``, requiring every branch and tag to be where the handle saw it,
+        and no ``replay-<id>`` branch (what ``ingest replay`` creates) to exist on one of them.
+
+        The catalog drops a ref that points at a removed snapshot, and pyiceberg's own expiry
+        requires only the table's UUID: without these requirements a rollback, a replay or a tag
+        that lands meanwhile on a doomed snapshot would be silently erased with it."""
         if not snapshot_ids:
             return
-        try:
-            self._table.maintenance.expire_snapshots().by_ids(list(snapshot_ids)).commit()
-        except CommitFailedException as error:
-            raise CommitConflict(str(error)) from None
+        seen = tuple(_ref_is(ref.name, ref.snapshot_id) for ref in self.refs())
+        absent = tuple(
+            _ref_is(f"replay-{i}", None) for i in snapshot_ids if f"replay-{i}" not in self._table.metadata.refs
+        )
+        update = RemoveSnapshotsUpdate.model_validate({"snapshot-ids": list(snapshot_ids)})
+        self._commit_updates((update,), (*seen, *absent))
 
-    def live_data_files(self) -> list[DataFile]:
-        """Data files of the branch head."""
+    def live_files(self) -> tuple[list[DataFile], int]:
+        """Data files of the branch head, and how many delete files apply to them."""
         head = self.branch_head(self.branch)
         snapshot = self._table.metadata.snapshot_by_id(head) if head is not None else None
         if snapshot is None:
-            return []
-        return [
-            entry.data_file
-            for manifest in snapshot.manifests(io=self._table.io)
-            for entry in manifest.fetch_manifest_entry(io=self._table.io, discard_deleted=True)
-        ]
+            return [], 0
+        data: list[DataFile] = []
+        deletes = 0
+        for manifest in snapshot.manifests(io=self._table.io):
+            entries = manifest.fetch_manifest_entry(io=self._table.io, discard_deleted=True)
+            if manifest.content == ManifestContent.DATA:
+                data.extend(entry.data_file for entry in entries)
+            else:
+                deletes += len(entries)
+        return data, deletes
+
+    def live_data_files(self) -> list[DataFile]:
+        """Data files of the branch head."""
+        return self.live_files()[0]
 
     def referenced_paths(self) -> set[str]:
         """Every data file any remaining snapshot references."""
@@ -417,7 +514,7 @@ class IcebergTable:
 
     def rewrite(self, remove: Sequence[DataFile], add: Sequence[DataFile], summary: Mapping[str, str]) -> int:
         """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
-        transaction = self._table.transaction()
+        transaction = _no_library_retry(self._table).transaction()
         with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
             for data_file in remove:
                 ow.delete_data_file(data_file)
@@ -433,6 +530,21 @@ class IcebergTable:
             if snapshot_id is None:
                 return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
+
+
+def _ref_is(name: str, snapshot_id: int | None) -> AssertRefSnapshotId:
+    """Requirement: ref ``name`` points at ``snapshot_id`` (None: does not exist)."""
+    return AssertRefSnapshotId.model_validate({"ref": name, "snapshot-id": snapshot_id})
+
+
+def _view(snapshot: Snapshot) -> SnapshotView:
+    summary = snapshot.summary
+    return SnapshotView(
+        snapshot.snapshot_id,
+        dict(summary.additional_properties) if summary is not None else {},
+        snapshot.timestamp_ms,
+        str(summary.operation.value) if summary is not None else None,
+    )
 
 
 def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec) -> Table:

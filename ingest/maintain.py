@@ -1,10 +1,12 @@
 """``ingest maintain``: compaction, snapshot expiry and orphan-file removal that keep the ledger.
 
-Every snapshot this module creates re-stamps the current ledger of every registered pipeline, and
-expiry never removes the newest ledger-bearing snapshot of a registered pipeline, nor any snapshot
-between it and the branch head (the lookup walks parent links). Compaction is a concurrent writer:
-it commits with a compare-and-swap on the head, so a batch that lands meanwhile makes it observe
-again and re-stamp the new ledger; it never loses or duplicates a batch.
+Every snapshot this module creates re-stamps the current ledger of every registered pipeline.
+Expiry never removes a snapshot a branch or tag points at, nor, on any branch, the newest
+ledger-bearing snapshot of a registered pipeline or a snapshot between it and the branch head (the
+lookup walks parent links). Both are concurrent writers: compaction commits with a
+compare-and-swap on the head, expiry requires every ref to be where it saw it, so a batch, a
+rollback or a replay that lands meanwhile makes them plan again; they never lose or duplicate a
+batch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.ledger import BatchCounts, encode, find_ledger, registered_pipelines
 from ingest.errors import CommitGaveUp
-from ingest.iceberg import CommitConflict, CommitUnknown, DataFile, IcebergTable
+from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, DataFile, IcebergTable
 from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -39,32 +41,58 @@ def restamped_summary(table: IcebergTable, operation: str) -> dict[str, str]:
 
 
 def protected_snapshots(table: IcebergTable) -> set[int]:
-    """Snapshots expiry must keep: each registered pipeline's newest ledger and the path to it."""
-    head = table.head()
+    """Snapshots expiry must keep, on the metadata the handle holds:
+
+    - every branch's and tag's snapshot;
+    - on each branch, the path from its head to each registered pipeline's newest ledger (the
+      whole branch while a pipeline's ledger is not found on it);
+    - for each other branch (a replay's, say), the path from its head down to where it forked
+      from main, and main's path from its head down to that fork: publishing compares the two.
+    """
+    names = registered_pipelines(table.head().properties)
+    main_line = [snap.snapshot_id for snap in table.ancestry(table.branch_head(MAIN))]
     keep: set[int] = set()
-    pending = set(registered_pipelines(head.properties))
-    for snap in table.ancestry():
-        if not pending:
-            break
-        keep.add(snap.snapshot_id)
-        pending -= {name for name in pending if f"ingest.{name}.offsets" in snap.summary}
+    for ref in table.refs():
+        keep.add(ref.snapshot_id)
+        if not ref.is_branch:
+            continue
+        pending = set(names)
+        forked = ref.name == MAIN
+        for snap in table.ancestry(ref.snapshot_id):
+            if not pending and forked:
+                break
+            keep.add(snap.snapshot_id)
+            pending -= {name for name in pending if find_ledger(name, [snap]) is not None}
+            if not forked and snap.snapshot_id in main_line:
+                forked = True
+                keep.update(main_line[: main_line.index(snap.snapshot_id)])
     return keep
 
 
-def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
-    table.refresh()
+def _doomed(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
     snapshots = sorted(table.all_snapshots(), key=lambda s: s.timestamp_ms)
     keep = protected_snapshots(table) | {s.snapshot_id for s in snapshots[-spec.keep_last_snapshots :]}
     cutoff = now_ms - int(spec.snapshot_retention_hours * 3_600_000)
-    doomed = [s.snapshot_id for s in snapshots if s.timestamp_ms < cutoff and s.snapshot_id not in keep]
+    return [s.snapshot_id for s in snapshots if s.timestamp_ms < cutoff and s.snapshot_id not in keep]
+
+
+def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
+    """Expire what is older than the retention and not protected; returns the expired ids.
+
+    Planned on freshly loaded metadata and committed requiring every ref to be unchanged, so a
+    batch, rollback, replay or tag that lands in between makes it plan again from the new state.
+    """
     for _ in range(ATTEMPTS):
+        table.refresh()
+        doomed = _doomed(table, spec, now_ms)
         try:
             table.expire(doomed)
             return doomed
-        except CommitConflict:  # a batch landed: the protected set may have moved on
+        except (CommitConflict, CommitUnknown) as error:  # observed again on the next pass
+            log.info("snapshot expiry on %s must plan again: %s", table.identifier, error)
             table.refresh()
-            keep |= protected_snapshots(table)
-            doomed = [i for i in doomed if i not in keep]
+            if doomed and all(table.snapshot_summary(i) is None for i in doomed):
+                return doomed  # the unknown outcome was a success
     raise CommitGaveUp(f"snapshot expiry on {table.identifier} kept conflicting with other writers; run again")
 
 
@@ -90,9 +118,21 @@ def _groups(files: list[DataFile], small_bytes: int) -> list[list[DataFile]]:
 
 
 def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
-    """Rewrite small files per partition into files of about the target size."""
+    """Rewrite small files per partition into files of about the target size.
+
+    A table with delete files (a merge-on-read writer's row deletes) is left alone: rewriting its
+    data files here would bring the deleted rows back."""
     table.refresh()
-    groups = _groups(table.live_data_files(), int(spec.small_file_mb * MB))
+    files, deletes = table.live_files()
+    if deletes:
+        log.warning(
+            "compaction of %s skipped: %d delete files apply to its data (written by a merge-on-read tool); "
+            "compact it with that engine's rewrite_data_files, which applies them",
+            table.identifier,
+            deletes,
+        )
+        return {"files_removed": 0, "files_added": 0, "skipped_delete_files": deletes}
+    groups = _groups(files, int(spec.small_file_mb * MB))
     if not groups:
         return {"files_removed": 0, "files_added": 0}
     remove = [f for group in groups for f in group]

@@ -16,7 +16,7 @@ from ingest import failpoints
 from ingest.committer import commit_dead_letters, commit_rows, observe
 from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, Ledger
+from ingest.core.ledger import BatchCounts, Found, Ledger, carried
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.errors import Fenced
 from ingest.iceberg import IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
@@ -135,6 +135,7 @@ class Pipeline:
             cluster_id=batch.cluster_id,
             timestamps=merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]),
             lost=batch.lost,
+            resets=carried(batch.base),
         )
         counts = BatchCounts(
             records=produced.records - produced.dead_letters.num_rows,

@@ -1,11 +1,26 @@
 """``ingest replay``: re-ingest everything after snapshot S from Kafka, with no duplicates or gaps.
 
 Default (non-destructive): a branch ``replay-<S>`` is created at S and batches are committed to it
-until caught up; the report compares it with main. ``publish`` then moves main to the branch head
-with a compare-and-swap on main's head: it is refused if main moved in between, after which the
-branch catches up again and the swap is retried. ``rollback`` instead points main back at S, and the
-normal runs continue from S's ledger. Before anything changes, the replay checks that Kafka still
-holds every record after S's ledger and fails naming the missing ranges if not.
+until caught up; the report compares it with main, and the branch stays for audit (expiry keeps
+every branch). ``publish`` then moves main to the branch head without dropping anything main
+gained since S that the replay did not redo:
+
+- this pipeline's own snapshots on main since S are what the replay redid, and compactions by
+  ``ingest maintain`` only rewrote rows that the branch holds or gets re-applied (expiry keeps
+  main's history back to S while the branch exists, so the files they rewrote are still there);
+- appends by other writers (another pipeline on the same table, an insert by another tool) are
+  re-applied onto the branch, oldest first, with their data files and their ledger keys, marked
+  ``ingest.reapplied-from``;
+- anything else (a delete, an overwrite, a compaction) cannot be carried over: publish refuses,
+  naming those snapshots, and changes nothing (:class:`PublishRefused`);
+
+then main is fast-forwarded to the branch head with a compare-and-swap on main's head (a batch
+that lands meanwhile makes it catch up and try again), and the branch is removed.
+
+``rollback`` instead points main back at S (compare-and-swap on main's head), and the normal runs
+continue from S's ledger; it refuses if another pipeline registered on the table has no ledger in
+S's ancestry (it would lose it). Before anything changes, the replay checks that Kafka still holds
+every record after S's ledger and fails naming the missing ranges if not.
 
 Dead letters stay on the main dead-letter table: its ledger is a floor below which every dead
 letter is already stored, so re-read ranges add none twice.
@@ -13,22 +28,37 @@ letter is already stored, so re-read ranges add none twice.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 
 from ingest.committer import observe
-from ingest.core.ledger import Found, find_ledger
+from ingest.core.ledger import Found, SnapshotView, find_ledger, registered_pipelines
 from ingest.errors import ConfigError, FatalError, RetryableError
-from ingest.iceberg import CommitConflict, IcebergTable
+from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
 from ingest.pipeline import Pipeline
 
+log = logging.getLogger(__name__)
 PUBLISH_ATTEMPTS = 5
+REAPPLIED_FROM = "ingest.reapplied-from"
 
 
 class ReplayImpossible(FatalError):
-    """Kafka no longer holds records the replay would need."""
+    """Kafka no longer holds records the replay would need, or the table no longer holds S."""
+
+
+class PublishRefused(FatalError):
+    """Main holds commits since S that publishing would drop and cannot carry over."""
+
+
+class RollbackRefused(FatalError):
+    """Rolling main back to S would lose another pipeline's ledger."""
+
+
+class MainMoved(RetryableError):
+    """Main moved while a rollback or publish was deciding; nothing was changed."""
 
 
 def resolve_snapshot(table: IcebergTable, snapshot_id: int | None, as_of_ms: int | None) -> int:
@@ -100,6 +130,9 @@ def replay(
     name = pipeline.config.pipeline
     rows = pipeline.rows
     rows.refresh()
+    if snapshot_id is not None and not rollback and rows.branch_head(f"replay-{snapshot_id}") is not None:
+        # the replay's branch exists: it continues from its own ledger (S itself may be expired by now)
+        return _continue(pipeline, snapshot_id, publish)
     target = resolve_snapshot(rows, snapshot_id, as_of_ms)
     start = find_ledger(name, rows.ancestry(target))
     if start is None:
@@ -109,45 +142,167 @@ def replay(
     _check_retained(pipeline, start)
     report: dict[str, Any] = {"pipeline": name, "from_snapshot": target, "ledger_batch": start.ledger.batch}
     if rollback:
-        rows.set_main(target)
-        report |= {"action": "rolled-back", "main": target}
-        return report
+        return report | _rollback(pipeline, target)
     branch = f"replay-{target}"
     if rows.branch_head(branch) is None:
         try:
-            rows.create_branch(branch, target)
-        except CommitConflict:  # a concurrent copy of this command created it
+            rows.set_ref(branch, target, expected=None)
+        except (CommitConflict, CommitUnknown):  # a concurrent copy of this command created it, or S expired
             rows.refresh()
+            if rows.branch_head(branch) is None:
+                raise ReplayImpossible(
+                    f"cannot create branch {branch}: snapshot {target} is no longer in table {rows.identifier} "
+                    "(expired meanwhile). Nothing was changed; replay from a later snapshot."
+                ) from None
+    return report | _continue(pipeline, target, publish)
+
+
+def _continue(pipeline: Pipeline, target: int, publish: bool) -> dict[str, Any]:
+    """Catch branch ``replay-<target>`` up, then compare it with main or publish it."""
+    branch = f"replay-{target}"
     replaying = pipeline.on_branch(branch)
     batches = [r.as_dict() for r in replaying.run(until_caught_up=True, max_batches=None)]
-    report |= {"action": "replayed", "branch": branch, "batches": batches}
+    report: dict[str, Any] = {
+        "pipeline": pipeline.config.pipeline,
+        "from_snapshot": target,
+        "action": "replayed",
+        "branch": branch,
+        "batches": batches,
+    }
     if publish:
-        report["published"] = _publish(pipeline, replaying, branch)
-        report["action"] = "published"
-    report["comparison"] = compare(pipeline, branch)
-    return report
+        return report | _publish(pipeline, replaying, branch) | {"action": "published"}
+    return report | {"comparison": compare(pipeline, branch)}
 
 
-def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> int:
-    """Move main to the branch head once the branch holds at least everything main holds."""
+def _rollback(pipeline: Pipeline, target: int) -> dict[str, Any]:
+    """Point main at ``target``, requiring main's head to be the one this decision was made on."""
+    rows = pipeline.rows
     name = pipeline.config.pipeline
+    main_head = rows.branch_head(MAIN)
+    orphaned = [
+        other
+        for other in registered_pipelines(rows.head().properties)
+        if other != name and find_ledger(other, rows.ancestry(target)) is None
+    ]
+    if orphaned:
+        raise RollbackRefused(
+            f"rolling {rows.identifier} back to snapshot {target} would lose the ledger of pipeline(s) "
+            f"{', '.join(orphaned)} (they first committed after it). Nothing was changed. Replay into a branch "
+            "and publish instead (publish keeps their commits)."
+        )
+    discarded = []  # other writers' commits main loses (their rows come back, or go)
+    for snap in rows.ancestry(main_head):
+        if snap.snapshot_id == target:
+            break
+        if find_ledger(name, [snap]) is None:
+            discarded.append({"snapshot_id": snap.snapshot_id, "operation": snap.operation})
+    try:
+        rows.set_ref(MAIN, target, expected=main_head)
+    except (CommitConflict, CommitUnknown) as error:
+        rows.refresh()
+        if rows.branch_head(MAIN) != target:
+            raise MainMoved(
+                f"rollback of {rows.identifier} to snapshot {target} not applied: main moved while it was decided "
+                f"({error}). Nothing was changed; run the same command again."
+            ) from None
+    return {"action": "rolled-back", "main": target, "discarded_foreign": discarded}
+
+
+def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
+    """Snapshots from ``head`` back to (not including) the first one in ``stop``, newest first.
+
+    Raises :class:`PublishRefused` if the chain breaks first (expired parents): what main gained
+    cannot be proven then."""
+    found: list[SnapshotView] = []
+    for snap in table.ancestry(head):
+        if snap.snapshot_id in stop:
+            return found
+        found.append(snap)
+    if head is None:
+        return found
+    raise PublishRefused(
+        f"main's history in {table.identifier} no longer reaches the replay's branch (snapshots were expired), so "
+        "what main gained since cannot be told apart from what the replay redid. Nothing was changed."
+    )
+
+
+def _carry_over(pipeline: Pipeline, branch: str) -> int:
+    """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
+    returns how many. Refuses (changing nothing) if main holds anything else the replay did not redo."""
+    name = pipeline.config.pipeline
+    rows = pipeline.rows
+    branch_line = list(rows.ancestry(rows.branch_head(branch)))
+    on_branch = {snap.snapshot_id for snap in branch_line}
+    reapplied = {snap.summary[REAPPLIED_FROM] for snap in branch_line if REAPPLIED_FROM in snap.summary}
+    gained = [
+        snap
+        for snap in _since(rows, rows.branch_head(MAIN), on_branch)
+        # this pipeline's batches the replay redid; compactions by `ingest maintain` only rewrote
+        # rows that are on the branch or re-applied below, from files main's history still holds
+        if snap.summary.get("ingest.maintenance") != "compaction" and find_ledger(name, [snap]) is None
+    ]
+    blocking = [snap for snap in gained if snap.operation != "append"]
+    if blocking:
+        listed = ", ".join(f"{snap.snapshot_id} ({snap.operation})" for snap in blocking)
+        raise PublishRefused(
+            f"publish of {branch} refused: main has commits since the replay's snapshot that it cannot carry over "
+            f"onto the branch: {listed}. Nothing was changed and the branch is kept. Re-apply those changes to the "
+            f"branch yourself and publish again, or roll main back to the replay's snapshot instead (--rollback)."
+        )
+    target = rows.on_branch(branch)
+    count = 0
+    for snap in reversed(gained):  # oldest first, so each pipeline's newest ledger ends on top
+        if str(snap.snapshot_id) in reapplied:
+            continue
+        summary = {k: v for k, v in snap.summary.items() if k.startswith("ingest.")}
+        summary[REAPPLIED_FROM] = str(snap.snapshot_id)
+        target.try_commit(rows.added_data_files(snap.snapshot_id), summary, {})
+        count += 1
+    rows.refresh()
+    return count
+
+
+def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, Any]:
+    """Fast-forward main to the branch once the branch holds everything main holds."""
+    name = pipeline.config.pipeline
+    rows = pipeline.rows
+    reapplied = 0
     for _ in range(PUBLISH_ATTEMPTS):
-        main = observe(pipeline.rows, name)  # refreshes: the swap requires this main head
-        head = replaying.rows.branch_head(branch)
-        replayed = find_ledger(name, pipeline.rows.ancestry(head)) if head is not None else None
+        main = observe(rows, name)  # refreshes: the swap requires this main head
+        head = rows.branch_head(branch)
+        replayed = find_ledger(name, rows.ancestry(head)) if head is not None else None
         behind = main is not None and (
             replayed is None
             or any(replayed.ledger.offsets.get(tp, -1) < offset for tp, offset in main.ledger.offsets.items())
         )
         if not behind and head is not None:
+            main_head = rows.branch_head(MAIN)
             try:
-                pipeline.rows.set_main(head)
-                return head
-            except CommitConflict:
-                pass  # main moved in between: catch up again
+                reapplied += _carry_over(pipeline, branch)
+                head = rows.branch_head(branch)
+                assert head is not None
+                rows.set_ref(MAIN, head, expected=main_head)
+            except (CommitConflict, CommitUnknown) as error:
+                log.info("publish of %s must look again: %s", branch, error)
+                rows.refresh()
+                if rows.branch_head(MAIN) != rows.branch_head(branch):
+                    continue  # main or the branch moved in between: catch up and carry over again
+            _remove_branch(rows, branch)
+            return {"published": head, "reapplied": reapplied}
         for _result in replaying.run(until_caught_up=True, max_batches=None):
             pass
-    raise RetryableError(
+    raise MainMoved(
         f"publish of {branch} refused {PUBLISH_ATTEMPTS} times: main keeps moving. The branch is caught up "
         "and intact; pause the scheduled runs of this pipeline and run the replay with --publish again."
     )
+
+
+def _remove_branch(rows: IcebergTable, branch: str) -> None:
+    """Drop the published branch; main now holds all of it. A failure leaves a branch expiry keeps."""
+    head = rows.branch_head(branch)
+    if head is None:
+        return
+    try:
+        rows.remove_ref(branch, expected=head)
+    except (CommitConflict, CommitUnknown) as error:
+        log.warning("published, but branch %s was not removed (%s); remove it when convenient", branch, error)

@@ -154,20 +154,31 @@ def coverage(pipeline: Pipeline) -> Coverage:
         (snap, ledger) for snap in pipeline.rows.ancestry() if (ledger := decode(name, snap.summary)) is not None
     ]
     result = Coverage()
+    # the newest ledger remembers the recent resets' moves, also once their snapshots are expired
+    remembered = ledgers[0][1].resets if ledgers else ()
+    for reset in remembered:
+        for tp, was, moved_to in reset.moves:
+            _claim(result, tp, was, moved_to)
     for i, (snap, ledger) in enumerate(ledgers):
         for tp, start in ledger.start_offsets.items():
             result.origin[tp] = min(result.origin.get(tp, start), start)
         result.excluded.extend((r.tp, r.start, r.end) for r in ledger.lost)
-        if read_extra(name, snap.summary, "reset-id") is None or i + 1 == len(ledgers):
+        reset_id = read_extra(name, snap.summary, "reset-id")
+        if reset_id is None or read_extra(name, snap.summary, "restamped-by") or i + 1 == len(ledgers):
+            continue
+        if any(r.reset_id == reset_id for r in remembered):
             continue
         before = ledgers[i + 1][1].offsets
         for tp, moved_to in ledger.offsets.items():
-            was = before.get(tp, moved_to)
-            if was > moved_to:
-                result.reread.append((tp, moved_to, was))
-            elif was < moved_to:
-                result.excluded.append((tp, was, moved_to))
+            _claim(result, tp, before.get(tp, moved_to), moved_to)
     return result
+
+
+def _claim(result: Coverage, tp: TopicPartition, was: int, moved_to: int) -> None:
+    if was > moved_to:
+        result.reread.append((tp, moved_to, was))
+    elif was < moved_to:
+        result.excluded.append((tp, was, moved_to))
 
 
 def _within(values: pa.Array, spans: list[Span], tp: TopicPartition) -> pa.Array:

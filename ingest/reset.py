@@ -27,7 +27,17 @@ import pyarrow.compute as pc
 
 from ingest.committer import commit_rows, ledger_lost, observe
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, read_extra
+from ingest.core.ledger import (
+    RESET_MEMORY,
+    AppliedReset,
+    BatchCounts,
+    Found,
+    Ledger,
+    TopicPartition,
+    carried,
+    find_ledger,
+    read_extra,
+)
 from ingest.core.plan import Batch, KafkaView
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.errors import ConfigError, FatalError
@@ -84,7 +94,6 @@ class _Reset:
 
     def extra(self, recovered: bool) -> dict[str, str]:
         extra = {
-            "reset-id": self.reset_id,
             "reset-by": self.by,
             "reset-reason": self.reason,
             "reset-target": self.target.describe(),
@@ -130,10 +139,14 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
 
 
 def _applied(table: IcebergTable, pipeline: str, reset_id: str) -> int | None:
-    """The snapshot of ``table``'s branch that applied reset ``reset_id``, if any."""
+    """The snapshot of ``table``'s branch that applied reset ``reset_id`` (or, once that one was
+    expired, the snapshot whose ledger remembers it), if any."""
     for snap in table.ancestry():
         if read_extra(pipeline, snap.summary, "reset-id") == reset_id:
             return snap.snapshot_id
+    found = find_ledger(pipeline, table.ancestry())
+    if found is not None and found.ledger.remembers(reset_id):
+        return found.snapshot_id
     return None
 
 
@@ -188,8 +201,17 @@ def _commit(
     name = command.pipeline.config.pipeline
     number = found.ledger.batch + 1 if found else 1
     start = dict(found.ledger.offsets) if found else dict(new)
-    batch = Batch(number=number, base=found.ledger if found else None, start=start, end=new, cluster_id=view.cluster_id)
-    ledger = Ledger(batch=number, offsets=new, start_offsets=new, cluster_id=view.cluster_id, timestamps=timestamps)
+    base = found.ledger if found else None
+    batch = Batch(number=number, base=base, start=start, end=new, cluster_id=view.cluster_id, reset_id=command.reset_id)
+    ledger = Ledger(
+        batch=number,
+        offsets=new,
+        start_offsets=new,
+        cluster_id=view.cluster_id,
+        timestamps=timestamps,
+        reset_id=command.reset_id,
+        resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
+    )
     outcome = commit_rows(
         table,
         name,
@@ -202,11 +224,20 @@ def _commit(
         recovering=recovering,
     )
     if outcome.decision is Decision.FENCED:
+        applied = _applied(table, name, command.reset_id)
+        if applied is not None:  # an identical copy of this command landed first
+            return applied, number
         raise FatalError(
             f"reset {command.reset_id} not applied: another writer committed to {table.identifier} meanwhile. "
             "Stop the scheduled runs of this pipeline and run the reset again."
         )
     return outcome.snapshot_id, number
+
+
+def _moves(base: Ledger | None, new: Mapping[TopicPartition, int]) -> tuple[tuple[TopicPartition, int, int], ...]:
+    if base is None:
+        return ()
+    return tuple((tp, base.offsets[tp], o) for tp, o in sorted(new.items()) if base.offsets.get(tp, o) != o)
 
 
 def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: bool) -> dict[str, Any]:

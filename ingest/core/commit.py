@@ -18,8 +18,9 @@ from ingest.core.plan import Batch
 class Decision(Enum):
     #: the head still carries the ledger this batch was planned from: commit, requiring that head
     COMMIT = "commit"
-    #: the head carries exactly this batch's end ledger: an earlier attempt (or an identical
-    #: concurrent copy) landed and its acknowledgement was lost; nothing to do
+    #: the head carries exactly this batch's end ledger, committed the same way (by a batch, or by
+    #: the same reset): an earlier attempt (or an identical concurrent copy) landed and its
+    #: acknowledgement was lost; nothing to do
     LANDED = "landed"
     #: another writer advanced the ledger elsewhere: this batch's files are orphans; plan again
     FENCED = "fenced"
@@ -36,8 +37,9 @@ def decide(observed: Ledger | None, batch: Batch) -> Decision:
     base_offsets = batch.base.offsets if batch.base is not None else None
     if _same(observed, base_number, base_offsets):
         return Decision.COMMIT
-    if _same(observed, batch.number, batch.end):
+    if _same(observed, batch.number, batch.end) and observed is not None and observed.reset_id == batch.reset_id:
         return Decision.LANDED
+    # a reset that moved the ledger to exactly this batch's end carries none of its records
     return Decision.FENCED
 
 

@@ -11,8 +11,12 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ingest.errors import FatalError
+
 FORMAT_VERSION = 1
 REGISTRY_PROPERTY = "ingest.pipelines"
+#: how many applied reset ids every ledger carries forward (so a re-run finds them after expiry)
+RESET_MEMORY = 50
 
 
 @dataclass(frozen=True, order=True)
@@ -37,6 +41,16 @@ class LostRange:
 
 
 @dataclass(frozen=True)
+class AppliedReset:
+    """A reset the ledger remembers: its id and, per partition it moved, from where to where
+    (``ingest verify`` reads a backward move as a range ingested once more on purpose, a forward
+    one as a range skipped on purpose)."""
+
+    reset_id: str
+    moves: tuple[tuple[TopicPartition, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Ledger:
     """What one pipeline had committed as of one snapshot."""
 
@@ -47,6 +61,14 @@ class Ledger:
     #: newest committed record timestamp per partition (ms since epoch), carried across batches
     timestamps: Mapping[TopicPartition, int] = field(default_factory=dict)
     lost: tuple[LostRange, ...] = ()
+    #: the reset that committed this ledger (its snapshot has no data of a batch), if any
+    reset_id: str | None = None
+    #: the resets applied so far, oldest first, the newest :data:`RESET_MEMORY` of them; every
+    #: ledger carries them forward, so a reset stays applied (and verifiable) after its snapshot expired
+    resets: tuple[AppliedReset, ...] = ()
+
+    def remembers(self, reset_id: str) -> bool:
+        return any(reset.reset_id == reset_id for reset in self.resets)
 
     @property
     def valid_through(self) -> int | None:
@@ -107,10 +129,30 @@ def encode(
         props[_key(pipeline, "lost-ranges")] = json.dumps(
             [[r.tp.topic, r.tp.partition, r.start, r.end] for r in ledger.lost], separators=(",", ":")
         )
+    if ledger.reset_id is not None:
+        props[_key(pipeline, "reset-id")] = ledger.reset_id
+    if ledger.resets:
+        resets = [
+            [r.reset_id, [[tp.topic, tp.partition, was, to] for tp, was, to in r.moves]]
+            for r in ledger.resets[-RESET_MEMORY:]
+        ]
+        props[_key(pipeline, "resets")] = json.dumps(resets, separators=(",", ":"))
     return props
 
 
-class LedgerFormatError(ValueError):
+def carried(base: Ledger | None) -> tuple[AppliedReset, ...]:
+    """The resets a ledger committed on top of ``base`` carries forward."""
+    return base.resets if base is not None else ()
+
+
+def _decode_resets(text: str) -> tuple[AppliedReset, ...]:
+    return tuple(
+        AppliedReset(reset_id, tuple((TopicPartition(t, int(p)), int(was), int(to)) for t, p, was, to in moves))
+        for reset_id, moves in json.loads(text)
+    )
+
+
+class LedgerFormatError(FatalError):
     """A summary carries this pipeline's keys in a form this version cannot read."""
 
 
@@ -137,6 +179,8 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         cluster_id=summary.get(_key(pipeline, "kafka-cluster")),
         timestamps=_decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
         lost=lost,
+        reset_id=summary.get(_key(pipeline, "reset-id")),
+        resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
     )
 
 
@@ -160,6 +204,8 @@ class SnapshotView:
     snapshot_id: int
     summary: Mapping[str, str]
     timestamp_ms: int = 0
+    #: Iceberg's snapshot operation: append, overwrite, replace or delete
+    operation: str | None = None
 
 
 @dataclass(frozen=True)

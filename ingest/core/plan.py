@@ -49,6 +49,8 @@ class Batch:
     end: Mapping[TopicPartition, int]
     cluster_id: str | None
     lost: tuple[LostRange, ...] = field(default=())
+    #: set when this "batch" is a reset: a ledger move without data (see ``ingest.reset``)
+    reset_id: str | None = None
 
     def ranges(self) -> list[tuple[TopicPartition, int, int]]:
         """The non-empty ranges, in partition order."""
@@ -103,13 +105,16 @@ def plan_batch(ledger: Ledger | None, kafka: KafkaView, policy: PlanPolicy) -> B
             "cluster. Point `kafka.bootstrap.servers` at the original cluster, or start a new pipeline id."
         )
     known = dict(ledger.offsets) if ledger is not None else {}
-    missing = sorted(set(known) - set(kafka.partitions))
+    viewed = {tp.topic for tp in kafka.partitions}
+    # a topic no longer configured keeps its offsets in the ledger, so adding it back resumes exactly
+    idle = {tp: offset for tp, offset in known.items() if tp.topic not in viewed}
+    missing = sorted(set(known) - set(kafka.partitions) - set(idle))
     if missing:
         raise TopicRecreated(
             f"partitions {', '.join(map(str, missing))} are in the ledger but no longer in Kafka: the topic was "
             "deleted or recreated with fewer partitions. Offsets cannot be trusted; start a new pipeline id."
         )
-    start: dict[TopicPartition, int] = {}
+    start: dict[TopicPartition, int] = dict(idle)
     lost: list[LostRange] = []
     for tp, wm in sorted(kafka.partitions.items()):
         if tp not in known:
@@ -130,7 +135,7 @@ def plan_batch(ledger: Ledger | None, kafka: KafkaView, policy: PlanPolicy) -> B
             lost.append(LostRange(tp, offset, wm.low))
             offset = wm.low
         start[tp] = offset
-    available = {tp: kafka.partitions[tp].high - start[tp] for tp in start}
+    available = {tp: kafka.partitions[tp].high - start[tp] if tp in kafka.partitions else 0 for tp in start}
     caps = fair_caps(available, policy.max_records)
     end = {tp: start[tp] + caps[tp] for tp in start}
     return Batch(

@@ -16,7 +16,7 @@ from ingest.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
 
-AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 0}
+AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 1}
 
 
 def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
@@ -105,7 +105,7 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
     stored = pipeline.rows.stored_data_files()
     assert stored and pipeline.rows.referenced_paths() == set()
 
-    removed = remove_orphans(pipeline.rows, pipeline.config.maintenance, time.time() + 1)
+    removed = remove_orphans(pipeline.rows, pipeline.config.maintenance, time.time() + 3_601)
 
     assert sorted(removed) == sorted(path for path, _ in stored)
     assert env.cli("run").returncode == 0

@@ -146,3 +146,20 @@ def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor) -> No
     dead = [(P0, 10), (P0, 13), (P1, 20), (P1, 21)]
     assert [d for d in dead if second.keeps(*d)] == []
     assert not second.moves
+
+
+# --- resets ------------------------------------------------------------------------------------
+
+
+def test_a_reset_to_exactly_this_batchs_end_fences_it() -> None:
+    # its snapshot holds none of the batch's records: the batch must not count as landed
+    reset = Ledger(batch=5, offsets={P0: 15, P1: 22}, reset_id="r-1")
+
+    assert decide(reset, BATCH) is Decision.FENCED
+
+
+def test_a_reset_whose_own_commit_landed_is_recognised() -> None:
+    reset_batch = Batch(number=5, base=BASE, start=BASE.offsets, end={P0: 0, P1: 0}, cluster_id="c", reset_id="r-1")
+
+    assert decide(Ledger(batch=5, offsets={P0: 0, P1: 0}, reset_id="r-1"), reset_batch) is Decision.LANDED
+    assert decide(Ledger(batch=5, offsets={P0: 0, P1: 0}, reset_id="r-2"), reset_batch) is Decision.FENCED

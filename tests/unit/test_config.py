@@ -383,3 +383,19 @@ def test_redacted_masks_credentials_and_keeps_the_rest() -> None:
     assert shown["schema"][0]["name"] == "order_id"  # dumped by alias, as written in the file
     # the config itself still holds the real values
     assert config.kafka["sasl.password"] == "hunter2"
+
+
+@pytest.mark.parametrize("hours", [0, 0.5])
+def test_orphan_removal_has_a_floor_under_a_running_batchs_files(hours: float) -> None:
+    data = minimal() | {"maintenance": {"orphan_age_hours": hours}}
+
+    with pytest.raises(ConfigError, match=r"maintenance.orphan_age_hours: must be at least 1 hour") as caught:
+        parse(data)
+    assert caught.value.exit_code == ExitCode.CONFIG
+
+
+def test_compaction_target_below_the_small_file_size_is_refused() -> None:
+    data = minimal() | {"maintenance": {"small_file_mb": 64, "target_file_mb": 32}}
+
+    with pytest.raises(ConfigError, match=r"target_file_mb must be at least small_file_mb"):
+        parse(data)

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ingest.core.ledger import (
     FORMAT_VERSION,
     REGISTRY_PROPERTY,
+    RESET_MEMORY,
+    AppliedReset,
     BatchCounts,
     Ledger,
     LedgerFormatError,
@@ -24,6 +26,7 @@ from ingest.core.ledger import (
     register,
     registered_pipelines,
 )
+from ingest.errors import ExitCode, IngestError
 
 A0 = TopicPartition("orders", 0)
 A1 = TopicPartition("orders", 1)
@@ -272,3 +275,21 @@ def test_registered_pipelines_matches_whole_names_only() -> None:
 
     assert "orders" not in registered_pipelines(props)
     assert register(props, "orders") == {REGISTRY_PROPERTY: "orders-eu,payments,orders"}
+
+
+def test_reset_ids_round_trip_and_are_bounded() -> None:
+    tp = TopicPartition("t", 0)
+    resets = tuple(AppliedReset(f"r{i}", ((tp, 100, i),)) for i in range(RESET_MEMORY + 5))
+    ledger = Ledger(batch=3, offsets={tp: 1}, reset_id="r9", resets=resets)
+
+    decoded = decode("p", encode("p", ledger, BatchCounts()))
+
+    assert decoded is not None and decoded.reset_id == "r9"
+    assert decoded.resets == resets[-RESET_MEMORY:]
+    assert decoded.remembers(f"r{RESET_MEMORY + 4}") and not decoded.remembers("r0")
+
+
+def test_an_unreadable_ledger_is_a_fatal_ingest_error() -> None:
+    with pytest.raises(LedgerFormatError) as caught:
+        decode("p", {"ingest.p.format": "9", "ingest.p.offsets": "{}"})
+    assert isinstance(caught.value, IngestError) and caught.value.exit_code == ExitCode.FATAL

@@ -291,3 +291,15 @@ def test_ranges_skip_empty_partitions_in_partition_order() -> None:
 
     assert batch.ranges() == [(P0, 3, 7), (P2, 0, 4)]
     assert batch.planned_records == 8
+
+
+def test_a_topic_no_longer_configured_keeps_its_offsets_and_reads_nothing() -> None:
+    batch = plan_batch(ledger(p0=3, q0=40), view(p0=(0, 10)), PlanPolicy())
+
+    assert batch.end[Q0] == batch.start[Q0] == 40  # adding the topic back resumes exactly here
+    assert batch.ranges() == [(P0, 3, 10)]
+
+
+def test_a_configured_topic_that_lost_a_partition_still_means_it_was_recreated() -> None:
+    with pytest.raises(TopicRecreated, match=r"orders\[1\]"):
+        plan_batch(ledger(p0=3, p1=3, q0=40), view(p0=(0, 10), q0=(0, 50)), PlanPolicy())

@@ -1,0 +1,233 @@
+"""The operations around the batch next to other writers: expiry, replay, publish, rollback, resets.
+
+Each test races or combines a real operation with another writer on the real catalogs and checks
+what a user would see: rows, refs, ledgers and ``ingest verify``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from ingest.core.ledger import find_ledger
+from ingest.core.plan import Batch
+from ingest.errors import RetryableError
+from ingest.local import LocalEngine
+from ingest.maintain import expire, maintain
+from ingest.pipeline import Pipeline
+from ingest.replay import PublishRefused, replay
+from ingest.tasks import Produced
+
+pytestmark = pytest.mark.integration
+
+#: expire everything the protocol does not protect
+EXPIRE_ALL = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1}
+HOUR_MS = 3_600_000
+
+
+def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(count):
+        env.produce(size, bad_every=40)
+        pipeline.run_batch()
+
+
+def _run_all(pipeline: Pipeline) -> None:
+    for _ in pipeline.run(until_caught_up=True, max_batches=None):
+        pass
+
+
+def _head_id(pipeline: Pipeline) -> int:
+    found = pipeline.ledger()
+    assert found is not None
+    return found.snapshot_id
+
+
+def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
+    env = make_env()
+    env.produce(1_400, bad_every=7)
+    slow, fast = Pipeline.open(env.config), Pipeline.open(env.config)
+    # another tool on the same table (Spark users set this) turns pyiceberg's own commit retry on
+    foreign = slow.rows.catalog.load_table(env.config.table)
+    foreign.transaction().set_properties({"commit.retry.num-retries": "4"}).commit_transaction()
+    slow.rows.refresh()
+
+    class RacedEngine(LocalEngine):
+        raced = False
+
+        def produce(self, batch: Batch) -> Produced:
+            produced = super().produce(batch)
+            if not RacedEngine.raced:
+                RacedEngine.raced = True
+                assert fast.run_batch().status == "committed"  # the same offsets commit first
+            return produced
+
+    result = slow.run_batch(RacedEngine(slow.config, slow.rows))
+
+    assert (result.batch, result.status) == (1, "landed")  # not rebased onto the new head and landed again
+    assert env.counts() == (1_400 - env.bad, env.bad)
+    env.verify()
+
+
+def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) -> None:
+    env = make_env(maintenance=EXPIRE_ALL)
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 1)
+    snapshot_s = _head_id(pipeline)
+    rows_at_s = env.counts()
+    _batches(env, pipeline, 3)
+    operator = Pipeline.open(env.config)
+    real = pipeline.rows.expire
+
+    def rollback_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        replay(operator, snapshot_id=snapshot_s, rollback=True)
+        return real(*args, **kwargs)
+
+    pipeline.rows.expire = rollback_lands_first  # type: ignore[method-assign]
+    expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + HOUR_MS)
+
+    pipeline.rows.refresh()
+    assert pipeline.rows.branch_head("main") == snapshot_s
+    assert pipeline.rows.table.metadata.snapshot_by_id(snapshot_s) is not None
+    assert env.counts()[0] == rows_at_s[0]  # dead letters stay: their ledger is a floor
+    _run_all(pipeline)
+    assert env.counts() == (800 - env.bad, env.bad)
+    env.verify()
+
+
+def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publishes(make_env) -> None:
+    env = make_env(maintenance=EXPIRE_ALL)
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 1)
+    snapshot_s = _head_id(pipeline)
+    _batches(env, pipeline, 2)
+    tagged = _head_id(pipeline)
+    pipeline.rows.table.manage_snapshots().create_tag(tagged, "audit-2026-12").commit()
+    replayed = replay(pipeline, snapshot_id=snapshot_s)  # leaves branch replay-<S> for audit
+    _batches(env, pipeline, 2)
+
+    for _ in range(2):  # a second run finds nothing more to expire, and does not fail either
+        report = maintain(pipeline, now=time.time() + 3_600)
+        assert report["table"]["snapshots_expired"] >= 0
+
+    rows = pipeline.rows
+    rows.refresh()
+    refs = rows.table.metadata.refs
+    assert refs["audit-2026-12"].snapshot_id == tagged
+    assert rows.table.metadata.snapshot_by_id(tagged) is not None
+    branch_head = rows.branch_head(replayed["branch"])
+    assert branch_head is not None and rows.table.metadata.snapshot_by_id(branch_head) is not None
+    assert find_ledger("orders", rows.ancestry(branch_head)) is not None
+    published = replay(pipeline, snapshot_id=snapshot_s, publish=True)
+    assert published["action"] == "published"
+    assert env.counts() == (1_000 - env.bad, env.bad)
+    env.verify()
+
+
+def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
+    orders = make_env()
+    refunds = make_env(pipeline="refunds", table=orders.config.table)
+    mine, theirs = Pipeline.open(orders.config), Pipeline.open(refunds.config)
+    _batches(orders, mine, 1, size=500)
+    snapshot_s = _head_id(mine)
+    _batches(orders, mine, 1, size=500)
+    _batches(refunds, theirs, 2, size=300)  # another pipeline writes the same table after S
+
+    published = replay(mine, snapshot_id=snapshot_s, publish=True)
+
+    assert published["action"] == "published"
+    assert published["reapplied"] == 2
+    orders.verify()
+    refunds.verify()
+    assert orders.counts() == (1_600 - orders.bad - refunds.bad, orders.bad + refunds.bad)
+    _batches(refunds, theirs, 1, size=100)  # its ledger is still on main: no "ledger lost"
+    _batches(orders, mine, 1, size=100)
+    refunds.verify()
+    orders.verify()
+    assert orders.counts() == (1_800 - orders.bad - refunds.bad, orders.bad + refunds.bad)
+    mine.rows.refresh()
+    assert published["branch"] not in mine.rows.table.metadata.refs  # the replay's branch is gone
+
+
+def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
+    env = make_env(partition_by=[])
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 1, size=500)
+    snapshot_s = _head_id(pipeline)
+    _batches(env, pipeline, 1, size=500)
+    foreign = pipeline.rows.catalog.load_table(env.config.table)
+    foreign.delete("_kafka_offset < 5")  # a fix by another tool after S (copy-on-write: an overwrite)
+    pipeline.rows.refresh()
+    deleted_head = pipeline.rows.branch_head("main")
+
+    with pytest.raises(PublishRefused) as caught:
+        replay(pipeline, snapshot_id=snapshot_s, publish=True)
+
+    assert f"{deleted_head} (overwrite)" in str(caught.value)
+    pipeline.rows.refresh()
+    assert pipeline.rows.branch_head("main") == deleted_head  # nothing changed on main
+
+
+def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env) -> None:
+    env = make_env()
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 2)
+    snapshot_s = _head_id(pipeline)
+    _batches(env, pipeline, 1)
+    other = Pipeline.open(env.config)
+    real = pipeline.rows.set_ref
+
+    def batch_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        env.produce(100)
+        assert other.run_batch().status == "committed"
+        return real(*args, **kwargs)
+
+    pipeline.rows.set_ref = batch_lands_first  # type: ignore[method-assign]
+    with pytest.raises(RetryableError):
+        replay(pipeline, snapshot_id=snapshot_s, rollback=True)
+
+    found = other.ledger()
+    assert found is not None and found.ledger.batch == 4  # the batch that won stays on main
+    env.verify()
+
+
+def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env) -> None:
+    env = make_env(partitions=2, maintenance=EXPIRE_ALL)
+    env.produce(400)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    spec = f"{env.topic}:0=50,{env.topic}:1=60"
+    first = env.cli("reset", "--to-offsets", spec, "--reason", "bad deploy 4711", "--json")
+    assert first.returncode == 0, first.stderr
+    reset_snapshot = json.loads(first.stdout)["snapshot_id"]
+    env.produce(100)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    pipeline = Pipeline.open(env.config)
+    maintain(pipeline, now=time.time() + 3_600)
+    pipeline.rows.refresh()
+    assert pipeline.rows.table.metadata.snapshot_by_id(reset_snapshot) is None  # expired
+
+    again = env.cli("reset", "--to-offsets", spec, "--reason", "bad deploy 4711", "--json")
+
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["status"] == "already-applied"
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (500 + 400 - 110, 0)  # the re-read range once, not twice
+    env.verify()
+
+
+def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> None:
+    env = make_env()
+    env.produce(300)
+    pipeline = Pipeline.open(env.config)
+    batch = pipeline.plan()
+    reset = env.cli("reset", "--to-latest", "--reason", "skip the backlog", "--json")
+    assert reset.returncode == 0, reset.stderr
+
+    with LocalEngine(pipeline.config, pipeline.rows) as engine:
+        result = pipeline._attempt(batch, engine)
+
+    assert result is None  # fenced by the reset: its records did not land
+    assert env.counts() == (0, 0)
+    assert pipeline.run_batch().status == "empty"
+    env.verify()
