@@ -12,6 +12,9 @@ import os
 import signal
 
 POINTS = ("before-read", "mid-read", "mid-write", "files-written", "between-commits", "after-commit")
+#: points in the operations around the batch: a rollback or publish after the rows table moved
+#: and before the dead-letter table followed
+OPERATIONS = ("between-tables",)
 
 
 #: the variable naming the point for the ``ingest`` process, and for the local engine's workers
@@ -19,6 +22,6 @@ ENGINE, WORKER = "INGEST_FAILPOINT", "INGEST_WORKER_FAILPOINT"
 
 
 def reach(name: str, variable: str = ENGINE) -> None:
-    assert name in POINTS, name
+    assert name in POINTS or name in OPERATIONS, name
     if os.environ.get(variable) == name:
         os.kill(os.getpid(), signal.SIGKILL)

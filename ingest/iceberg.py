@@ -81,7 +81,7 @@ from pyiceberg.types import (
 
 from ingest import nogc
 from ingest.config import TRANSFORM, FieldSpec
-from ingest.core.ledger import SnapshotView
+from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
 
 log = logging.getLogger(__name__)
@@ -523,6 +523,32 @@ class IcebergTable:
             snapshot_id = ow.snapshot_id
         self._commit(transaction)
         return snapshot_id
+
+    def rewind(self, topics: Sequence[str], to: Mapping[TopicPartition, int], summary: Mapping[str, str]) -> int | None:
+        """One commit on the branch, requiring its head, that removes the dead letters of
+        ``topics`` at or past ``to`` (every one of a partition ``to`` does not name) and carries
+        ``summary``; returns the new branch head. Columns are the dead-letter table's."""
+        clauses = []
+        for topic in sorted(topics):  # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape
+            known = sorted(tp.partition for tp in to if tp.topic == topic)
+            per = [f"(partition = {p} AND offset >= {to[TopicPartition(topic, p)]})" for p in known]
+            if known:
+                per.append(f"partition NOT IN ({', '.join(map(str, known))})")
+                clauses.append(f"(topic = '{topic}' AND ({' OR '.join(per)}))")
+            else:
+                clauses.append(f"topic = '{topic}'")
+        condition = " OR ".join(clauses)
+        head = self.branch_head(self.branch)
+        doomed = 0
+        if head is not None:
+            doomed = self._table.scan(row_filter=condition, snapshot_id=head, selected_fields=("offset",)).count()
+        if doomed == 0:
+            return self.try_commit([], summary, {})
+        with nogc.paused():
+            transaction = _no_library_retry(self._table).transaction()
+            transaction.delete(condition, snapshot_properties=dict(summary), branch=self.branch)
+            self._commit(transaction)
+        return self.branch_head(self.branch)
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         if snapshot_id is None:

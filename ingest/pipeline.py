@@ -18,8 +18,9 @@ from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, Ledger, carried
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
+from ingest.dead_letters import settle
 from ingest.errors import Fenced
-from ingest.iceberg import IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
+from ingest.iceberg import MAIN, IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
 from ingest.kafka import KafkaSource
 from ingest.local import LocalEngine
 from ingest.tasks import Produced, merge_timestamps
@@ -80,9 +81,12 @@ class Pipeline:
         return cls(config, source, rows, dead)
 
     def on_branch(self, branch: str) -> Pipeline:
-        """This pipeline committing rows to ``branch`` (dead letters stay on main: their ledger is a
-        floor that deduplicates re-read ranges)."""
-        return Pipeline(self.config, self.source, self.rows.on_branch(branch), self.dead)
+        """This pipeline committing rows to ``branch``, and dead letters to the dead-letter table's
+        branch of the same name (a replay creates both; one begun by an older version has only the
+        rows branch, and its dead letters stay on main)."""
+        self.dead.refresh()
+        dead = self.dead.on_branch(branch) if self.dead.branch_head(branch) is not None else self.dead
+        return Pipeline(self.config, self.source, self.rows.on_branch(branch), dead)
 
     def ledger(self, max_age_s: float = 0.0) -> Found | None:
         return observe(self.rows, self.config.pipeline, max_age_s)
@@ -121,6 +125,8 @@ class Pipeline:
     def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
         started = time.monotonic()
         ranges = [(tp.topic, tp.partition, s, e) for tp, s, e in batch.ranges()]
+        if self.rows.branch == MAIN:  # a rollback or publish may still owe its dead-letter step
+            settle(self.dead, self.config.pipeline, self.config.topics, batch.base, self.config.commit.max_attempts)
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = engine.produce(batch)

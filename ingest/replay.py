@@ -29,28 +29,28 @@ letter is already stored, so re-read ranges add none twice.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
+from ingest import failpoints
 from ingest.committer import observe
-from ingest.core.ledger import Found, SnapshotView, find_ledger, registered_pipelines
-from ingest.errors import ConfigError, FatalError, RetryableError
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
+from ingest.dead_letters import marker, rewind, settle
+from ingest.errors import CatalogUnavailable, ConfigError, FatalError, RetryableError
 from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+from ingest.lineage import carry_over
 from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 PUBLISH_ATTEMPTS = 5
-REAPPLIED_FROM = "ingest.reapplied-from"
 
 
 class ReplayImpossible(FatalError):
     """Kafka no longer holds records the replay would need, or the table no longer holds S."""
-
-
-class PublishRefused(FatalError):
-    """Main holds commits since S that publishing would drop and cannot carry over."""
 
 
 class RollbackRefused(FatalError):
@@ -142,8 +142,9 @@ def replay(
     _check_retained(pipeline, start)
     report: dict[str, Any] = {"pipeline": name, "from_snapshot": target, "ledger_batch": start.ledger.batch}
     if rollback:
-        return report | _rollback(pipeline, target)
+        return report | _rollback(pipeline, target, start)
     branch = f"replay-{target}"
+    _branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
         try:
             rows.set_ref(branch, target, expected=None)
@@ -155,6 +156,38 @@ def replay(
                     "(expired meanwhile). Nothing was changed; replay from a later snapshot."
                 ) from None
     return report | _continue(pipeline, target, publish)
+
+
+def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
+    """The dead-letter table's branch for a replay: at its main head, with this pipeline's dead
+    letters from S's ledger on removed (the replay stores them again, as its decoding says).
+    Done before the rows branch exists, so a replay that finds its rows branch finds this too."""
+    dead = pipeline.dead
+    dead.refresh()
+    if dead.branch_head(branch) is None:
+        if dead.branch_head(MAIN) is None:  # no dead letters yet: an empty snapshot to branch from
+            _settled(lambda: dead.try_commit([], {}, {}), dead)
+        fork = dead.branch_head(MAIN)
+        if fork is None:
+            raise CatalogUnavailable(f"cannot start a branch of {dead.identifier}: its first commit did not settle")
+        _settled(lambda: dead.set_ref(branch, fork, expected=None), dead)
+    rewind(
+        dead.on_branch(branch),
+        pipeline.config.pipeline,
+        pipeline.config.topics,
+        start.ledger.offsets,
+        f"{branch}-start",
+        pipeline.config.commit.max_attempts,
+    )
+
+
+def _settled(commit: Callable[[], object], table: IcebergTable) -> None:
+    """Run one idempotent ref or snapshot commit; a conflict means a concurrent copy did it."""
+    try:
+        commit()
+    except (CommitConflict, CommitUnknown) as error:
+        log.info("%s: %s; observing again", table.identifier, error)
+        table.refresh()
 
 
 def _continue(pipeline: Pipeline, target: int, publish: bool) -> dict[str, Any]:
@@ -174,8 +207,10 @@ def _continue(pipeline: Pipeline, target: int, publish: bool) -> dict[str, Any]:
     return report | {"comparison": compare(pipeline, branch)}
 
 
-def _rollback(pipeline: Pipeline, target: int) -> dict[str, Any]:
-    """Point main at ``target``, requiring main's head to be the one this decision was made on."""
+def _rollback(pipeline: Pipeline, target: int, start: Found) -> dict[str, Any]:
+    """Point main at a marker snapshot on top of ``target`` (S's ledger, and the dead-letter
+    rewind it owes), requiring main's head to be the one this decision was made on; then rewind
+    the dead letters."""
     rows = pipeline.rows
     name = pipeline.config.pipeline
     main_head = rows.branch_head(MAIN)
@@ -196,76 +231,39 @@ def _rollback(pipeline: Pipeline, target: int) -> dict[str, Any]:
             break
         if find_ledger(name, [snap]) is None:
             discarded.append({"snapshot_id": snap.snapshot_id, "operation": snap.operation})
+    sync = DeadLetterSync(f"rollback-{target}-{uuid.uuid4().hex[:12]}", rewind_to=start.ledger.offsets)
+    staging = f"rollback-{target}"
     try:
-        rows.set_ref(MAIN, target, expected=main_head)
+        rows.set_ref(staging, target, expected=rows.branch_head(staging))
+        at_s = rows.on_branch(staging)
+        at_s.try_commit([], encode(name, marker(start.ledger, sync), BatchCounts(), {"restamped-by": "rollback"}), {})
+        new_head = at_s.branch_head(staging)
+        assert new_head is not None
+        rows.set_ref(MAIN, new_head, expected=main_head)
     except (CommitConflict, CommitUnknown) as error:
         rows.refresh()
-        if rows.branch_head(MAIN) != target:
+        found = find_ledger(name, rows.ancestry())
+        if found is None or found.ledger.sync != sync:
             raise MainMoved(
                 f"rollback of {rows.identifier} to snapshot {target} not applied: main moved while it was decided "
                 f"({error}). Nothing was changed; run the same command again."
             ) from None
-    return {"action": "rolled-back", "main": target, "discarded_foreign": discarded}
-
-
-def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
-    """Snapshots from ``head`` back to (not including) the first one in ``stop``, newest first.
-
-    Raises :class:`PublishRefused` if the chain breaks first (expired parents): what main gained
-    cannot be proven then."""
-    found: list[SnapshotView] = []
-    for snap in table.ancestry(head):
-        if snap.snapshot_id in stop:
-            return found
-        found.append(snap)
-    if head is None:
-        return found
-    raise PublishRefused(
-        f"main's history in {table.identifier} no longer reaches the replay's branch (snapshots were expired), so "
-        "what main gained since cannot be told apart from what the replay redid. Nothing was changed."
-    )
-
-
-def _carry_over(pipeline: Pipeline, branch: str) -> int:
-    """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
-    returns how many. Refuses (changing nothing) if main holds anything else the replay did not redo."""
-    name = pipeline.config.pipeline
-    rows = pipeline.rows
-    branch_line = list(rows.ancestry(rows.branch_head(branch)))
-    on_branch = {snap.snapshot_id for snap in branch_line}
-    reapplied = {snap.summary[REAPPLIED_FROM] for snap in branch_line if REAPPLIED_FROM in snap.summary}
-    gained = [
-        snap
-        for snap in _since(rows, rows.branch_head(MAIN), on_branch)
-        # this pipeline's batches the replay redid; compactions by `ingest maintain` only rewrote
-        # rows that are on the branch or re-applied below, from files main's history still holds
-        if snap.summary.get("ingest.maintenance") != "compaction" and find_ledger(name, [snap]) is None
-    ]
-    blocking = [snap for snap in gained if snap.operation != "append"]
-    if blocking:
-        listed = ", ".join(f"{snap.snapshot_id} ({snap.operation})" for snap in blocking)
-        raise PublishRefused(
-            f"publish of {branch} refused: main has commits since the replay's snapshot that it cannot carry over "
-            f"onto the branch: {listed}. Nothing was changed and the branch is kept. Re-apply those changes to the "
-            f"branch yourself and publish again, or roll main back to the replay's snapshot instead (--rollback)."
-        )
-    target = rows.on_branch(branch)
-    count = 0
-    for snap in reversed(gained):  # oldest first, so each pipeline's newest ledger ends on top
-        if str(snap.snapshot_id) in reapplied:
-            continue
-        summary = {k: v for k, v in snap.summary.items() if k.startswith("ingest.")}
-        summary[REAPPLIED_FROM] = str(snap.snapshot_id)
-        target.try_commit(rows.added_data_files(snap.snapshot_id), summary, {})
-        count += 1
-    rows.refresh()
-    return count
+    finally:
+        rows.refresh()
+        staged = rows.branch_head(staging)
+        if staged is not None:
+            _settled(lambda: rows.remove_ref(staging, staged), rows)
+    failpoints.reach("between-tables")
+    settle(pipeline.dead, name, pipeline.config.topics, marker(start.ledger, sync), _attempts(pipeline))
+    return {"action": "rolled-back", "main": rows.branch_head(MAIN), "discarded_foreign": discarded}
 
 
 def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, Any]:
-    """Fast-forward main to the branch once the branch holds everything main holds."""
+    """Fast-forward main to the branch once the branch holds everything main holds, then the
+    dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
     rows = pipeline.rows
+    sync = DeadLetterSync(f"publish-{branch}", branch=branch)
     reapplied = 0
     for _ in range(PUBLISH_ATTEMPTS):
         main = observe(rows, name)  # refreshes: the swap requires this main head
@@ -275,11 +273,16 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
             replayed is None
             or any(replayed.ledger.offsets.get(tp, -1) < offset for tp, offset in main.ledger.offsets.items())
         )
-        if not behind and head is not None:
+        if not behind and replayed is not None:
             main_head = rows.branch_head(MAIN)
             try:
-                reapplied += _carry_over(pipeline, branch)
-                head = rows.branch_head(branch)
+                reapplied += carry_over(rows, name, branch)
+                # the snapshot main moves to says what the dead-letter table owes it
+                on_branch = rows.on_branch(branch)
+                on_branch.try_commit(
+                    [], encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"}), {}
+                )
+                head = on_branch.branch_head(branch)
                 assert head is not None
                 rows.set_ref(MAIN, head, expected=main_head)
             except (CommitConflict, CommitUnknown) as error:
@@ -287,6 +290,8 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
                 rows.refresh()
                 if rows.branch_head(MAIN) != rows.branch_head(branch):
                     continue  # main or the branch moved in between: catch up and carry over again
+            failpoints.reach("between-tables")
+            settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
             _remove_branch(rows, branch)
             return {"published": head, "reapplied": reapplied}
         for _result in replaying.run(until_caught_up=True, max_batches=None):
@@ -295,6 +300,10 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
         f"publish of {branch} refused {PUBLISH_ATTEMPTS} times: main keeps moving. The branch is caught up "
         "and intact; pause the scheduled runs of this pipeline and run the replay with --publish again."
     )
+
+
+def _attempts(pipeline: Pipeline) -> int:
+    return pipeline.config.commit.max_attempts
 
 
 def _remove_branch(rows: IcebergTable, branch: str) -> None:

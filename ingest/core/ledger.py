@@ -51,6 +51,23 @@ class AppliedReset:
 
 
 @dataclass(frozen=True)
+class DeadLetterSync:
+    """A step the dead-letter table owes the rows table after a rollback or a publish.
+
+    The rows table decides which records a pipeline has stored; its dead-letter table must follow
+    when the rows' lineage jumps: after a rollback to a ledger ``L`` the dead letters at or past
+    ``L`` go (``rewind_to``), after a replay's publish the dead-letter table's replay branch
+    becomes its main (``branch``). The rows snapshot that makes the jump carries this marker; the
+    dead-letter ledger remembers ``sync_id`` once the step is done (as an :class:`AppliedReset`),
+    and no rows commit is made on top of the marker before that (see ``ingest.dead_letters``).
+    """
+
+    sync_id: str
+    branch: str | None = None
+    rewind_to: Mapping[TopicPartition, int] | None = None
+
+
+@dataclass(frozen=True)
 class Ledger:
     """What one pipeline had committed as of one snapshot."""
 
@@ -66,6 +83,8 @@ class Ledger:
     #: the resets applied so far, oldest first, the newest :data:`RESET_MEMORY` of them; every
     #: ledger carries them forward, so a reset stays applied (and verifiable) after its snapshot expired
     resets: tuple[AppliedReset, ...] = ()
+    #: what the dead-letter table owes this ledger's snapshot (a rollback's or publish's marker)
+    sync: DeadLetterSync | None = None
 
     def remembers(self, reset_id: str) -> bool:
         return any(reset.reset_id == reset_id for reset in self.resets)
@@ -137,7 +156,22 @@ def encode(
             for r in ledger.resets[-RESET_MEMORY:]
         ]
         props[_key(pipeline, "resets")] = json.dumps(resets, separators=(",", ":"))
+    if ledger.sync is not None:
+        sync: dict[str, object] = {"id": ledger.sync.sync_id, "branch": ledger.sync.branch}
+        if ledger.sync.rewind_to is not None:
+            sync["rewind-to"] = json.loads(_encode_offsets(ledger.sync.rewind_to))
+        props[_key(pipeline, "dead-letter-sync")] = json.dumps(sync, separators=(",", ":"), sort_keys=True)
     return props
+
+
+def _decode_sync(text: str | None) -> DeadLetterSync | None:
+    if text is None:
+        return None
+    data = json.loads(text)
+    rewind = data.get("rewind-to")
+    return DeadLetterSync(
+        data["id"], data.get("branch"), _decode_offsets(json.dumps(rewind)) if rewind is not None else None
+    )
 
 
 def carried(base: Ledger | None) -> tuple[AppliedReset, ...]:
@@ -181,6 +215,7 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         lost=lost,
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
+        sync=_decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
     )
 
 

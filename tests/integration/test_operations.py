@@ -7,17 +7,21 @@ what a user would see: rows, refs, ledgers and ``ingest verify``.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
+import yaml
 
 from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import RetryableError
+from ingest.kafka import produce
+from ingest.lineage import PublishRefused
 from ingest.local import LocalEngine
 from ingest.maintain import expire, maintain
 from ingest.pipeline import Pipeline
-from ingest.replay import PublishRefused, replay
+from ingest.replay import replay
 from ingest.tasks import Produced
 
 pytestmark = pytest.mark.integration
@@ -75,22 +79,28 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
     pipeline = Pipeline.open(env.config)
     _batches(env, pipeline, 1)
     snapshot_s = _head_id(pipeline)
+    ledger_at_s = pipeline.ledger().ledger  # type: ignore[union-attr]
     rows_at_s = env.counts()
     _batches(env, pipeline, 3)
     operator = Pipeline.open(env.config)
     real = pipeline.rows.expire
+    rolled: list[dict[str, object]] = []
 
     def rollback_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
-        replay(operator, snapshot_id=snapshot_s, rollback=True)
+        if not rolled:
+            rolled.append(replay(operator, snapshot_id=snapshot_s, rollback=True))
         return real(*args, **kwargs)
 
     pipeline.rows.expire = rollback_lands_first  # type: ignore[method-assign]
     expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + HOUR_MS)
 
     pipeline.rows.refresh()
-    assert pipeline.rows.branch_head("main") == snapshot_s
-    assert pipeline.rows.table.metadata.snapshot_by_id(snapshot_s) is not None
-    assert env.counts()[0] == rows_at_s[0]  # dead letters stay: their ledger is a floor
+    main = pipeline.rows.branch_head("main")
+    assert main == rolled[0]["main"]  # a snapshot on top of S with S's data and ledger
+    assert main is not None and pipeline.rows.table.metadata.snapshot_by_id(main) is not None
+    found = pipeline.ledger()
+    assert found is not None and found.ledger.offsets == ledger_at_s.offsets
+    assert env.counts() == rows_at_s  # the dead letters were rolled back with the rows
     _run_all(pipeline)
     assert env.counts() == (800 - env.bad, env.bad)
     env.verify()
@@ -178,10 +188,11 @@ def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env)
     other = Pipeline.open(env.config)
     real = pipeline.rows.set_ref
 
-    def batch_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
-        env.produce(100)
-        assert other.run_batch().status == "committed"
-        return real(*args, **kwargs)
+    def batch_lands_first(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "main":  # just before the rollback moves main
+            env.produce(100)
+            assert other.run_batch().status == "committed"
+        return real(name, *args, **kwargs)
 
     pipeline.rows.set_ref = batch_lands_first  # type: ignore[method-assign]
     with pytest.raises(RetryableError):
@@ -231,3 +242,53 @@ def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> N
     assert env.counts() == (0, 0)
     assert pipeline.run_batch().status == "empty"
     env.verify()
+
+
+def _null_amounts(env, count: int) -> None:  # type: ignore[no-untyped-def]
+    """Orders without an amount: rows while ``amount`` is optional, dead letters once it is required."""
+    start = env.produced
+    records = [
+        (i % env.partitions, f"k{i}".encode(), json.dumps({"order_id": i, "amount": None}).encode(), [])
+        for i in range(start, start + count)
+    ]
+    produce(env.bootstrap, env.topic, records)
+    env.produced += count
+
+
+def _require_amount(env) -> None:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [dict(f, required=True) if f["name"] == "amount" else f for f in data["schema"]]
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["whole", "killed-between-tables"])
+@pytest.mark.parametrize("action", ["--rollback", "--publish"])
+def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(make_env, action, crash) -> None:
+    env = make_env()
+    env.produce(200, bad_every=20)
+    assert env.cli("run").returncode == 0
+    snapshot_s = json.loads(env.cli("history", "--json").stdout)[0]["snapshot_id"]
+    _null_amounts(env, 100)
+    env.produce(200, bad_every=20)  # poison here moves the dead-letter floor past the null amounts
+    assert env.cli("run").returncode == 0
+    assert env.counts() == (480, 20)
+    _require_amount(env)  # the fix being replayed: an order needs an amount
+
+    replayed = env.cli(
+        "replay",
+        "--from-snapshot",
+        str(snapshot_s),
+        action,
+        env={"INGEST_FAILPOINT": "between-tables"} if crash else {},
+    )
+
+    assert replayed.returncode == (-signal.SIGKILL if crash else 0), replayed.stderr
+    assert env.cli("run", "--until-caught-up").returncode == 0  # the next scheduled run finishes what was cut
+    assert env.counts() == (380, 120)  # the null amounts are dead letters now, once; nothing else moved
+    env.verify()
+    env.produce(40, bad_every=20)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (418, 122)
+    env.verify()
+    pipeline = Pipeline.open(env.config)
+    assert set(pipeline.dead.table.metadata.refs) == {"main"}

@@ -95,13 +95,18 @@ def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     pipeline.run_batch()
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    ledger_s = pipeline.ledger().ledger  # type: ignore[union-attr]
+    rows_at_s = env.counts()
     env.produce(600, bad_every=30)
     pipeline.run_batch()
 
     result = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback", "--json")
 
     assert result.returncode == 0, result.stderr
-    assert pipeline.ledger().snapshot_id == snapshot_s  # type: ignore[union-attr]
+    rolled_back = pipeline.ledger()
+    assert rolled_back is not None and rolled_back.ledger.offsets == ledger_s.offsets
+    assert [s.snapshot_id for s in pipeline.rows.ancestry()][1] == snapshot_s  # main = S's data and ledger
+    assert env.counts() == rows_at_s
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (1_200 - env.bad, env.bad)
     env.verify()

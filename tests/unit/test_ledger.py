@@ -14,6 +14,7 @@ from ingest.core.ledger import (
     RESET_MEMORY,
     AppliedReset,
     BatchCounts,
+    DeadLetterSync,
     Ledger,
     LedgerFormatError,
     LostRange,
@@ -293,3 +294,18 @@ def test_an_unreadable_ledger_is_a_fatal_ingest_error() -> None:
     with pytest.raises(LedgerFormatError) as caught:
         decode("p", {"ingest.p.format": "9", "ingest.p.offsets": "{}"})
     assert isinstance(caught.value, IngestError) and caught.value.exit_code == ExitCode.FATAL
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        DeadLetterSync("rollback-1", rewind_to={TopicPartition("t", 0): 5, TopicPartition("u", 2): 0}),
+        DeadLetterSync("publish-2", branch="replay-42"),
+    ],
+)
+def test_a_dead_letter_sync_marker_round_trips(sync: DeadLetterSync) -> None:
+    ledger = Ledger(batch=3, offsets={TopicPartition("t", 0): 5}, sync=sync)
+
+    decoded = decode("p", encode("p", ledger, BatchCounts()))
+
+    assert decoded is not None and decoded.sync == sync

@@ -1,0 +1,145 @@
+"""The dead-letter table follows the rows table when a rollback or a replay moves the rows' lineage.
+
+The rows table decides which records a pipeline has stored; every record of a range it holds is
+in the rows or in the dead letters exactly once, in whichever the decoding in force when it was
+read put it. A rollback to a snapshot with ledger ``L``, or a replay from it, reads the records
+from ``L`` on again, maybe under a changed decoding (that is often why one replays). So:
+
+- a **rollback** also removes this pipeline's dead letters at or past ``L`` and sets the
+  dead-letter ledger (the floor) to ``L`` (:func:`rewind`);
+- a **replay** gives the dead-letter table a branch of the same name, rewound the same way at its
+  start; the replay's dead letters go there, and **publish** makes it the dead-letter table's main
+  with the same carry-over as the rows (:func:`publish_branch`).
+
+Two tables cannot change atomically. The rows table moves first, and the rows snapshot it moves to
+carries a :class:`~ingest.core.ledger.DeadLetterSync` marker. Every batch on main settles the
+marker before it commits anything (:func:`settle`), and the dead-letter ledger remembers the
+marker's id once the step is done, so a crash between the two tables is finished by whichever
+comes next (the same command again, or the next scheduled run), exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from ingest.committer import observe
+from ingest.core.ledger import (
+    RESET_MEMORY,
+    AppliedReset,
+    BatchCounts,
+    DeadLetterSync,
+    Ledger,
+    TopicPartition,
+    carried,
+    encode,
+)
+from ingest.errors import CommitGaveUp
+from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+from ingest.lineage import carry_over
+
+log = logging.getLogger(__name__)
+
+
+def _remembering(ledger: Ledger, sync_id: str) -> tuple[AppliedReset, ...]:
+    return (*carried(ledger), AppliedReset(sync_id))[-RESET_MEMORY:]
+
+
+def rewind(
+    dead: IcebergTable,
+    pipeline: str,
+    topics: Sequence[str],
+    to: Mapping[TopicPartition, int],
+    sync_id: str,
+    max_attempts: int,
+) -> None:
+    """Remove ``pipeline``'s dead letters at or past ``to`` on ``dead``'s branch and set its floor
+    to ``to``, in one commit that remembers ``sync_id``; a no-op once remembered."""
+    topics = sorted({*topics, *(tp.topic for tp in to)})
+    for _ in range(max_attempts):
+        found = observe(dead, pipeline, recovering=True)
+        if found is not None and found.ledger.remembers(sync_id):
+            return
+        ledger = Ledger(
+            batch=found.ledger.batch + 1 if found else 1,
+            offsets=dict(to),
+            start_offsets=dict(to),
+            cluster_id=found.ledger.cluster_id if found else None,
+            resets=_remembering(found.ledger, sync_id) if found else (AppliedReset(sync_id),),
+        )
+        summary = encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})
+        try:
+            dead.rewind(topics, to, summary)
+            return
+        except (CommitConflict, CommitUnknown) as error:
+            log.info("dead-letter rewind %s on %s must be observed again: %s", sync_id, dead.identifier, error)
+    raise CommitGaveUp(
+        f"rewinding the dead letters of {pipeline!r} in {dead.identifier} ({sync_id}) did not settle after "
+        f"{max_attempts} attempts. Nothing was lost; run the same command again."
+    )
+
+
+def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str, max_attempts: int) -> None:
+    """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
+    ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``."""
+    for _ in range(max_attempts):
+        main = observe(dead, pipeline, recovering=True)
+        if main is not None and main.ledger.remembers(sync_id):
+            _remove(dead, branch)
+            return
+        head, main_head = dead.branch_head(branch), dead.branch_head(MAIN)
+        try:
+            if head is None:  # a replay begun before dead letters had branches: they stayed on main
+                _stamp(dead, pipeline, main.ledger if main else None, sync_id)
+                return
+            carry_over(dead, pipeline, branch)
+            on_branch = dead.on_branch(branch)
+            found = observe(on_branch, pipeline, recovering=True)
+            _stamp(on_branch, pipeline, found.ledger if found else None, sync_id)
+            # requires the main head carry_over looked at: a commit since then makes it look again
+            dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
+        except (CommitConflict, CommitUnknown) as error:
+            log.info("dead-letter publish of %s on %s must look again: %s", branch, dead.identifier, error)
+            continue
+        _remove(dead, branch)
+        return
+    raise CommitGaveUp(
+        f"publishing dead-letter branch {branch} of {dead.identifier} did not settle after {max_attempts} attempts "
+        "(other writers kept committing). Nothing was lost; run the same command again."
+    )
+
+
+def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str) -> None:
+    """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``."""
+    base = ledger if ledger is not None else Ledger(batch=0, offsets={})
+    stamped = replace(base, resets=_remembering(base, sync_id), reset_id=None, sync=None)
+    table.try_commit([], encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id}), {})
+
+
+def _remove(dead: IcebergTable, branch: str) -> None:
+    head = dead.branch_head(branch)
+    if head is None:
+        return
+    try:
+        dead.remove_ref(branch, expected=head)
+    except (CommitConflict, CommitUnknown) as error:
+        log.warning("dead-letter branch %s of %s was not removed (%s); remove it when convenient", branch, dead, error)
+
+
+def settle(dead: IcebergTable, pipeline: str, topics: Sequence[str], ledger: Ledger | None, attempts: int) -> None:
+    """Do what the dead-letter table owes the rows ledger ``ledger`` (a marker's step), if anything.
+
+    Called before every commit made on top of ``ledger`` on the rows table's main."""
+    sync = ledger.sync if ledger is not None else None
+    if sync is None:
+        return
+    if sync.branch is not None:
+        publish_branch(dead, pipeline, sync.branch, sync.sync_id, attempts)
+    elif sync.rewind_to is not None:
+        rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts)
+
+
+def marker(ledger: Ledger, sync: DeadLetterSync) -> Ledger:
+    """``ledger`` unchanged but for the marker: the rows snapshot that makes the jump carries it."""
+    return replace(ledger, sync=sync, reset_id=None)

@@ -1,0 +1,80 @@
+"""Moving a branch's work onto main without dropping what main gained meanwhile.
+
+Used by ``ingest replay --publish`` for the rows table and for its dead-letter table alike. What
+main holds since the branch forked (its snapshots back to the first one on the branch's line) is
+sorted into three kinds:
+
+- this pipeline's own commits (they carry its ledger): the branch redid them, they are dropped;
+- compactions by ``ingest maintain``: they only rewrote rows that the branch holds or that are
+  re-applied below, from files main's history still references (expiry keeps main's line back to
+  the fork while the branch exists), so they are dropped too;
+- appends by other writers (another pipeline on the same table, an insert by another tool): their
+  data files and their ``ingest.*`` summary keys (another pipeline's ledger) are re-applied onto the
+  branch, oldest first, each marked ``ingest.reapplied-from`` so a second attempt skips them;
+- anything else (a delete, an overwrite by another tool) cannot be carried over: the publish is
+  refused, naming those snapshots, before anything changes.
+"""
+
+from __future__ import annotations
+
+from ingest.core.ledger import SnapshotView, find_ledger
+from ingest.errors import FatalError
+from ingest.iceberg import MAIN, IcebergTable
+
+REAPPLIED_FROM = "ingest.reapplied-from"
+COMPACTION = "compaction"
+
+
+class PublishRefused(FatalError):
+    """Main holds commits since the fork that publishing would drop and cannot carry over."""
+
+
+def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
+    """Snapshots from ``head`` back to (not including) the first one in ``stop``, newest first.
+
+    Raises :class:`PublishRefused` if the chain breaks first (expired parents): what main gained
+    cannot be told apart from what the branch redid then."""
+    found: list[SnapshotView] = []
+    for snap in table.ancestry(head):
+        if snap.snapshot_id in stop:
+            return found
+        found.append(snap)
+    if head is None:
+        return found
+    raise PublishRefused(
+        f"main's history in {table.identifier} no longer reaches the branch being published (snapshots were "
+        "expired), so what main gained since cannot be told apart from what the branch redid. Nothing was changed."
+    )
+
+
+def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
+    """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
+    returns how many were applied now. Raises :class:`PublishRefused` (changing nothing) if main
+    holds anything else the branch did not redo. Each re-applied commit requires the branch head."""
+    branch_line = list(table.ancestry(table.branch_head(branch)))
+    on_branch = {snap.snapshot_id for snap in branch_line}
+    reapplied = {snap.summary[REAPPLIED_FROM] for snap in branch_line if REAPPLIED_FROM in snap.summary}
+    gained = [
+        snap
+        for snap in _since(table, table.branch_head(MAIN), on_branch)
+        if snap.summary.get("ingest.maintenance") != COMPACTION and find_ledger(pipeline, [snap]) is None
+    ]
+    blocking = [snap for snap in gained if snap.operation != "append"]
+    if blocking:
+        listed = ", ".join(f"{snap.snapshot_id} ({snap.operation})" for snap in blocking)
+        raise PublishRefused(
+            f"publish of {branch} on {table.identifier} refused: main has commits since the branch forked that "
+            f"cannot be carried over onto it: {listed}. Nothing was changed and the branch is kept. Re-apply those "
+            "changes to the branch yourself and publish again, or roll main back instead (--rollback)."
+        )
+    target = table.on_branch(branch)
+    count = 0
+    for snap in reversed(gained):  # oldest first, so each pipeline's newest ledger ends on top
+        if str(snap.snapshot_id) in reapplied:
+            continue
+        summary = {k: v for k, v in snap.summary.items() if k.startswith("ingest.")}
+        summary[REAPPLIED_FROM] = str(snap.snapshot_id)
+        target.try_commit(table.added_data_files(snap.snapshot_id), summary, {})
+        count += 1
+    table.refresh()
+    return count
