@@ -81,13 +81,14 @@ from pyiceberg.types import (
 
 from ingest import nogc
 from ingest.config import TRANSFORM, FieldSpec
+from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
+from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
 
 log = logging.getLogger(__name__)
 
 NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
-MAIN = "main"
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
@@ -196,15 +197,6 @@ class CommitUnknown(Exception):
 class Head:
     snapshot_id: int | None
     properties: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A branch or tag as the handle last read it."""
-
-    name: str
-    snapshot_id: int
-    is_branch: bool
 
 
 def _no_library_retry(table: Table, metadata: TableMetadata | None = None) -> Table:

@@ -19,9 +19,10 @@ from typing import Any
 
 from ingest.committer import observe
 from ingest.config import MaintenanceSpec
+from ingest.core.expiry import doomed, protected
 from ingest.core.ledger import BatchCounts, encode, find_ledger, registered_pipelines
 from ingest.errors import CommitGaveUp
-from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, DataFile, IcebergTable
+from ingest.iceberg import CommitConflict, CommitUnknown, DataFile, IcebergTable
 from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -40,40 +41,11 @@ def restamped_summary(table: IcebergTable, operation: str) -> dict[str, str]:
     return summary
 
 
-def protected_snapshots(table: IcebergTable) -> set[int]:
-    """Snapshots expiry must keep, on the metadata the handle holds:
-
-    - every branch's and tag's snapshot;
-    - on each branch, the path from its head to each registered pipeline's newest ledger (the
-      whole branch while a pipeline's ledger is not found on it);
-    - for each other branch (a replay's, say), the path from its head down to where it forked
-      from main, and main's path from its head down to that fork: publishing compares the two.
-    """
-    names = registered_pipelines(table.head().properties)
-    main_line = [snap.snapshot_id for snap in table.ancestry(table.branch_head(MAIN))]
-    keep: set[int] = set()
-    for ref in table.refs():
-        keep.add(ref.snapshot_id)
-        if not ref.is_branch:
-            continue
-        pending = set(names)
-        forked = ref.name == MAIN
-        for snap in table.ancestry(ref.snapshot_id):
-            if not pending and forked:
-                break
-            keep.add(snap.snapshot_id)
-            pending -= {name for name in pending if find_ledger(name, [snap]) is not None}
-            if not forked and snap.snapshot_id in main_line:
-                forked = True
-                keep.update(main_line[: main_line.index(snap.snapshot_id)])
-    return keep
-
-
 def _doomed(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
-    snapshots = sorted(table.all_snapshots(), key=lambda s: s.timestamp_ms)
-    keep = protected_snapshots(table) | {s.snapshot_id for s in snapshots[-spec.keep_last_snapshots :]}
+    pipelines = registered_pipelines(table.head().properties)
+    keep = protected(table.refs(), table.ancestry, pipelines)
     cutoff = now_ms - int(spec.snapshot_retention_hours * 3_600_000)
-    return [s.snapshot_id for s in snapshots if s.timestamp_ms < cutoff and s.snapshot_id not in keep]
+    return doomed(table.all_snapshots(), keep, spec.keep_last_snapshots, cutoff)
 
 
 def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:

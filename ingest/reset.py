@@ -40,6 +40,7 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch, KafkaView
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
+from ingest.dead_letters import settle
 from ingest.errors import ConfigError, FatalError
 from ingest.iceberg import IcebergTable
 from ingest.pipeline import Pipeline
@@ -117,6 +118,14 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
     applied = _applied(pipeline.rows, name, reset_id)
     if applied is not None:
         return command.report("already-applied", applied)
+    # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
+    settle(
+        pipeline.dead,
+        name,
+        pipeline.config.topics,
+        found.ledger if found else None,
+        pipeline.config.commit.max_attempts,
+    )
     view = pipeline.source.describe()
     current = dict(found.ledger.offsets) if found else {}
     new = _target_offsets(pipeline, target, view, current, lost)

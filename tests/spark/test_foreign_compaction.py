@@ -216,3 +216,31 @@ def _written(pipeline: Pipeline) -> tuple[object, ...]:
         (sorted(s.snapshot_id for s in table.all_snapshots()), sorted(path for path, _ in table.stored_data_files()))
         for table in (pipeline.rows, pipeline.dead)
     )
+
+
+def test_maintain_leaves_a_table_with_foreign_row_deletes_uncompacted(make_env, iceberg_jars) -> None:
+    env = make_env(batch={"max_records": 150})
+    env.produce(600, bad_every=13)
+    pipeline = Pipeline.open(env.config)
+    _catch_up(pipeline)
+    table = f"{env.config.catalog['name']}.{env.config.table}"
+    _spark(  # a merge-on-read writer: its DELETE writes position-delete files, no data file is rewritten
+        env,
+        iceberg_jars,
+        f"ALTER TABLE {table} SET TBLPROPERTIES ('write.delete.mode' = 'merge-on-read')",
+        f"DELETE FROM {table} WHERE _kafka_offset < 10",
+    )
+    pipeline.rows.refresh()
+    _, deletes = pipeline.rows.live_files()
+    remaining = pipeline.rows.scan_columns(["_kafka_offset"]).num_rows
+    assert deletes > 0 and remaining < 600 - env.bad
+
+    result = env.cli("maintain", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["table"]["skipped_delete_files"] == deletes
+    pipeline.rows.refresh()
+    assert pipeline.rows.scan_columns(["_kafka_offset"]).num_rows == remaining  # the deleted rows stay deleted
+    env.produce(100)
+    _catch_up(pipeline)
+    assert pipeline.rows.scan_columns(["_kafka_offset"]).num_rows == remaining + 100

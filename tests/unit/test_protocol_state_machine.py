@@ -13,7 +13,8 @@ Models, in memory:
   "observe" and "apply" so other writers can slip in between. Writers crash at any step, lose
   commit acknowledgements (the commit is applied, the writer sees an error and re-observes, as
   ``ingest/committer.py`` does) and are fenced (they plan again, as ``Pipeline.run_batch`` does).
-  Foreign commits (compaction, another pipeline) land on either table at any time. Two writers are
+  Foreign commits (compaction, another pipeline) land on either table at any time, and so does
+  snapshot expiry as ``ingest maintain`` plans it (``ingest.core.expiry``). Two writers are
   copies of one deployment (same cap: they land identical batches), the third has another cap (so
   writers planned from the same ledger fence each other). The pipeline may have committed a few
   batches before the faults start.
@@ -38,6 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ingest.core.commit import Decision, dead_letter_step, decide
+from ingest.core.expiry import MAIN, Ref, doomed, protected
 from ingest.core.ledger import (
     BatchCounts,
     Found,
@@ -93,12 +95,27 @@ class Table:
     name: str
     snapshots: list[Snapshot] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
+    #: snapshots removed by expiry: their records stay (later snapshots reference the same files),
+    #: but the walk back from the head ends at one, as Iceberg clears a survivor's parent link
+    expired: set[int] = field(default_factory=set)
 
     def head(self) -> int | None:
         return self.snapshots[-1].snapshot_id if self.snapshots else None
 
     def ancestry(self) -> list[SnapshotView]:
-        return [SnapshotView(s.snapshot_id, s.summary) for s in reversed(self.snapshots)]
+        views = []
+        for s in reversed(self.snapshots):
+            if s.snapshot_id in self.expired:
+                break
+            views.append(SnapshotView(s.snapshot_id, s.summary, timestamp_ms=s.snapshot_id))
+        return views
+
+    def live(self) -> list[SnapshotView]:
+        return [
+            SnapshotView(s.snapshot_id, s.summary, s.snapshot_id)
+            for s in self.snapshots
+            if s.snapshot_id not in self.expired
+        ]
 
     def observe(self) -> tuple[int | None, Found | None]:
         """Like ``committer.observe``: the head and its ledger, failing closed on a lost ledger."""
@@ -356,6 +373,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             added = ((other, n),)
             assert decode(PIPELINE, summary) is None
         target.snapshots.append(Snapshot(self.new_snapshot_id(), summary, added))
+
+    @rule(table=st.sampled_from(["rows", "dead"]), keep_last=st.integers(1, 3))
+    def expire(self, table: str, keep_last: int) -> None:
+        """``ingest maintain``'s expiry with every snapshot past the retention, planned by the real
+        core (between any two steps of the writers: their pending commits then find a moved or a
+        kept head)."""
+        target = self.rows if table == "rows" else self.dead
+        head = target.head()
+        if head is None:
+            return
+        keep = protected([Ref(MAIN, head, True)], lambda _: target.ancestry(), registered_pipelines(target.properties))
+        gone = doomed(target.live(), keep, keep_last, cutoff_ms=10**18)
+        event(f"expiry removed snapshots: {bool(gone)}")
+        target.expired |= set(gone)
 
     # --- invariants ----------------------------------------------------------------------------
 
