@@ -290,6 +290,7 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
                 rows.refresh()
                 if rows.branch_head(MAIN) != rows.branch_head(branch):
                     continue  # main or the branch moved in between: catch up and carry over again
+                head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
             failpoints.reach("between-tables")
             settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
             _remove_branch(rows, branch)

@@ -16,13 +16,14 @@ import yaml
 from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import RetryableError
-from ingest.kafka import produce
+from ingest.kafka import create_topic, produce
 from ingest.lineage import PublishRefused
 from ingest.local import LocalEngine
 from ingest.maintain import expire, maintain
 from ingest.pipeline import Pipeline
 from ingest.replay import replay
 from ingest.tasks import Produced
+from tests.integration.conftest import record
 
 pytestmark = pytest.mark.integration
 
@@ -292,3 +293,44 @@ def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
     env.verify()
     pipeline = Pipeline.open(env.config)
     assert set(pipeline.dead.table.metadata.refs) == {"main"}
+
+
+def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
+    env = make_env(batch={"max_records": 500})
+    env.produce(4_000, bad_every=17)
+    pipeline = Pipeline.open(env.config)
+    foreign = pipeline.rows.catalog.load_table(env.config.table)
+    foreign.transaction().set_properties({"commit.retry.num-retries": "4"}).commit_transaction()
+
+    processes = [env.popen("run", "--until-caught-up", "--json") for _ in range(3)]
+    outcomes = [(*p.communicate(timeout=300), p.returncode) for p in processes]
+
+    for _, stderr, code in outcomes:
+        assert code in (0, 75), stderr  # finished, or fenced too often (retryable)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (4_000 - env.bad, env.bad)
+    env.verify()
+
+
+def test_a_topic_removed_from_the_config_keeps_its_offsets_and_resumes_when_added_back(make_env) -> None:
+    env = make_env(partitions=2)
+    other = f"{env.topic}_b"
+    create_topic(env.bootstrap, other, 2)
+    second = [record(i, 2, None) for i in range(100)]
+    produce(env.bootstrap, other, second)
+    config = yaml.safe_load(env.config_path.read_text())
+    both, first_only = [env.topic, other], [env.topic]
+    env.config_path.write_text(yaml.safe_dump(config | {"topics": both}))
+    env.produce(200)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    env.config_path.write_text(yaml.safe_dump(config | {"topics": first_only}))
+    env.produce(100)
+    alone = env.cli("run", "--until-caught-up")
+    assert alone.returncode == 0, alone.stderr  # not "the topic was deleted or recreated"
+    produce(env.bootstrap, other, [record(i, 2, None) for i in range(100, 150)])
+    env.config_path.write_text(yaml.safe_dump(config | {"topics": both}))
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    assert env.counts() == (300 + 150, 0)  # the second topic resumed where it stopped: nothing twice
+    env.verify()
