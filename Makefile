@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup services demo test test-fast test-spark iceberg-spark lint format bench clean
+.PHONY: help setup services kafka demo test test-fast test-spark iceberg-spark lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -20,11 +20,15 @@ setup: $(STAMP) ## create .venv/ with the package, the embedded broker and the d
 services: ## install (Debian's postgresql) and start PostgreSQL for the tests; needs root
 	bash tests/services/postgres.sh
 
+kafka: setup ## resolve Apache Kafka's broker from Maven Central into .cache/ (the integration tests' broker; needs java, mvn)
+	$(BIN)/python -m tests.services.kafka resolve
+
 demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result
 	$(BIN)/ingest demo --config conf/orders.yaml
 
-test: setup ## run the whole test suite (unit, integration on SQLite and PostgreSQL, crash tests)
+test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests)
 	$(BIN)/pytest
+	INGEST_TEST_BROKER=tansu $(BIN)/pytest -q tests/integration/test_cli_end_to_end.py  # smoke: the demo's broker
 
 test-fast: setup ## only the pure-core unit tests
 	$(BIN)/pytest tests/unit

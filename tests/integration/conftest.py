@@ -1,7 +1,9 @@
 """Real components for the integration suite: the broker process and SQLite/PostgreSQL catalogs.
 
-The broker is tansu started on a free port for the session, or an external Kafka when
-``KAFKA_BOOTSTRAP_SERVERS`` is set. Every test gets its own topic, namespace and warehouse.
+The broker is Apache Kafka (from Maven Central, KRaft, one node) started on free ports for the
+session, an external Kafka when ``KAFKA_BOOTSTRAP_SERVERS`` is set, or the embedded tansu with
+``INGEST_TEST_BROKER=tansu`` (and as a fallback, with a warning, where Java or Maven is missing).
+Every test gets its own topic, namespace and warehouse.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from ingest import config as config_module
 from ingest.broker import EmbeddedBroker
 from ingest.config import PipelineConfig
 from ingest.kafka import create_topic, produce
+from tests.services import kafka as kafka_service
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parents[2]
@@ -35,15 +39,34 @@ SCHEMA = [
 ]
 
 
+def broker_choice() -> tuple[str, str]:
+    """Which broker the integration suite runs on, and why: an external cluster
+    (``KAFKA_BOOTSTRAP_SERVERS``), Apache Kafka from Maven Central (the default wherever Java and
+    Maven are available), or the embedded tansu (``INGEST_TEST_BROKER=tansu``, or the fallback)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external", f"external Kafka at {os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
+    if os.environ.get("INGEST_TEST_BROKER", "kafka") == "tansu":
+        return "tansu", "embedded tansu (INGEST_TEST_BROKER=tansu)"
+    try:
+        kafka_service.resolve()
+    except kafka_service.KafkaUnavailable as error:
+        return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
+    return "kafka", kafka_service.describe()
+
+
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
-        return
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with EmbeddedBroker(log_path=log) as broker:
-        yield broker.bootstrap_servers
+    kind, why = broker_choice()
+    if kind == "external":
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    elif kind == "kafka":
+        with kafka_service.KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
+            yield cluster.bootstrap_servers
+    else:
+        if "FALLBACK" in why:
+            warnings.warn(why, stacklevel=1)
+        with EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log") as broker:
+            yield broker.bootstrap_servers
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -1,0 +1,127 @@
+"""What only a real Apache Kafka can show: transactions, retention, timestamp lookups.
+
+The embedded tansu delivers aborted records to read_committed consumers, panics on
+``delete_records`` and answers timestamp lookups with 0 (ENVIRONMENT.md), so these run only on
+Apache Kafka (the suite's default broker) or an external cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.conftest import Env, broker_choice, record
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(broker_choice()[0] == "tansu", reason="needs Apache Kafka: " + broker_choice()[1]),
+]
+
+
+def _transactional(env: Env) -> Producer:
+    producer = Producer({"bootstrap.servers": env.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    return producer
+
+
+def _send(producer: Producer, env: Env, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        partition, key, value, headers = record(i, env.partitions, None)
+        producer.produce(env.topic, value, key, partition=partition, headers=headers)
+
+
+def _order_ids(env: Env) -> set[int]:
+    from ingest.pipeline import Pipeline
+
+    ids = Pipeline.open(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
+    assert len(ids) == len(set(ids))
+    return set(ids)
+
+
+def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_stable_offset(make_env) -> None:
+    env = make_env(partitions=2, batch={"max_records": 70})
+    producer = _transactional(env)
+    for k in range(6):  # committed and aborted transactions interleaved, 40 records each
+        producer.begin_transaction()
+        _send(producer, env, k * 40, 40)
+        producer.flush(30)  # on the broker before the abort (an abort purges what is still queued)
+        if k % 2 == 0:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+    caught_up = env.cli("run", "--until-caught-up", "--json")
+
+    assert caught_up.returncode == 0, caught_up.stderr
+    assert env.counts() == (120, 0)  # three committed transactions; markers and aborted records left gaps
+    assert _order_ids(env) == {i for k in (0, 2, 4) for i in range(k * 40, k * 40 + 40)}
+    env.verify()
+
+    producer.begin_transaction()  # left open across the next batch
+    _send(producer, env, 1_000, 30)
+    producer.flush(30)
+    plain = Producer({"bootstrap.servers": env.bootstrap})
+    plain.produce(env.topic, json.dumps({"order_id": 5_000}).encode(), b"k", partition=0)
+    plain.flush(30)
+
+    held = env.cli("run", "--until-caught-up", "--json")
+
+    assert held.returncode == 0, held.stderr
+    assert env.counts() == (120, 0)  # nothing past the last stable offset: the open transaction holds it
+    env.verify()
+    producer.commit_transaction(30)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (151, 0)  # the transaction and the record behind it, once
+    env.verify()
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_retention_deleting_unread_records(make_env, policy: str) -> None:
+    env = make_env(partitions=2, on_data_loss=policy)
+    env.produce(100)
+    assert env.cli("run").returncode == 0
+    env.produce(100)  # offsets 50..99 of each partition: not read yet
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    deleted = admin.delete_records([KafkaTP(env.topic, 0, 80)])  # retention removes [0, 80) of partition 0
+    for future in deleted.values():
+        future.result(30)
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    if policy == "fail":
+        assert result.returncode == 65, result.stderr
+        assert f"data loss on {env.topic}[0]" in result.stderr and "[50, 80)" in result.stderr
+        assert env.counts() == (100, 0)  # nothing written
+        return
+    assert result.returncode == 0, result.stderr
+    assert env.counts() == (100 + 100 - 30, 0)
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert any(r["lost"] == [{"topic": env.topic, "partition": 0, "start": 50, "end": 80}] for r in history), history
+    env.verify()
+
+
+def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
+    env = make_env(partitions=1)
+    producer = Producer({"bootstrap.servers": env.bootstrap})
+    cut = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
+    base = cut - 30 * 60_000  # record 30 is the first at or after the cut
+    for i in range(100):  # one record a minute
+        partition, key, value, _ = record(i, 1, None)
+        producer.produce(env.topic, value, key, partition=partition, timestamp=base + i * 60_000)
+    producer.flush(30)
+    env.produced = 100
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    reset = env.cli("reset", "--to-timestamp", "2026-12-01T00:00:00Z", "--reason", "re-read by time", "--json")
+
+    assert reset.returncode == 0, reset.stderr
+    assert json.loads(reset.stdout)["offsets"][0]["to"] == 30
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (100 + 70, 0)  # offsets 30..99 once more: a backward reset re-reads on purpose
+    env.verify()

@@ -1,0 +1,224 @@
+"""Apache Kafka for the test suite: resolved from Maven Central, run in KRaft mode on free ports.
+
+``resolve()`` copies the broker's jars (``pom.xml`` beside this file) into
+``.cache/kafka-<version>/lib`` with Maven, once; :class:`KafkaCluster` formats storage for one or
+more combined broker/controller nodes in a directory of its own, starts one JVM per node, is ready
+when a metadata request lists every node, and stops them. Nothing here is used by the pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from ingest.broker import free_port
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+POM = HERE / "pom.xml"
+VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
+CACHE = REPO / ".cache" / f"kafka-{VERSION}"
+LIB = CACHE / "lib"
+_COMPLETE = CACHE / ".complete"
+LOG4J = """\
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+class KafkaUnavailable(Exception):
+    """Java or Maven is missing, or Maven could not resolve the broker."""
+
+
+def unavailable() -> str | None:
+    """Why Apache Kafka cannot run here (None: it can)."""
+    if _COMPLETE.exists():
+        return None if shutil.which("java") else "java is not on PATH"
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    return f"{' and '.join(missing)} not on PATH" if missing else None
+
+
+def resolve() -> Path:
+    """The broker's classpath directory, resolving it from Maven Central the first time."""
+    if _COMPLETE.exists():
+        return LIB
+    reason = unavailable()
+    if reason:
+        raise KafkaUnavailable(reason)
+    staging = CACHE / "lib.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    command = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise KafkaUnavailable(
+            f"mvn could not resolve Apache Kafka {VERSION}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    shutil.rmtree(LIB, ignore_errors=True)
+    staging.rename(LIB)
+    _COMPLETE.touch()
+    return LIB
+
+
+@dataclass
+class _Node:
+    node_id: int
+    port: int
+    controller_port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+
+class KafkaCluster:
+    """``nodes`` Apache Kafka processes, each broker and controller, on 127.0.0.1 and free ports."""
+
+    def __init__(self, workdir: Path, nodes: int = 1, settings: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.cluster_id = ""
+        self.settings = settings or {}
+        self.nodes = [_Node(i + 1, free_port(), free_port(), workdir / f"node-{i + 1}") for i in range(nodes)]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def pid(self, node: int = 1) -> int:
+        process = self.nodes[node - 1].process
+        assert process is not None
+        return process.pid
+
+    def _properties(self, node: _Node) -> str:
+        replicas = min(3, len(self.nodes))
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.directory / "data"),
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": str(replicas),
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": str(min(2, replicas)),
+            "transaction.state.log.num.partitions": "4",
+            "default.replication.factor": str(replicas),
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.check.interval.ms": "1000",
+            **self.settings,
+        }
+        return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+    def _java(self, *args: str, log: Path | None = None) -> list[str]:
+        options = ["-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
+        if log is not None:
+            options.append(f"-Dlog4j2.configurationFile={log}")
+        return ["java", *options, "-cp", f"{resolve()}/*", *args]
+
+    def start(self, timeout_s: float = 90.0) -> KafkaCluster:
+        self.cluster_id = self.cluster_id or _cluster_id()
+        for node in self.nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            config = node.directory / "server.properties"
+            config.write_text(self._properties(node))
+            (node.directory / "log4j2.properties").write_text(LOG4J.format(log=node.directory / "server.log"))
+            formatted = subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if formatted.returncode != 0:
+                raise KafkaUnavailable(f"formatting KRaft storage failed: {formatted.stdout}{formatted.stderr}")
+        for node in self.nodes:
+            self.start_node(node.node_id, wait=False)
+        self.wait_ready(timeout_s)
+        return self
+
+    def start_node(self, node_id: int, wait: bool = True) -> None:
+        node = self.nodes[node_id - 1]
+        out = open(node.directory / "stdout.log", "ab")  # noqa: SIM115  (kept by the process)
+        node.process = subprocess.Popen(
+            self._java(
+                "kafka.Kafka", str(node.directory / "server.properties"), log=node.directory / "log4j2.properties"
+            ),
+            stdout=out,
+            stderr=out,
+        )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        """Until a metadata request lists every running node; raises if a node exits or time runs out."""
+        from confluent_kafka.admin import AdminClient
+
+        running = {n.node_id for n in self.nodes if n.process is not None and n.process.poll() is None}
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.node_id in running and node.process is not None and node.process.poll() is not None:
+                    raise KafkaUnavailable(
+                        f"Kafka node {node.node_id} exited with code {node.process.returncode}; "
+                        f"see {node.directory / 'server.log'}"
+                    )
+            try:
+                if set(admin.list_topics(timeout=2).brokers) >= running:
+                    return
+            except Exception:  # not answering yet
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise KafkaUnavailable(f"Apache Kafka did not list its {len(running)} node(s) within {timeout_s}s")
+
+    def stop_node(self, node_id: int, sig: int = signal.SIGTERM) -> None:
+        node = self.nodes[node_id - 1]
+        process, node.process = node.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            self.stop_node(node.node_id)
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.stop()
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 characters)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def describe() -> str:
+    return f"Apache Kafka {VERSION} (KRaft, from Maven Central into {os.path.relpath(CACHE, REPO)})"
