@@ -144,14 +144,18 @@ class KafkaSource:
         own, as they are after each of its batches. A guess, for deciding when to start workers;
         what a batch reads is planned from the table's ledger."""
         view = self.describe()
-        request = ConsumerGroupTopicPartitions(
-            self._group_id, [KafkaTP(tp.topic, tp.partition) for tp in view.partitions]
-        )
+        # a consumer's committed(), not the admin client's list_consumer_group_offsets: librdkafka
+        # (2.16 too) crashes the process with SIGSEGV when the broker answers that admin request
+        # with NOT_COORDINATOR (librdkafka#5040; seen here on Apache Kafka 4.4 after a partition
+        # was added), while a consumer handles that answer by looking for the coordinator again
+        consumer = Consumer({**self._props, "group.id": self._group_id, **EXACT_READ})
         try:
-            [future] = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s).values()
-            stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in future.result().topic_partitions}
+            found = consumer.committed([KafkaTP(tp.topic, tp.partition) for tp in view.partitions], self.timeout_s)
+            stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in found}
         except KafkaException as error:
             raise BrokerUnavailable(f"reading consumer group {self._group_id!r} failed: {error}") from None
+        finally:
+            consumer.close()
         return sum(
             marks.high - min(max(stored.get(tp, -1), marks.low), marks.high) for tp, marks in view.partitions.items()
         )

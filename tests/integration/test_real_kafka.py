@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.integration.conftest import Env, broker_choice, record
 
@@ -125,3 +125,62 @@ def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (100 + 70, 0)  # offsets 30..99 once more: a backward reset re-reads on purpose
     env.verify()
+
+
+def test_partitions_added_while_the_pipeline_runs_start_at_earliest(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(100)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    for future in admin.create_partitions([NewPartitions(env.topic, 4)]).values():
+        future.result(30)
+    env.partitions = 4
+    env.produce(200)  # 50 to each partition, the two new ones included
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    assert env.counts() == (300, 0)
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert [(p["partition"], p["committed"]) for p in status["partitions"]] == [(0, 100), (1, 100), (2, 50), (3, 50)]
+    env.verify()
+
+
+def test_a_topic_deleted_and_recreated_with_the_same_name_stops_the_pipeline(make_env) -> None:
+    env = make_env(partitions=2)
+    env.produce(100)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    for future in admin.delete_topics([env.topic], operation_timeout=30).values():
+        future.result(30)
+    recreated = _wait_recreated(env)
+    assert recreated, "the topic could not be created again"
+    env.produced = 0
+    env.produce(20)  # a new topic: offsets restart at 0, below the ledger's 50
+
+    result = env.cli("run", "--until-caught-up")
+
+    assert result.returncode == 65, result.stderr
+    assert "deleted and recreated" in result.stderr
+    assert env.counts() == (100, 0)  # nothing of the new topic was taken for the old one's offsets
+
+
+def _wait_recreated(env: Env, timeout_s: float = 60.0) -> bool:
+    """Create the topic again once the broker has finished deleting it."""
+    import time
+
+    from ingest.errors import BrokerUnavailable
+    from ingest.kafka import create_topic
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            create_topic(env.bootstrap, env.topic, 2)
+        except BrokerUnavailable:  # still being deleted
+            time.sleep(0.2)
+            continue
+        metadata = AdminClient({"bootstrap.servers": env.bootstrap}).list_topics(env.topic, timeout=10)
+        topic = metadata.topics.get(env.topic)
+        if topic is not None and topic.error is None and len(topic.partitions) == 2:
+            return True
+        time.sleep(0.2)
+    return False
