@@ -37,7 +37,7 @@ from ingest.core.ledger import (
 )
 from ingest.errors import CommitGaveUp
 from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
-from ingest.lineage import carry_over
+from ingest.lineage import carry_over, remove_branch
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str,
     for _ in range(max_attempts):
         main = observe(dead, pipeline, recovering=True)
         if main is not None and main.ledger.remembers(sync_id):
-            _remove(dead, branch)
+            remove_branch(dead, branch)
             return
         head, main_head = dead.branch_head(branch), dead.branch_head(MAIN)
         try:
@@ -102,7 +102,7 @@ def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str,
         except (CommitConflict, CommitUnknown) as error:
             log.info("dead-letter publish of %s on %s must look again: %s", branch, dead.identifier, error)
             continue
-        _remove(dead, branch)
+        remove_branch(dead, branch)
         return
     raise CommitGaveUp(
         f"publishing dead-letter branch {branch} of {dead.identifier} did not settle after {max_attempts} attempts "
@@ -115,16 +115,6 @@ def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: s
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
     stamped = replace(base, resets=_remembering(base, sync_id), reset_id=None, sync=None)
     table.try_commit([], encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id}), {})
-
-
-def _remove(dead: IcebergTable, branch: str) -> None:
-    head = dead.branch_head(branch)
-    if head is None:
-        return
-    try:
-        dead.remove_ref(branch, expected=head)
-    except (CommitConflict, CommitUnknown) as error:
-        log.warning("dead-letter branch %s of %s was not removed (%s); remove it when convenient", branch, dead, error)
 
 
 def settle(dead: IcebergTable, pipeline: str, topics: Sequence[str], ledger: Ledger | None, attempts: int) -> None:

@@ -17,9 +17,13 @@ sorted into three kinds:
 
 from __future__ import annotations
 
+import logging
+
 from ingest.core.ledger import SnapshotView, find_ledger
 from ingest.errors import FatalError
-from ingest.iceberg import MAIN, IcebergTable
+from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+
+log = logging.getLogger(__name__)
 
 REAPPLIED_FROM = "ingest.reapplied-from"
 COMPACTION = "compaction"
@@ -78,3 +82,15 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
         count += 1
     table.refresh()
     return count
+
+
+def remove_branch(table: IcebergTable, branch: str) -> None:
+    """Drop a published branch (main now holds all of it), requiring it to be where it was seen.
+    A failure is only logged: the branch is left behind, and expiry keeps it."""
+    head = table.branch_head(branch)
+    if head is None:
+        return
+    try:
+        table.remove_ref(branch, expected=head)
+    except (CommitConflict, CommitUnknown) as error:
+        log.warning("branch %s of %s was not removed (%s); remove it when convenient", branch, table.identifier, error)

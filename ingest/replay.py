@@ -42,7 +42,7 @@ from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_
 from ingest.dead_letters import marker, rewind, settle
 from ingest.errors import CatalogUnavailable, ConfigError, FatalError, RetryableError
 from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
-from ingest.lineage import carry_over
+from ingest.lineage import carry_over, remove_branch
 from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
                 head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
             failpoints.reach("between-tables")
             settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
-            _remove_branch(rows, branch)
+            remove_branch(rows, branch)
             return {"published": head, "reapplied": reapplied}
         for _result in replaying.run(until_caught_up=True, max_batches=None):
             pass
@@ -305,14 +305,3 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
 
 def _attempts(pipeline: Pipeline) -> int:
     return pipeline.config.commit.max_attempts
-
-
-def _remove_branch(rows: IcebergTable, branch: str) -> None:
-    """Drop the published branch; main now holds all of it. A failure leaves a branch expiry keeps."""
-    head = rows.branch_head(branch)
-    if head is None:
-        return
-    try:
-        rows.remove_ref(branch, expected=head)
-    except (CommitConflict, CommitUnknown) as error:
-        log.warning("published, but branch %s was not removed (%s); remove it when convenient", branch, error)
