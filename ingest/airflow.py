@@ -87,13 +87,11 @@ class IngestOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
         with _explicit_failures(self):
-            from ingest.local import opened
+            from ingest.runner import opened
 
-            with opened(config_module.load(self.config_path)) as (pipeline, engine):
-                totals |= {"pipeline": pipeline.config.pipeline, "batch": None, "snapshot_id": None}
-                for result in pipeline.run(
-                    until_caught_up=self.until_caught_up, max_batches=self.max_batches, engine=engine
-                ):
+            with opened(config_module.load(self.config_path)) as run:
+                totals |= {"pipeline": run.pipeline.config.pipeline, "batch": None, "snapshot_id": None}
+                for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
                     self.log.info(
                         "batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
                         result.batch,

@@ -132,11 +132,11 @@ def run(
     interval = parse_duration(every) if every else None
 
     def body() -> None:
-        with _open_run(config, engine) as (pipeline, chosen):  # one engine (one Spark session) for every batch
+        with _open_run(config, engine) as opened_run:  # one engine (one Spark session) for every batch
             while True:
                 started = time.monotonic()
                 try:
-                    _run_once(pipeline, chosen, until_caught_up or interval is not None, max_batches, json_output)
+                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output)
                 except RetryableError as error:
                     if interval is None:
                         raise
@@ -153,23 +153,16 @@ def run(
 
 
 @contextlib.contextmanager
-def _open_run(path: Path, name: EngineName) -> Iterator[tuple[Any, Any]]:
-    """The pipeline and the engine ``--engine`` names, for every batch of a run."""
-    config = config_module.load(path)
-    if name is EngineName.spark:
-        pipeline = _pipeline(config)
-        from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+def _open_run(path: Path, name: EngineName) -> Iterator[Any]:
+    """The run (pipeline and the engine ``--engine`` names) for every batch of the command."""
+    from ingest.runner import opened  # imports no pyiceberg: workers start before it is
 
-        with SparkEngine.create(pipeline) as spark:
-            yield pipeline, spark
-        return
-    from ingest.local import opened
-
-    with opened(config) as (pipeline, local):
-        yield pipeline, local
+    with opened(config_module.load(path), "spark" if name is EngineName.spark else "local") as run:
+        yield run
 
 
-def _run_once(pipeline: Any, engine: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
+def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
+    pipeline = run.pipeline
     show_progress = catch_up and not json_output and err.is_terminal
     total = sum(p["lag"] for p in _status(pipeline)["partitions"]) if show_progress else 0
     with Progress(
@@ -182,7 +175,7 @@ def _run_once(pipeline: Any, engine: Any, catch_up: bool, max_batches: int | Non
         transient=True,
     ) as progress:
         task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
-        for result in pipeline.run(until_caught_up=catch_up, max_batches=max_batches, engine=engine):
+        for result in run.batches(until_caught_up=catch_up, max_batches=max_batches):
             progress.advance(task, result.records + result.dead_letters)
             if json_output:
                 print(json.dumps(result.as_dict()), flush=True)
@@ -421,9 +414,10 @@ def replay(
         raise typer.BadParameter("use either --publish or --rollback")
 
     def body() -> None:
-        data = do_replay(
-            _open(config), from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
-        )
+        with _open_run(config, EngineName.local) as opened_run:  # one worker pool for every catch-up
+            data = do_replay(
+                opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
+            )
         if json_output:
             print(json.dumps(data))
             return

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tenacity import AttemptManager, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import (
@@ -30,13 +29,37 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
-from ingest.iceberg import CommitConflict, CommitUnknown, DataFile, IcebergTable
+from ingest.ports import DataFile, LedgerTable
+from ingest.retry import settled
 
 log = logging.getLogger(__name__)
 
 
-class _Again(Exception):
-    pass
+@dataclass(frozen=True)
+class RowsCommit:
+    """A batch's data files and the ledger they end at, to be committed in one snapshot, exactly once."""
+
+    pipeline: str
+    batch: Batch
+    #: the ledger the snapshot carries (normally ``batch.ledger(...)``)
+    ledger: Ledger
+    files: Sequence[DataFile]
+    counts: BatchCounts
+    max_attempts: int
+    #: further summary keys of this pipeline (``ingest.<pipeline>.<key>``)
+    extra: Mapping[str, str] = field(default_factory=dict)
+    #: ``ingest reset`` only: commit over a lost ledger as if there were none (``batch.base`` is None)
+    recovering: bool = False
+
+
+@dataclass(frozen=True)
+class DeadLettersCommit:
+    """A batch's dead letters, to be added to the dead-letter table above its floor."""
+
+    pipeline: str
+    batch: Batch
+    dead_letters: pa.Table
+    max_attempts: int
 
 
 @dataclass(frozen=True)
@@ -45,7 +68,7 @@ class Outcome:
     snapshot_id: int | None
 
 
-def observe(table: IcebergTable, pipeline: str, max_age_s: float = 0.0, *, recovering: bool = False) -> Found | None:
+def observe(table: LedgerTable, pipeline: str, max_age_s: float = 0.0, *, recovering: bool = False) -> Found | None:
     """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger.
 
     The metadata is loaded again unless the handle's came from the catalog less than
@@ -60,132 +83,92 @@ def observe(table: IcebergTable, pipeline: str, max_age_s: float = 0.0, *, recov
     return found
 
 
-def ledger_lost(table: IcebergTable, pipeline: str, found: Found | None) -> bool:
+def ledger_lost(table: LedgerTable, pipeline: str, found: Found | None) -> bool:
     """Whether ``pipeline`` committed to ``table`` (its registry says so) although ``found``, the
     ledger lookup on the handle's metadata, found none."""
     return found is None and pipeline in registered_pipelines(table.head().properties)
 
 
-def _retrying(max_attempts: int) -> Retrying:
-    return Retrying(
-        stop=stop_after_attempt(max_attempts),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
-        retry=retry_if_exception_type(_Again),
-        reraise=True,
-    )
-
-
-def _attempt(
-    table: IcebergTable, files: Sequence[DataFile], summary: Mapping[str, str], props: Mapping[str, str]
-) -> int:
-    try:
-        return table.try_commit(files, summary, props)
-    except CommitConflict as error:
-        log.info("commit to %s conflicted (%s); observing again", table.identifier, error)
-        raise _Again() from None
-    except CommitUnknown as error:
-        log.warning("commit to %s has an unknown outcome (%s); observing again", table.identifier, error)
-        raise _Again() from None
-
-
-def _decide(
-    table: IcebergTable, pipeline: str, batch: Batch, held: bool, recovering: bool
-) -> tuple[Found | None, Decision]:
+def _decide(table: LedgerTable, request: RowsCommit, held: bool) -> tuple[Found | None, Decision]:
     """Observe and decide; with ``held``, a COMMIT decided on the handle's metadata is enough
     (the head requirement guards it), anything else is settled on freshly loaded metadata."""
     if held:
-        found = observe(table, pipeline, math.inf, recovering=recovering)
-        if decide(found.ledger if found else None, batch) is Decision.COMMIT:
+        found = observe(table, request.pipeline, math.inf, recovering=request.recovering)
+        if decide(found.ledger if found else None, request.batch) is Decision.COMMIT:
             return found, Decision.COMMIT
-    found = observe(table, pipeline, recovering=recovering)
-    return found, decide(found.ledger if found else None, batch)
+    found = observe(table, request.pipeline, recovering=request.recovering)
+    return found, decide(found.ledger if found else None, request.batch)
 
 
-def _first_of_several(attempt: AttemptManager, max_attempts: int) -> bool:
-    return attempt.retry_state.attempt_number == 1 and max_attempts > 1
+def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
+    """Commit a batch's data files and its end ledger in one snapshot, exactly once.
 
-
-def commit_rows(
-    table: IcebergTable,
-    pipeline: str,
-    batch: Batch,
-    ledger: Ledger,
-    files: Sequence[DataFile],
-    counts: BatchCounts,
-    max_attempts: int,
-    extra: Mapping[str, str] | None = None,
-    *,
-    recovering: bool = False,
-) -> Outcome:
-    """Commit a batch's data files and its end ``ledger`` in one snapshot, exactly once.
-
-    The first attempt may commit on the metadata the handle already holds (normally what the
-    batch was planned from) instead of loading it again: the commit requires that head, so a
-    stale view can only conflict, and the next attempt observes afresh.
-
-    ``recovering=True`` (``ingest reset`` only) commits over a lost ledger as if there were none:
-    ``batch.base`` is then None.
+    The first of several attempts may commit on the metadata the handle already holds (normally
+    what the batch was planned from) instead of loading it again: the commit requires that head,
+    so a stale view can only conflict, and the next attempt observes afresh.
     """
-    summary = encode(pipeline, ledger, counts, extra)
-    try:
-        for attempt in _retrying(max_attempts):
-            with attempt:
-                found, decision = _decide(table, pipeline, batch, _first_of_several(attempt, max_attempts), recovering)
-                if decision is not Decision.COMMIT:
-                    return Outcome(decision, found.snapshot_id if found else None)
-                props = register(table.head().properties, pipeline)
-                snapshot_id = _attempt(table, files, summary, props)
-                return Outcome(Decision.COMMIT, snapshot_id)
-    except _Again:
-        pass
-    raise CommitGaveUp(
-        f"batch {batch.number} of {pipeline!r}: the commit to {table.identifier} did not settle after "
-        f"{max_attempts} attempts (catalog contention or errors). Nothing was duplicated; run again."
+    summary = encode(request.pipeline, request.ledger, request.counts, request.extra)
+
+    def attempt(number: int) -> Outcome:
+        held = number == 1 and request.max_attempts > 1
+        found, decision = _decide(table, request, held)
+        if decision is not Decision.COMMIT:
+            return Outcome(decision, found.snapshot_id if found else None)
+        props = register(table.head().properties, request.pipeline)
+        return Outcome(Decision.COMMIT, table.try_commit(request.files, summary, props))
+
+    return settled(
+        attempt,
+        request.max_attempts,
+        lambda: CommitGaveUp(
+            f"batch {request.batch.number} of {request.pipeline!r}: the commit to {table.identifier} did not "
+            f"settle after {request.max_attempts} attempts (catalog contention or errors). Nothing was "
+            "duplicated; run again."
+        ),
+        f"the commit of batch {request.batch.number} to {table.identifier}",
     )
 
 
-def commit_dead_letters(
-    table: IcebergTable,
-    pipeline: str,
-    batch: Batch,
-    dead_letters: pa.Table,
-    max_attempts: int,
-) -> int:
+def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
 
     Runs before the rows commit. The dead-letter ledger is a floor below which every dead letter
     is already in the table (see :class:`ingest.core.commit.DeadLetterStep`), so a re-run after a
     crash between the two commits, or a concurrent copy, adds nothing twice.
     """
-    if dead_letters.num_rows == 0:
+    if request.dead_letters.num_rows == 0:
         return 0
+    batch, pipeline = request.batch, request.pipeline
     written_for: tuple[dict[TopicPartition, int], list[DataFile], int] | None = None
-    try:
-        for attempt in _retrying(max_attempts):
-            with attempt:
-                found = observe(table, pipeline)
-                step = dead_letter_step(found.ledger if found else None, batch)
-                if written_for is None or written_for[0] != step.floor:
-                    kept = _above_floor(dead_letters, step.floor)
-                    written_for = (dict(step.floor), table.write(kept), kept.num_rows)
-                _, files, count = written_for
-                if count == 0:
-                    return 0
-                ledger = Ledger(
-                    batch=(found.ledger.batch + 1) if found else 1,
-                    offsets=step.new_floor,
-                    start_offsets=batch.start,
-                    cluster_id=batch.cluster_id,
-                )
-                summary = encode(pipeline, ledger, BatchCounts(dead_letters=count))
-                props = register(table.head().properties, pipeline)
-                _attempt(table, files, summary, props)
-                return count
-    except _Again:
-        pass
-    raise CommitGaveUp(
-        f"batch {batch.number} of {pipeline!r}: the dead-letter commit to {table.identifier} did not settle "
-        f"after {max_attempts} attempts. Nothing was duplicated; run again."
+
+    def attempt(number: int) -> int:
+        nonlocal written_for
+        found = observe(table, pipeline)
+        step = dead_letter_step(found.ledger if found else None, batch)
+        if written_for is None or written_for[0] != step.floor:
+            kept = _above_floor(request.dead_letters, step.floor)
+            written_for = (dict(step.floor), table.write(kept), kept.num_rows)
+        _, files, count = written_for
+        if count == 0:
+            return 0
+        ledger = Ledger(
+            batch=(found.ledger.batch + 1) if found else 1,
+            offsets=step.new_floor,
+            start_offsets=batch.start,
+            cluster_id=batch.cluster_id,
+        )
+        summary = encode(pipeline, ledger, BatchCounts(dead_letters=count))
+        table.try_commit(files, summary, register(table.head().properties, pipeline))
+        return count
+
+    return settled(
+        attempt,
+        request.max_attempts,
+        lambda: CommitGaveUp(
+            f"batch {batch.number} of {pipeline!r}: the dead-letter commit to {table.identifier} did not settle "
+            f"after {request.max_attempts} attempts. Nothing was duplicated; run again."
+        ),
+        f"the dead-letter commit of batch {batch.number} to {table.identifier}",
     )
 
 

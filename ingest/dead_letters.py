@@ -36,8 +36,9 @@ from ingest.core.ledger import (
     encode,
 )
 from ingest.errors import CommitGaveUp
-from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+from ingest.iceberg import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
+from ingest.retry import settled
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ def rewind(
     """Remove ``pipeline``'s dead letters at or past ``to`` on ``dead``'s branch and set its floor
     to ``to``, in one commit that remembers ``sync_id``; a no-op once remembered."""
     topics = sorted({*topics, *(tp.topic for tp in to)})
-    for _ in range(max_attempts):
+
+    def attempt(number: int) -> None:
         found = observe(dead, pipeline, recovering=True)
         if found is not None and found.ledger.remembers(sync_id):
             return
@@ -68,45 +70,48 @@ def rewind(
             cluster_id=found.ledger.cluster_id if found else None,
             resets=_remembering(found.ledger, sync_id) if found else (AppliedReset(sync_id),),
         )
-        summary = encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})
-        try:
-            dead.rewind(topics, to, summary)
-            return
-        except (CommitConflict, CommitUnknown) as error:
-            log.info("dead-letter rewind %s on %s must be observed again: %s", sync_id, dead.identifier, error)
-    raise CommitGaveUp(
-        f"rewinding the dead letters of {pipeline!r} in {dead.identifier} ({sync_id}) did not settle after "
-        f"{max_attempts} attempts. Nothing was lost; run the same command again."
+        dead.rewind(topics, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
+
+    settled(
+        attempt,
+        max_attempts,
+        lambda: CommitGaveUp(
+            f"rewinding the dead letters of {pipeline!r} in {dead.identifier} ({sync_id}) did not settle after "
+            f"{max_attempts} attempts. Nothing was lost; run the same command again."
+        ),
+        f"dead-letter rewind {sync_id} on {dead.identifier}",
     )
 
 
 def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str, max_attempts: int) -> None:
     """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
     ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``."""
-    for _ in range(max_attempts):
+
+    def attempt(number: int) -> None:
         main = observe(dead, pipeline, recovering=True)
         if main is not None and main.ledger.remembers(sync_id):
             remove_branch(dead, branch)
             return
         head, main_head = dead.branch_head(branch), dead.branch_head(MAIN)
-        try:
-            if head is None:  # a replay begun before dead letters had branches: they stayed on main
-                _stamp(dead, pipeline, main.ledger if main else None, sync_id)
-                return
-            carry_over(dead, pipeline, branch)
-            on_branch = dead.on_branch(branch)
-            found = observe(on_branch, pipeline, recovering=True)
-            _stamp(on_branch, pipeline, found.ledger if found else None, sync_id)
-            # requires the main head carry_over looked at: a commit since then makes it look again
-            dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
-        except (CommitConflict, CommitUnknown) as error:
-            log.info("dead-letter publish of %s on %s must look again: %s", branch, dead.identifier, error)
-            continue
+        if head is None:  # a replay begun before dead letters had branches: they stayed on main
+            _stamp(dead, pipeline, main.ledger if main else None, sync_id)
+            return
+        carry_over(dead, pipeline, branch)
+        on_branch = dead.on_branch(branch)
+        found = observe(on_branch, pipeline, recovering=True)
+        _stamp(on_branch, pipeline, found.ledger if found else None, sync_id)
+        # requires the main head carry_over looked at: a commit since then makes it look again
+        dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
         remove_branch(dead, branch)
-        return
-    raise CommitGaveUp(
-        f"publishing dead-letter branch {branch} of {dead.identifier} did not settle after {max_attempts} attempts "
-        "(other writers kept committing). Nothing was lost; run the same command again."
+
+    settled(
+        attempt,
+        max_attempts,
+        lambda: CommitGaveUp(
+            f"publishing dead-letter branch {branch} of {dead.identifier} did not settle after {max_attempts} "
+            "attempts (other writers kept committing). Nothing was lost; run the same command again."
+        ),
+        f"dead-letter publish of {branch} on {dead.identifier}",
     )
 
 

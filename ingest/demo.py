@@ -18,6 +18,7 @@ from ingest import report
 from ingest.broker import EmbeddedBroker
 from ingest.kafka import create_topic, produce
 from ingest.pipeline import Pipeline
+from ingest.runner import opened
 
 PARTITIONS = 4
 STATUSES = ("created", "paid", "shipped", "delivered", "cancelled")
@@ -78,22 +79,22 @@ def main(records: int, config_path: Path, console: Console) -> None:
         first = records * 3 // 4
         sent = produce(broker.bootstrap_servers, "orders", order_events(first, 1, seed=1))
         console.print(f"produced {sent} order events to 'orders' ({PARTITIONS} partitions)")
-        pipeline = Pipeline.open(config)
-        for result in pipeline.run(until_caught_up=True, max_batches=None):
-            console.print(
-                f"  batch {result.batch}: {result.status}, {result.records} rows, "
-                f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
-            )
-        sent = produce(broker.bootstrap_servers, "orders", order_events(records - first, first + 1, seed=2))
-        console.print(f"produced {sent} more; running again")
-        for result in pipeline.run(until_caught_up=True, max_batches=None):
-            console.print(
-                f"  batch {result.batch}: {result.status}, {result.records} rows, "
-                f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
-            )
-        result = pipeline.run_batch()
-        console.print(f"  one more batch with nothing new: {result.status} (no snapshot written)")
-        _show(pipeline, console)
+        with opened(config) as run:
+            for result in run.batches(until_caught_up=True):
+                console.print(
+                    f"  batch {result.batch}: {result.status}, {result.records} rows, "
+                    f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
+                )
+            sent = produce(broker.bootstrap_servers, "orders", order_events(records - first, first + 1, seed=2))
+            console.print(f"produced {sent} more; running again")
+            for result in run.batches(until_caught_up=True):
+                console.print(
+                    f"  batch {result.batch}: {result.status}, {result.records} rows, "
+                    f"{result.dead_letters} dead letters in {result.seconds:.2f}s"
+                )
+            result = run.batch()
+            console.print(f"  one more batch with nothing new: {result.status} (no snapshot written)")
+            _show(run.pipeline, console)
 
 
 def _show(pipeline: Pipeline, console: Console) -> None:

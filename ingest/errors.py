@@ -80,6 +80,27 @@ class CommitGaveUp(RetryableError):
     """The commit loop could not settle the outcome within its bounded attempts."""
 
 
+class CommitConflict(RetryableError):
+    """The catalog refused the commit: the branch head was no longer the snapshot we required."""
+
+
+class CommitUnknown(RetryableError):
+    """The commit attempt failed in a way that does not say whether it was applied."""
+
+
+class MainMoved(RetryableError):
+    """Main moved while a rollback or publish was deciding; nothing was changed."""
+
+
+class WorkerLost(RetryableError):
+    """A worker process died or stopped answering during a batch; nothing was committed."""
+
+
+class SparkUnavailable(RetryableError):
+    """No Spark session could be started, or the Spark job failed for a reason outside the task code
+    (executors lost, worker processes killed, the job cancelled)."""
+
+
 # --- fatal -----------------------------------------------------------------------------------
 
 
@@ -125,3 +146,19 @@ class TableMismatch(FatalError):
 
 class VerificationFailed(FatalError):
     """``ingest verify`` found offsets missing or duplicated."""
+
+
+class LedgerFormatError(FatalError):
+    """A summary carries this pipeline's keys in a form this version cannot read."""
+
+
+class ReplayImpossible(FatalError):
+    """Kafka no longer holds records the replay would need, or the table no longer holds S."""
+
+
+class RollbackRefused(FatalError):
+    """Rolling main back to S would lose another pipeline's ledger."""
+
+
+class PublishRefused(FatalError):
+    """Main holds commits since the fork that publishing would drop and cannot carry over."""

@@ -22,7 +22,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -84,7 +83,9 @@ from ingest.config import TRANSFORM, FieldSpec
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.errors import CatalogUnavailable, ConfigError, TableMismatch
+from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, TableMismatch
+from ingest.ports import DataFile as WrittenFile
+from ingest.ports import Head
 
 log = logging.getLogger(__name__)
 
@@ -183,20 +184,6 @@ def connect(properties: Mapping[str, str]) -> Catalog:
         raise ConfigError(f"catalog: {error}") from None
     except Exception as error:  # driver errors of every catalog backend
         raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
-
-
-class CommitConflict(Exception):
-    """The catalog refused the commit: the branch head was no longer the snapshot we required."""
-
-
-class CommitUnknown(Exception):
-    """The commit attempt failed in a way that does not say whether it was applied."""
-
-
-@dataclass(frozen=True)
-class Head:
-    snapshot_id: int | None
-    properties: Mapping[str, str]
 
 
 def _no_library_retry(table: Table, metadata: TableMetadata | None = None) -> Table:
@@ -305,7 +292,7 @@ class IcebergTable:
             for name, ref in sorted(self._table.metadata.refs.items())
         ]
 
-    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
+    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[WrittenFile]:
         """Parquet files under unique names in the table location; invisible until committed."""
         if data.num_rows == 0:
             return []
@@ -318,7 +305,9 @@ class IcebergTable:
         except OSError as error:
             raise CatalogUnavailable(f"writing data files for {self.identifier} failed: {error}") from None
 
-    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
+    def try_commit(
+        self, files: Sequence[WrittenFile], summary: Mapping[str, str], properties: Mapping[str, str]
+    ) -> int:
         """One commit attempt: a snapshot with ``files`` and ``summary``, requiring the current head.
 
         Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
@@ -331,7 +320,7 @@ class IcebergTable:
             snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
             with snapshot.fast_append() as append:
                 for data_file in files:
-                    append.append_data_file(data_file)
+                    append.append_data_file(_ours(data_file))
                 snapshot_id = append.snapshot_id
             self._commit(transaction)
         return snapshot_id
@@ -504,14 +493,14 @@ class IcebergTable:
                 tables.append(pq.read_table(stream))
         return pa.concat_tables(tables, promote_options="permissive")
 
-    def rewrite(self, remove: Sequence[DataFile], add: Sequence[DataFile], summary: Mapping[str, str]) -> int:
+    def rewrite(self, remove: Sequence[DataFile], add: Sequence[WrittenFile], summary: Mapping[str, str]) -> int:
         """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
         transaction = _no_library_retry(self._table).transaction()
         with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
-            for data_file in remove:
-                ow.delete_data_file(data_file)
-            for data_file in add:
-                ow.append_data_file(data_file)
+            for removed in remove:
+                ow.delete_data_file(removed)
+            for added in add:
+                ow.append_data_file(_ours(added))
             snapshot_id = ow.snapshot_id
         self._commit(transaction)
         return snapshot_id
@@ -548,6 +537,13 @@ class IcebergTable:
             if snapshot_id is None:
                 return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
+
+
+def _ours(data_file: WrittenFile) -> DataFile:
+    """A file this adapter wrote (:meth:`IcebergTable.write`), as pyiceberg's type again."""
+    if not isinstance(data_file, DataFile):
+        raise TypeError(f"{data_file!r} was not written by an Iceberg table; it cannot be committed to one")
+    return data_file
 
 
 def _ref_is(name: str, snapshot_id: int | None) -> AssertRefSnapshotId:

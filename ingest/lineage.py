@@ -20,17 +20,13 @@ from __future__ import annotations
 import logging
 
 from ingest.core.ledger import SnapshotView, find_ledger
-from ingest.errors import FatalError
-from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
+from ingest.iceberg import MAIN, IcebergTable
 
 log = logging.getLogger(__name__)
 
 REAPPLIED_FROM = "ingest.reapplied-from"
 COMPACTION = "compaction"
-
-
-class PublishRefused(FatalError):
-    """Main holds commits since the fork that publishing would drop and cannot carry over."""
 
 
 def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:

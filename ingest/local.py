@@ -2,7 +2,7 @@
 
 A batch of fewer than two chunks (``batch.chunk_records``) runs in this process. A larger one is
 shared between this process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.workers`),
-kept for the following batches of the run. A run started with :func:`opened` starts them before
+kept for the following batches of the run. A run opened by :func:`ingest.runner.opened` starts them before
 the catalog opens when Kafka shows a backlog that needs them (:func:`workers_for_backlog`); else a
 batch starts them when it first needs them. This process
 starts reading the whole batch at once; each worker, when it is ready, takes an equal share of
@@ -14,25 +14,23 @@ write, and this process alone commits, once the shares cover the batch exactly.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
-from ingest.errors import IngestError
+from ingest.errors import IngestError, WorkerLost
 from ingest.kafka import READ_CHUNK_RECORDS, KafkaSource, Stops
-from ingest.tasks import Produced, combine, hand_off, run_task
-from ingest.workers import Task, WorkerLost, WorkerPool
+from ingest.ports import Produced
+from ingest.tasks import combine, hand_off, run_task
+from ingest.workers import Task, WorkerPool
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
     from ingest.iceberg import IcebergTable
-    from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -83,23 +81,6 @@ def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
     if helpers:
         pool.start(helpers)
     return pool
-
-
-@contextlib.contextmanager
-def opened(config: PipelineConfig) -> Iterator[tuple[Pipeline, LocalEngine]]:
-    """The pipeline and the local engine for every batch of a run (``ingest run``, Airflow's
-    ``IngestOperator``). The workers the first batch will want start before the catalog is
-    opened and before pyiceberg is imported (:func:`workers_for_backlog`)."""
-    pool = workers_for_backlog(config)
-    try:
-        from ingest.pipeline import Pipeline
-
-        pipeline = Pipeline.open(config)
-    except BaseException:
-        pool.close(kill=True)
-        raise
-    with LocalEngine(config, pipeline.rows, pool) as engine:
-        yield pipeline, engine
 
 
 class LocalEngine:

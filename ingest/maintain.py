@@ -21,9 +21,11 @@ from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
 from ingest.core.ledger import BatchCounts, encode, find_ledger, registered_pipelines
-from ingest.errors import CommitGaveUp
-from ingest.iceberg import CommitConflict, CommitUnknown, DataFile, IcebergTable
+from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
+from ingest.iceberg import DataFile, IcebergTable
 from ingest.pipeline import Pipeline
+from ingest.ports import DataFile as WrittenFile
+from ingest.retry import settled
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -54,18 +56,25 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
     Planned on freshly loaded metadata and committed requiring every ref to be unchanged, so a
     batch, rollback, replay or tag that lands in between makes it plan again from the new state.
     """
-    for _ in range(ATTEMPTS):
+
+    def attempt(number: int) -> list[int]:
         table.refresh()
         doomed = _doomed(table, spec, now_ms)
         try:
             table.expire(doomed)
-            return doomed
-        except (CommitConflict, CommitUnknown) as error:  # observed again on the next pass
-            log.info("snapshot expiry on %s must plan again: %s", table.identifier, error)
+        except (CommitConflict, CommitUnknown):
             table.refresh()
             if doomed and all(table.snapshot_summary(i) is None for i in doomed):
                 return doomed  # the unknown outcome was a success
-    raise CommitGaveUp(f"snapshot expiry on {table.identifier} kept conflicting with other writers; run again")
+            raise
+        return doomed
+
+    return settled(
+        attempt,
+        ATTEMPTS,
+        lambda: CommitGaveUp(f"snapshot expiry on {table.identifier} kept conflicting with other writers; run again"),
+        f"snapshot expiry on {table.identifier}",
+    )
 
 
 def remove_orphans(table: IcebergTable, spec: MaintenanceSpec, now_s: float) -> list[str]:
@@ -108,10 +117,11 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
     if not groups:
         return {"files_removed": 0, "files_added": 0}
     remove = [f for group in groups for f in group]
-    add: list[DataFile] = []
+    add: list[WrittenFile] = []
     for group in groups:
         add.extend(table.write(table.read_files(group), target_file_bytes=int(spec.target_file_mb * MB)))
-    for _ in range(ATTEMPTS):
+
+    def attempt(number: int) -> dict[str, int]:
         summary = restamped_summary(table, "compaction")
         live = {f.file_path for f in table.live_data_files()}
         if not all(f.file_path in live for f in remove):
@@ -119,16 +129,21 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
             return {"files_removed": 0, "files_added": 0}
         try:
             table.rewrite(remove, add, summary)
-            return {"files_removed": len(remove), "files_added": len(add)}
-        except (CommitConflict, CommitUnknown) as error:
-            log.info("compaction commit on %s must be observed again: %s", table.identifier, error)
+        except (CommitConflict, CommitUnknown):
             table.refresh()
-            if _landed(table, add):
-                return {"files_removed": len(remove), "files_added": len(add)}
-    raise CommitGaveUp(f"compaction of {table.identifier} kept conflicting with other writers; run again")
+            if not _landed(table, add):
+                raise
+        return {"files_removed": len(remove), "files_added": len(add)}
+
+    return settled(
+        attempt,
+        ATTEMPTS,
+        lambda: CommitGaveUp(f"compaction of {table.identifier} kept conflicting with other writers; run again"),
+        f"compaction commit on {table.identifier}",
+    )
 
 
-def _landed(table: IcebergTable, added: list[DataFile]) -> bool:
+def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:
     live = {f.file_path for f in table.live_data_files()}
     return bool(added) and all(f.file_path in live for f in added)
 

@@ -1,7 +1,8 @@
 """One pipeline: plan a batch, turn its ranges into data files, commit both tables exactly once.
 
-Engines differ only in :meth:`Engine.produce` (how planned ranges become Parquet files); planning
-and committing are here, shared.
+Engines differ only in :meth:`~ingest.ports.Engine.produce` (how planned ranges become Parquet
+files); planning and committing are here, shared. A run is assembled (config, tables, engine) by
+:mod:`ingest.runner`.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal
 
 from ingest import failpoints
-from ingest.committer import commit_dead_letters, commit_rows, observe
+from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
 from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, Ledger, carried
+from ingest.core.ledger import BatchCounts, Found
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.dead_letters import settle
 from ingest.errors import Fenced
 from ingest.iceberg import MAIN, IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
 from ingest.kafka import KafkaSource
-from ingest.local import LocalEngine
-from ingest.tasks import Produced, merge_timestamps
+from ingest.ports import Engine
+from ingest.tasks import merge_timestamps
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,16 @@ log = logging.getLogger(__name__)
 PLAN_FROM_HELD_S = 1.0
 
 
-class Engine(Protocol):
-    def produce(self, batch: Batch) -> Produced: ...
+#: what became of a batch: committed now, found already landed (an earlier attempt whose
+#: acknowledgement was lost, or an identical copy), or nothing to do
+BatchStatus = Literal["committed", "landed", "empty"]
 
 
 @dataclass(frozen=True)
 class BatchResult:
     pipeline: str
     batch: int
-    status: str  # committed | landed | empty
+    status: BatchStatus
     snapshot_id: int | None
     records: int = 0
     dead_letters: int = 0
@@ -97,11 +99,8 @@ class Pipeline:
         found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
         return plan_batch(found.ledger if found else None, view or self.source.describe(), self.policy)
 
-    def run_batch(self, engine: Engine | None = None) -> BatchResult:
+    def run_batch(self, engine: Engine) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""
-        if engine is None:
-            with LocalEngine(self.config, self.rows) as local:
-                return self.run_batch(local)
         batch = self.plan()
         for _ in range(self.config.commit.max_replans + 1):
             result = self._attempt(batch, engine)
@@ -130,33 +129,19 @@ class Pipeline:
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = engine.produce(batch)
+        config = self.config
         dead = commit_dead_letters(
-            self.dead, self.config.pipeline, batch, produced.dead_letters, self.config.commit.max_attempts
+            self.dead, DeadLettersCommit(config.pipeline, batch, produced.dead_letters, config.commit.max_attempts)
         )
         failpoints.reach("between-commits")
-        ledger = Ledger(
-            batch=batch.number,
-            offsets=batch.end,
-            start_offsets=batch.start,
-            cluster_id=batch.cluster_id,
-            timestamps=merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]),
-            lost=batch.lost,
-            resets=carried(batch.base),
-        )
+        ledger = batch.ledger(merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]))
         counts = BatchCounts(
             records=produced.records - produced.dead_letters.num_rows,
             dead_letters=produced.dead_letters.num_rows,
             bytes=produced.nbytes,
         )
-        outcome = commit_rows(
-            self.rows,
-            self.config.pipeline,
-            batch,
-            ledger,
-            produced.files,
-            counts,
-            self.config.commit.max_attempts,
-        )
+        request = RowsCommit(config.pipeline, batch, ledger, produced.files, counts, config.commit.max_attempts)
+        outcome = commit_rows(self.rows, request)
         if outcome.decision is Decision.FENCED:
             return None
         failpoints.reach("after-commit")
@@ -173,15 +158,9 @@ class Pipeline:
             ranges=ranges,
         )
 
-    def run(
-        self, *, until_caught_up: bool, max_batches: int | None, engine: Engine | None = None
-    ) -> Iterator[BatchResult]:
+    def run(self, engine: Engine, *, until_caught_up: bool, max_batches: int | None) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``), each
-        produced by ``engine`` (default: a :class:`LocalEngine` for the whole run)."""
-        if engine is None:
-            with LocalEngine(self.config, self.rows) as local:
-                yield from self.run(until_caught_up=until_caught_up, max_batches=max_batches, engine=local)
-            return
+        produced by ``engine``."""
         target = {tp: wm.high for tp, wm in self.source.describe().partitions.items()} if until_caught_up else None
         done = 0
         while max_batches is None or done < max_batches:

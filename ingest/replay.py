@@ -40,25 +40,23 @@ from ingest import failpoints
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
-from ingest.errors import CatalogUnavailable, ConfigError, FatalError, RetryableError
-from ingest.iceberg import MAIN, CommitConflict, CommitUnknown, IcebergTable
+from ingest.errors import (
+    CatalogUnavailable,
+    CommitConflict,
+    CommitUnknown,
+    ConfigError,
+    MainMoved,
+    ReplayImpossible,
+    RollbackRefused,
+)
+from ingest.iceberg import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
 from ingest.pipeline import Pipeline
+from ingest.retry import Again, settled
+from ingest.runner import Run
 
 log = logging.getLogger(__name__)
 PUBLISH_ATTEMPTS = 5
-
-
-class ReplayImpossible(FatalError):
-    """Kafka no longer holds records the replay would need, or the table no longer holds S."""
-
-
-class RollbackRefused(FatalError):
-    """Rolling main back to S would lose another pipeline's ledger."""
-
-
-class MainMoved(RetryableError):
-    """Main moved while a rollback or publish was deciding; nothing was changed."""
 
 
 def resolve_snapshot(table: IcebergTable, snapshot_id: int | None, as_of_ms: int | None) -> int:
@@ -121,18 +119,19 @@ def _check_retained(pipeline: Pipeline, start: Found) -> None:
 
 
 def replay(
-    pipeline: Pipeline,
+    run: Run,
     snapshot_id: int | None = None,
     as_of_ms: int | None = None,
     publish: bool = False,
     rollback: bool = False,
 ) -> dict[str, Any]:
+    pipeline = run.pipeline
     name = pipeline.config.pipeline
     rows = pipeline.rows
     rows.refresh()
     if snapshot_id is not None and not rollback and rows.branch_head(f"replay-{snapshot_id}") is not None:
         # the replay's branch exists: it continues from its own ledger (S itself may be expired by now)
-        return _continue(pipeline, snapshot_id, publish)
+        return _continue(run, snapshot_id, publish)
     target = resolve_snapshot(rows, snapshot_id, as_of_ms)
     start = find_ledger(name, rows.ancestry(target))
     if start is None:
@@ -155,7 +154,7 @@ def replay(
                     f"cannot create branch {branch}: snapshot {target} is no longer in table {rows.identifier} "
                     "(expired meanwhile). Nothing was changed; replay from a later snapshot."
                 ) from None
-    return report | _continue(pipeline, target, publish)
+    return report | _continue(run, target, publish)
 
 
 def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
@@ -190,11 +189,12 @@ def _settled(commit: Callable[[], object], table: IcebergTable) -> None:
         table.refresh()
 
 
-def _continue(pipeline: Pipeline, target: int, publish: bool) -> dict[str, Any]:
+def _continue(run: Run, target: int, publish: bool) -> dict[str, Any]:
     """Catch branch ``replay-<target>`` up, then compare it with main or publish it."""
+    pipeline = run.pipeline
     branch = f"replay-{target}"
-    replaying = pipeline.on_branch(branch)
-    batches = [r.as_dict() for r in replaying.run(until_caught_up=True, max_batches=None)]
+    replaying = run.on_branch(branch)
+    batches = [r.as_dict() for r in replaying.batches(until_caught_up=True)]
     report: dict[str, Any] = {
         "pipeline": pipeline.config.pipeline,
         "from_snapshot": target,
@@ -258,14 +258,16 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> dict[str, Any]:
     return {"action": "rolled-back", "main": rows.branch_head(MAIN), "discarded_foreign": discarded}
 
 
-def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, Any]:
+def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> dict[str, Any]:
     """Fast-forward main to the branch once the branch holds everything main holds, then the
     dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
     rows = pipeline.rows
     sync = DeadLetterSync(f"publish-{branch}", branch=branch)
     reapplied = 0
-    for _ in range(PUBLISH_ATTEMPTS):
+
+    def attempt(number: int) -> dict[str, Any]:
+        nonlocal reapplied
         main = observe(rows, name)  # refreshes: the swap requires this main head
         head = rows.branch_head(branch)
         replayed = find_ledger(name, rows.ancestry(head)) if head is not None else None
@@ -273,33 +275,39 @@ def _publish(pipeline: Pipeline, replaying: Pipeline, branch: str) -> dict[str, 
             replayed is None
             or any(replayed.ledger.offsets.get(tp, -1) < offset for tp, offset in main.ledger.offsets.items())
         )
-        if not behind and replayed is not None:
-            main_head = rows.branch_head(MAIN)
-            try:
-                reapplied += carry_over(rows, name, branch)
-                # the snapshot main moves to says what the dead-letter table owes it
-                on_branch = rows.on_branch(branch)
-                on_branch.try_commit(
-                    [], encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"}), {}
-                )
-                head = on_branch.branch_head(branch)
-                assert head is not None
-                rows.set_ref(MAIN, head, expected=main_head)
-            except (CommitConflict, CommitUnknown) as error:
-                log.info("publish of %s must look again: %s", branch, error)
-                rows.refresh()
-                if rows.branch_head(MAIN) != rows.branch_head(branch):
-                    continue  # main or the branch moved in between: catch up and carry over again
-                head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
-            failpoints.reach("between-tables")
-            settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
-            remove_branch(rows, branch)
-            return {"published": head, "reapplied": reapplied}
-        for _result in replaying.run(until_caught_up=True, max_batches=None):
-            pass
-    raise MainMoved(
-        f"publish of {branch} refused {PUBLISH_ATTEMPTS} times: main keeps moving. The branch is caught up "
-        "and intact; pause the scheduled runs of this pipeline and run the replay with --publish again."
+        if behind or replayed is None:
+            for _result in replaying.batches(until_caught_up=True):
+                pass
+            raise Again(f"branch {branch} was behind main; caught up")
+        main_head = rows.branch_head(MAIN)
+        try:
+            reapplied += carry_over(rows, name, branch)
+            # the snapshot main moves to says what the dead-letter table owes it
+            on_branch = rows.on_branch(branch)
+            on_branch.try_commit(
+                [], encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"}), {}
+            )
+            head = on_branch.branch_head(branch)
+            assert head is not None
+            rows.set_ref(MAIN, head, expected=main_head)
+        except (CommitConflict, CommitUnknown):
+            rows.refresh()
+            if rows.branch_head(MAIN) != rows.branch_head(branch):
+                raise  # main or the branch moved in between: catch up and carry over again
+            head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
+        failpoints.reach("between-tables")
+        settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
+        remove_branch(rows, branch)
+        return {"published": head, "reapplied": reapplied}
+
+    return settled(
+        attempt,
+        PUBLISH_ATTEMPTS,
+        lambda: MainMoved(
+            f"publish of {branch} refused {PUBLISH_ATTEMPTS} times: main keeps moving. The branch is caught up "
+            "and intact; pause the scheduled runs of this pipeline and run the replay with --publish again."
+        ),
+        f"publish of {branch} on {rows.identifier}",
     )
 
 

@@ -19,13 +19,13 @@ import getpass
 import hashlib
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.committer import commit_rows, ledger_lost, observe
+from ingest.committer import RowsCommit, commit_rows, ledger_lost, observe
 from ingest.core.commit import Decision
 from ingest.core.ledger import (
     RESET_MEMORY,
@@ -212,17 +212,12 @@ def _commit(
     start = dict(found.ledger.offsets) if found else dict(new)
     base = found.ledger if found else None
     batch = Batch(number=number, base=base, start=start, end=new, cluster_id=view.cluster_id, reset_id=command.reset_id)
-    ledger = Ledger(
-        batch=number,
-        offsets=new,
+    ledger = replace(
+        batch.ledger(timestamps),
         start_offsets=new,
-        cluster_id=view.cluster_id,
-        timestamps=timestamps,
-        reset_id=command.reset_id,
         resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
     )
-    outcome = commit_rows(
-        table,
+    request = RowsCommit(
         name,
         batch,
         ledger,
@@ -232,6 +227,7 @@ def _commit(
         command.extra(recovering),
         recovering=recovering,
     )
+    outcome = commit_rows(table, request)
     if outcome.decision is Decision.FENCED:
         applied = _applied(table, name, command.reset_id)
         if applied is not None:  # an identical copy of this command landed first

@@ -43,10 +43,11 @@ from types import TracebackType
 from ingest import errors, failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
-from ingest.errors import ConfigError, FatalError, IngestError, RetryableError
+from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg import IcebergTable
 from ingest.pipeline import Pipeline
-from ingest.tasks import Produced, TaskOutput, TaskRange, combine, run_task, split_ranges
+from ingest.ports import Produced
+from ingest.tasks import TaskOutput, TaskRange, combine, run_task, split_ranges
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -63,11 +64,6 @@ MAX_RECORDS_PER_PARTITION = "spark.ingest.maxRecordsPerPartition"
 TASK_FAILURE_ENV = "INGEST_SPARK_TASK_FAILURE"
 _POLL_S = 0.02
 _INGEST_ERROR = re.compile(r"^ingest\.errors\.(?P<name>\w+): (?P<message>.*)$", re.MULTILINE)
-
-
-class SparkUnavailable(RetryableError):
-    """No Spark session could be started, or the Spark job failed for a reason outside the task code
-    (executors lost, worker processes killed, the job cancelled)."""
 
 
 @dataclass(frozen=True)

@@ -26,21 +26,10 @@ from ingest.core.ledger import TopicPartition
 from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
 from ingest.errors import IngestError
 from ingest.kafka import KafkaSource, Range, Stops
+from ingest.ports import DataFile, LedgerTable, Produced, ValueDecoder
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
-    from ingest.iceberg import DataFile, IcebergTable
-
-
-@dataclass
-class Produced:
-    """What an engine made of a batch's ranges: committed nowhere yet."""
-
-    files: list[DataFile]
-    dead_letters: pa.Table
-    records: int
-    nbytes: int
-    #: newest record timestamp read per partition (ms)
-    timestamps: dict[TopicPartition, int]
+    from ingest.iceberg import IcebergTable
 
 
 # --- splitting ----------------------------------------------------------------------------------
@@ -223,8 +212,8 @@ def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[Topi
 
 def decode_and_write(
     chunks: Iterable[RawChunk],
-    decoder: Decoder,
-    rows: IcebergTable,
+    decoder: ValueDecoder,
+    rows: LedgerTable,
     write_rows: int,
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest import failpoints
 from ingest.config import PipelineConfig
-from ingest.errors import IngestError, RetryableError
+from ingest.errors import IngestError, WorkerLost
 from ingest.tasks import TaskOutput, run_task
 
 if TYPE_CHECKING:
@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 
 #: how often a worker checks that the process that started it is alive
 WATCH_S = 0.2
-
-
-class WorkerLost(RetryableError):
-    """A worker process died or stopped answering during a batch; nothing was committed."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ingest.errors import FatalError
+from ingest.errors import LedgerFormatError
 
 FORMAT_VERSION = 1
 REGISTRY_PROPERTY = "ingest.pipelines"
@@ -184,10 +184,6 @@ def _decode_resets(text: str) -> tuple[AppliedReset, ...]:
         AppliedReset(reset_id, tuple((TopicPartition(t, int(p)), int(was), int(to)) for t, p, was, to in moves))
         for reset_id, moves in json.loads(text)
     )
-
-
-class LedgerFormatError(FatalError):
-    """A summary carries this pipeline's keys in a form this version cannot read."""
 
 
 def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:

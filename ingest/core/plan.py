@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ingest.core.ledger import Ledger, LostRange, TopicPartition
+from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried
 from ingest.errors import DataLoss, TopicRecreated
 
 StartPosition = Literal["earliest", "latest"]
@@ -55,6 +55,20 @@ class Batch:
     def ranges(self) -> list[tuple[TopicPartition, int, int]]:
         """The non-empty ranges, in partition order."""
         return [(tp, self.start[tp], self.end[tp]) for tp in sorted(self.end) if self.end[tp] > self.start[tp]]
+
+    def ledger(self, timestamps: Mapping[TopicPartition, int] | None = None) -> Ledger:
+        """The ledger a commit of this batch carries: its end offsets, what it skipped, the resets
+        its base remembers, and ``timestamps`` (newest committed record time per partition)."""
+        return Ledger(
+            batch=self.number,
+            offsets=self.end,
+            start_offsets=self.start,
+            cluster_id=self.cluster_id,
+            timestamps=dict(timestamps or {}),
+            lost=self.lost,
+            reset_id=self.reset_id,
+            resets=carried(self.base),
+        )
 
     @property
     def planned_records(self) -> int:

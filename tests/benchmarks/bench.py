@@ -200,17 +200,18 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     starting the worker, importing pyiceberg and opening the catalog while the worker imports, and
     creating the tables. Peak RSS counts the workers too."""
     from ingest import config as config_module
-    from ingest.local import opened  # imports no pyiceberg
+    from ingest.local import processes as local_processes
+    from ingest.runner import opened  # imports no pyiceberg
 
     with tempfile.TemporaryDirectory() as tmp:
         config = config_module.parse(_config(args, tmp))
         started = time.perf_counter()
-        with opened(config) as (pipeline, engine):
+        with opened(config) as run:
             open_s = time.perf_counter() - started
             started = time.perf_counter()
-            result = pipeline.run_batch(engine)
+            result = run.batch()
             seconds = time.perf_counter() - started
-            processes = engine.processes_for(sum(end - start for *_, start, end in result.ranges))
+            processes = local_processes(config, sum(end - start for *_, start, end in result.ranges))
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
@@ -225,22 +226,22 @@ def stage_catchup(args: argparse.Namespace) -> dict[str, Any]:
     """A catch-up of two batches on one local engine: the first starts the workers, the second
     (timed) finds them running, as every later batch of ``ingest run --until-caught-up`` does."""
     from ingest import config as config_module
-    from ingest.local import LocalEngine
+    from ingest.local import processes as local_processes
     from ingest.pipeline import Pipeline
+    from ingest.runner import engine_for
 
     half = args.records // 2
     with tempfile.TemporaryDirectory() as tmp:
         overrides = {"batch": {"max_records": half, "chunk_records": max(1, half // 2)}}
         config = config_module.parse(_config(args, tmp) | overrides)
-        pipeline = Pipeline.open(config)
-        with LocalEngine(config, pipeline.rows) as engine:
+        with engine_for(Pipeline.open(config)) as run:
             started = time.perf_counter()
-            pipeline.run_batch(engine)
+            run.batch()
             first_s = time.perf_counter() - started
             started = time.perf_counter()
-            result = pipeline.run_batch(engine)
+            result = run.batch()
             seconds = time.perf_counter() - started
-            processes = engine.processes_for(half)
+            processes = local_processes(config, half)
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
@@ -262,8 +263,7 @@ def stage_spark(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from ingest import config as config_module
-    from ingest.pipeline import Pipeline
-    from ingest.spark import SparkEngine
+    from ingest.runner import opened
 
     started = time.perf_counter()
     spark = (
@@ -274,14 +274,15 @@ def stage_spark(args: argparse.Namespace) -> dict[str, Any]:
     )
     session_s = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as tmp:
-        warmup = Pipeline.open(config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-warmup"]}))
+        warmup = config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-warmup"]})
         started = time.perf_counter()
-        warmup.run_batch(SparkEngine.create(warmup, spark))
+        with opened(warmup, "spark", spark=spark) as run:
+            run.batch()
         warmup_s = time.perf_counter() - started
-        pipeline = Pipeline.open(config_module.parse(_config(args, tmp) | {"table": "bench.spark"}))
-        started = time.perf_counter()
-        result = pipeline.run_batch(SparkEngine.create(pipeline, spark))
-        seconds = time.perf_counter() - started
+        with opened(config_module.parse(_config(args, tmp) | {"table": "bench.spark"}), "spark", spark=spark) as run:
+            started = time.perf_counter()
+            result = run.batch()
+            seconds = time.perf_counter() - started
     spark.stop()
     return {
         "records": result.records + result.dead_letters,
@@ -320,30 +321,31 @@ def stage_fixed(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     from ingest import config as config_module
-    from ingest.committer import commit_rows
-    from ingest.core.ledger import BatchCounts, Ledger
+    from ingest.committer import RowsCommit, commit_rows
+    from ingest.core.ledger import BatchCounts
     from ingest.core.plan import Batch
     from ingest.kafka import produce
     from ingest.pipeline import Pipeline
+    from tests.runs import one_batch
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-fixed"]})
         pipeline = Pipeline.open(config)
-        pipeline.run_batch()  # pins the ledger
+        one_batch(pipeline)  # pins the ledger
         for target in (10, 100, 1000):
             while len(pipeline.rows.table.metadata.snapshots) < target:
                 found = pipeline.ledger()
                 assert found is not None
                 led = found.ledger
                 batch = Batch(led.batch + 1, led, led.offsets, led.offsets, led.cluster_id)
-                nxt = Ledger(led.batch + 1, led.offsets, led.offsets, led.cluster_id, led.timestamps)
-                commit_rows(pipeline.rows, "bench", batch, nxt, [], BatchCounts(), 8)
+                nxt = batch.ledger(led.timestamps)
+                commit_rows(pipeline.rows, RowsCommit("bench", batch, nxt, [], BatchCounts(), 8))
             timings = []
             for _ in range(5):
                 produce(args.bootstrap, args.topic + "-fixed", ((p, None, payload(p), None) for p in range(4)))
                 started = time.perf_counter()
-                pipeline.run_batch()
+                one_batch(pipeline)
                 timings.append(time.perf_counter() - started)
             results[str(target)] = statistics.median(timings)
     return {"records": 1, "bytes": 0, "seconds": 1.0, "per_batch_s": results}
@@ -353,6 +355,7 @@ def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
     """Local-engine throughput against batch size, on the same topic."""
     from ingest import config as config_module
     from ingest.pipeline import Pipeline
+    from tests.runs import one_batch
 
     sizes = [s for s in (10_000, 100_000, 500_000, 2_000_000) if s <= args.records]
     rates = {}
@@ -361,7 +364,7 @@ def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
             config = config_module.parse(_config(args, tmp) | {"batch": {"max_records": size}})
             pipeline = Pipeline.open(config)
             started = time.perf_counter()
-            result = pipeline.run_batch()
+            result = one_batch(pipeline)
             rates[str(size)] = (result.records + result.dead_letters) / (time.perf_counter() - started)
     return {"records": 1, "bytes": 0, "seconds": 1.0, "records_per_s_by_batch_size": rates}
 

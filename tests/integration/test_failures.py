@@ -17,7 +17,8 @@ from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka import create_topic
 from ingest.local import LocalEngine
 from ingest.pipeline import Pipeline
-from ingest.tasks import Produced
+from ingest.ports import Produced
+from tests.runs import one_batch
 
 from .conftest import REPO, Env
 
@@ -125,6 +126,6 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
         assert "no progress from Kafka" in str(caught.value)
         assert pipeline.ledger() is None  # nothing committed
 
-        assert pipeline.run_batch().status == "committed"
+        assert one_batch(pipeline).status == "committed"
         assert env.counts() == (2_000 - env.bad, env.bad)
         env.verify()

@@ -15,6 +15,7 @@ from pyiceberg.serializers import FromInputFile
 
 from ingest.held_catalog import HeldSqlCatalog
 from ingest.pipeline import Pipeline
+from tests.runs import one_batch
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
     env.produce(1_200)
     pipeline = Pipeline.open(env.config)
     for _ in range(3):
-        assert pipeline.run_batch().status == "committed"
+        assert one_batch(pipeline).status == "committed"
     before = pipeline.rows.refresh().snapshot_id
     first, second = (s.snapshot_id for s in pipeline.rows.table.metadata.snapshots[:2])
     pipeline.rows.table.manage_snapshots().create_tag(first, "audit").create_branch(second, "replay-x").commit()
@@ -35,7 +36,7 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
     old_metadata_log = len(metadata.metadata_log)
 
     env.produce(400)
-    result = pipeline.run_batch()
+    result = one_batch(pipeline)
 
     assert result.status == "committed"
     metadata = pipeline.rows.table.metadata  # what the commit returned: the catalog's metadata
@@ -60,7 +61,7 @@ def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(m
     env.produce(800)
     pipeline = Pipeline.open(env.config)
     assert isinstance(pipeline.rows.catalog, HeldSqlCatalog)
-    assert pipeline.run_batch().status == "committed"
+    assert one_batch(pipeline).status == "committed"
     parsed: list[str] = []
     parse = FromInputFile.table_metadata
 
@@ -71,7 +72,7 @@ def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(m
     monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(counting))
 
     # planning's refresh and the commit's own check find the metadata this handle committed last
-    assert pipeline.run_batch().status == "committed"
+    assert one_batch(pipeline).status == "committed"
     assert parsed == []
     held = pipeline.rows.table
     assert pipeline.rows.catalog.load_table(held.name()).metadata is held.metadata
@@ -85,7 +86,7 @@ def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(m
     assert pipeline.rows.refresh().properties["owner"] == "someone else"
     assert parsed == [other.metadata_location]
     env.produce(400)
-    assert pipeline.run_batch().status == "committed"  # committed on top of the other writer's change
+    assert one_batch(pipeline).status == "committed"  # committed on top of the other writer's change
     assert pipeline.rows.table.properties["owner"] == "someone else"
     assert env.counts() == (1_200, 0)
     env.verify()

@@ -13,6 +13,7 @@ from ingest.config import MaintenanceSpec
 from ingest.iceberg import IcebergTable
 from ingest.maintain import compact, expire, maintain, remove_orphans
 from ingest.pipeline import Pipeline
+from tests.runs import one_batch
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +23,7 @@ AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_a
 def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
     for _ in range(count):
         env.produce(size, bad_every=40)
-        pipeline.run_batch()
+        one_batch(pipeline)
 
 
 def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
@@ -64,7 +65,7 @@ def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) ->
         if not raced:
             raced.append(True)
             env.produce(300, bad_every=40)
-            assert other.run_batch().status == "committed"  # a batch commits while compaction runs
+            assert one_batch(other).status == "committed"  # a batch commits while compaction runs
         return real(remove, add, summary)
 
     table.rewrite = batch_lands_first  # type: ignore[method-assign]

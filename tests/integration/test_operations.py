@@ -15,15 +15,14 @@ import yaml
 
 from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
-from ingest.errors import RetryableError
+from ingest.errors import PublishRefused, RetryableError
 from ingest.kafka import create_topic, produce
-from ingest.lineage import PublishRefused
 from ingest.local import LocalEngine
 from ingest.maintain import expire, maintain
 from ingest.pipeline import Pipeline
-from ingest.replay import replay
-from ingest.tasks import Produced
+from ingest.ports import Produced
 from tests.integration.conftest import record
+from tests.runs import catch_up, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +34,11 @@ HOUR_MS = 3_600_000
 def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
     for _ in range(count):
         env.produce(size, bad_every=40)
-        pipeline.run_batch()
+        one_batch(pipeline)
 
 
 def _run_all(pipeline: Pipeline) -> None:
-    for _ in pipeline.run(until_caught_up=True, max_batches=None):
+    for _ in catch_up(pipeline):
         pass
 
 
@@ -65,7 +64,7 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
             produced = super().produce(batch)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
-                assert fast.run_batch().status == "committed"  # the same offsets commit first
+                assert one_batch(fast).status == "committed"  # the same offsets commit first
             return produced
 
     result = slow.run_batch(RacedEngine(slow.config, slow.rows))
@@ -89,7 +88,7 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
 
     def rollback_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not rolled:
-            rolled.append(replay(operator, snapshot_id=snapshot_s, rollback=True))
+            rolled.append(replay_on(operator, snapshot_id=snapshot_s, rollback=True))
         return real(*args, **kwargs)
 
     pipeline.rows.expire = rollback_lands_first  # type: ignore[method-assign]
@@ -115,7 +114,7 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
     _batches(env, pipeline, 2)
     tagged = _head_id(pipeline)
     pipeline.rows.table.manage_snapshots().create_tag(tagged, "audit-2026-12").commit()
-    replayed = replay(pipeline, snapshot_id=snapshot_s)  # leaves branch replay-<S> for audit
+    replayed = replay_on(pipeline, snapshot_id=snapshot_s)  # leaves branch replay-<S> for audit
     _batches(env, pipeline, 2)
 
     for _ in range(2):  # a second run finds nothing more to expire, and does not fail either
@@ -130,7 +129,7 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
     branch_head = rows.branch_head(replayed["branch"])
     assert branch_head is not None and rows.table.metadata.snapshot_by_id(branch_head) is not None
     assert find_ledger("orders", rows.ancestry(branch_head)) is not None
-    published = replay(pipeline, snapshot_id=snapshot_s, publish=True)
+    published = replay_on(pipeline, snapshot_id=snapshot_s, publish=True)
     assert published["action"] == "published"
     assert env.counts() == (1_000 - env.bad, env.bad)
     env.verify()
@@ -145,7 +144,7 @@ def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
     _batches(orders, mine, 1, size=500)
     _batches(refunds, theirs, 2, size=300)  # another pipeline writes the same table after S
 
-    published = replay(mine, snapshot_id=snapshot_s, publish=True)
+    published = replay_on(mine, snapshot_id=snapshot_s, publish=True)
 
     assert published["action"] == "published"
     assert published["reapplied"] == 2
@@ -173,7 +172,7 @@ def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
     deleted_head = pipeline.rows.branch_head("main")
 
     with pytest.raises(PublishRefused) as caught:
-        replay(pipeline, snapshot_id=snapshot_s, publish=True)
+        replay_on(pipeline, snapshot_id=snapshot_s, publish=True)
 
     assert f"{deleted_head} (overwrite)" in str(caught.value)
     pipeline.rows.refresh()
@@ -192,12 +191,12 @@ def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env)
     def batch_lands_first(name, *args, **kwargs):  # type: ignore[no-untyped-def]
         if name == "main":  # just before the rollback moves main
             env.produce(100)
-            assert other.run_batch().status == "committed"
+            assert one_batch(other).status == "committed"
         return real(name, *args, **kwargs)
 
     pipeline.rows.set_ref = batch_lands_first  # type: ignore[method-assign]
     with pytest.raises(RetryableError):
-        replay(pipeline, snapshot_id=snapshot_s, rollback=True)
+        replay_on(pipeline, snapshot_id=snapshot_s, rollback=True)
 
     found = other.ledger()
     assert found is not None and found.ledger.batch == 4  # the batch that won stays on main
@@ -241,7 +240,7 @@ def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> N
 
     assert result is None  # fenced by the reset: its records did not land
     assert env.counts() == (0, 0)
-    assert pipeline.run_batch().status == "empty"
+    assert one_batch(pipeline).status == "empty"
     env.verify()
 
 

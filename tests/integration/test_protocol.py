@@ -14,11 +14,11 @@ import pytest
 
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch, KafkaView, Watermarks
-from ingest.errors import DataLoss, Fenced, LedgerLost, TopicRecreated
-from ingest.iceberg import CommitUnknown
+from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
 from ingest.local import LocalEngine
 from ingest.pipeline import Pipeline
-from ingest.tasks import Produced
+from ingest.ports import Produced
+from tests.runs import catch_up, one_batch
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
 
         table.try_commit = applied_then_timeout  # type: ignore[method-assign]
 
-    result = pipeline.run_batch()
+    result = one_batch(pipeline)
 
     assert result.status == "landed"
     assert env.counts() == (1_500 - env.bad, env.bad)
@@ -67,7 +67,7 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
     env = make_env()
     env.produce(1_000)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     env.produce(1_000)
     other = Pipeline.open(env.config)
 
@@ -115,7 +115,7 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
             produced = super().produce(batch)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
-                assert fast.run_batch().status == "committed"  # same offsets, commits first
+                assert one_batch(fast).status == "committed"  # same offsets, commits first
             return produced
 
     result = slow.run_batch(RacedEngine(slow.config, slow.rows))
@@ -123,8 +123,8 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
     # the slow copy's batch 1 had identical offsets to the fast one: recognised as landed
     assert (result.batch, result.status) == (1, "landed")
     env.produce(500)
-    assert slow.run_batch().batch == 2
-    for _ in slow.run(until_caught_up=True, max_batches=None):
+    assert one_batch(slow).batch == 2
+    for _ in catch_up(slow):
         pass
     assert env.counts() == (3_500 - env.bad, env.bad)
     env.verify()
@@ -144,7 +144,7 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 env.produce(400, bad_every=9)
-                assert fast.run_batch().status == "committed"  # a larger batch 1 lands first
+                assert one_batch(fast).status == "committed"  # a larger batch 1 lands first
                 assert sum(fast.ledger().ledger.offsets.values()) == 1_200  # type: ignore[union-attr]
             return produced
 
@@ -165,7 +165,7 @@ def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
         def produce(self, batch: Batch) -> Produced:
             produced = super().produce(batch)
             env.produce(10)
-            fast.run_batch()
+            one_batch(fast)
             return produced
 
     with pytest.raises(Fenced) as caught:
@@ -178,7 +178,7 @@ def test_retention_loss_fails_closed_by_default(make_env, monkeypatch) -> None:
     env = make_env(partitions=2)
     env.produce(200)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     env.produce(200)
     committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
 
@@ -190,7 +190,7 @@ def test_retention_loss_fails_closed_by_default(make_env, monkeypatch) -> None:
 
     monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, retention_ran))
     with pytest.raises(DataLoss) as caught:
-        pipeline.run_batch()
+        one_batch(pipeline)
     assert "on_data_loss: skip" in str(caught.value)
     assert pipeline.ledger().ledger.batch == 1  # type: ignore[union-attr]
 
@@ -199,7 +199,7 @@ def test_retention_loss_with_skip_records_the_lost_range(make_env, monkeypatch) 
     env = make_env(partitions=2, on_data_loss="skip")
     env.produce(200)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     env.produce(200)
     committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
     tp = sorted(committed)[0]
@@ -210,7 +210,7 @@ def test_retention_loss_with_skip_records_the_lost_range(make_env, monkeypatch) 
         return dataclasses.replace(view, partitions=parts)
 
     monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, retention_ran))
-    result = pipeline.run_batch()
+    result = one_batch(pipeline)
 
     assert result.status == "committed"
     lost = pipeline.ledger().ledger.lost  # type: ignore[union-attr]
@@ -224,7 +224,7 @@ def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
     env = make_env(partitions=2)
     env.produce(100)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
 
     def recreated(view: KafkaView) -> KafkaView:
         parts = dict(view.partitions)
@@ -238,21 +238,21 @@ def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
 
     monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, recreated))
     with pytest.raises(TopicRecreated):
-        pipeline.run_batch()
+        one_batch(pipeline)
 
 
 def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
     env = make_env()
     env.produce(100)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     table = pipeline.rows.table.refresh()
     table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))  # foreign, no ledger
     table = table.refresh()
     table.maintenance.expire_snapshots().older_than(datetime.now(tz=UTC)).commit()
 
     with pytest.raises(LedgerLost) as caught:
-        pipeline.run_batch()
+        one_batch(pipeline)
     assert "ingest.pipelines" in str(caught.value)
 
 
@@ -266,10 +266,10 @@ def test_new_partitions_start_at_earliest(make_env, monkeypatch) -> None:
         return dataclasses.replace(view, partitions={k: v for k, v in view.partitions.items() if k != hidden})
 
     monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, fewer))
-    pipeline.run_batch()
+    one_batch(pipeline)
     assert hidden not in pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
     monkeypatch.undo()
-    result = pipeline.run_batch()  # partition added: read from its earliest offset
+    result = one_batch(pipeline)  # partition added: read from its earliest offset
     assert result.records == 100
     assert env.counts() == (400, 0)
     env.verify()

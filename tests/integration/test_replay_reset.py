@@ -8,14 +8,15 @@ import json
 import pytest
 
 from ingest.core.plan import KafkaView, Watermarks
+from ingest.errors import ReplayImpossible
 from ingest.pipeline import Pipeline
-from ingest.replay import ReplayImpossible, replay
+from tests.runs import catch_up, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
 
 
 def _run_all(pipeline: Pipeline) -> None:
-    for _ in pipeline.run(until_caught_up=True, max_batches=None):
+    for _ in catch_up(pipeline):
         pass
 
 
@@ -63,21 +64,21 @@ def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> N
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=25)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     env.produce(1_000, bad_every=25)
-    pipeline.run_batch()  # the "bad deploy" batch the user wants redone
+    one_batch(pipeline)  # the "bad deploy" batch the user wants redone
 
-    first = replay(pipeline, snapshot_id=snapshot_s)
+    first = replay_on(pipeline, snapshot_id=snapshot_s)
     assert first["action"] == "replayed" and first["batches"]
     comparison = first["comparison"]
     assert sum(r["branch_rows"] for r in comparison) == sum(r["main_rows"] for r in comparison)
     assert pipeline.rows.branch_head("main") != pipeline.rows.branch_head(first["branch"])
 
     env.produce(500, bad_every=25)  # new data, and the scheduled run ingests it into main meanwhile
-    pipeline.run_batch()
+    one_batch(pipeline)
 
-    published = replay(pipeline, snapshot_id=snapshot_s, publish=True)
+    published = replay_on(pipeline, snapshot_id=snapshot_s, publish=True)
 
     assert published["action"] == "published"
     assert pipeline.rows.branch_head("main") == published["published"]
@@ -93,12 +94,12 @@ def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
     env = make_env()
     env.produce(600, bad_every=30)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     ledger_s = pipeline.ledger().ledger  # type: ignore[union-attr]
     rows_at_s = env.counts()
     env.produce(600, bad_every=30)
-    pipeline.run_batch()
+    one_batch(pipeline)
 
     result = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback", "--json")
 
@@ -116,10 +117,10 @@ def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(
     env = make_env(partitions=2)
     env.produce(200)
     pipeline = Pipeline.open(env.config)
-    pipeline.run_batch()
+    one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     env.produce(200)
-    pipeline.run_batch()
+    one_batch(pipeline)
     committed = pipeline.rows.table.metadata.snapshot_by_id(snapshot_s)
     assert committed is not None
     real = type(pipeline.source).describe
@@ -133,7 +134,7 @@ def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(
     monkeypatch.setattr(type(pipeline.source), "describe", retention_ran)
     snapshots_before = len(pipeline.rows.table.metadata.snapshots)
     with pytest.raises(ReplayImpossible) as caught:
-        replay(pipeline, snapshot_id=snapshot_s)
+        replay_on(pipeline, snapshot_id=snapshot_s)
     assert f"{env.topic}[0] [100," in str(caught.value)
     pipeline.rows.refresh()
     assert set(pipeline.rows.table.metadata.refs) == {"main"}

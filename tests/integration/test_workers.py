@@ -16,13 +16,13 @@ import pytest
 
 from ingest.broker import EmbeddedBroker
 from ingest.core.ledger import TopicPartition
-from ingest.errors import BrokerUnavailable
+from ingest.errors import BrokerUnavailable, WorkerLost
 from ingest.failpoints import POINTS
 from ingest.kafka import create_topic
 from ingest.local import LocalEngine
 from ingest.pipeline import Pipeline
 from ingest.tasks import TaskOutput
-from ingest.workers import Task, WorkerLost, WorkerPool
+from ingest.workers import Task, WorkerPool
 from tests.integration.conftest import gone, workers_of
 
 pytestmark = pytest.mark.integration
@@ -162,7 +162,8 @@ from ingest.broker import EmbeddedBroker
 from ingest.core.ledger import TopicPartition
 from ingest.pipeline import Pipeline
 from ingest.local import LocalEngine
-from ingest.workers import Task, WorkerLost, WorkerPool
+from ingest.workers import Task, WorkerPool
+from ingest.errors import WorkerLost
 from tests.integration.conftest import gone, workers_of
 
 cfg = config.load(sys.argv[1])

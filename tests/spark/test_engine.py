@@ -9,14 +9,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tests.runs import one_batch
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch
 from ingest.errors import ConfigError
 from ingest.pipeline import Pipeline
+from ingest.ports import Produced
 from ingest.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
-from ingest.tasks import Produced
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -53,7 +55,7 @@ def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spar
     on_spark = Pipeline.open(env.config.model_copy(update={"table": f"{env.topic}.spark_orders"}))
     engine = SparkEngine.create(on_spark, spark)
 
-    local_results = [local.run_batch(), local.run_batch()]
+    local_results = [one_batch(local), one_batch(local)]
     spark_results = [on_spark.run_batch(engine), on_spark.run_batch(engine)]
 
     assert [r.as_dict() | {"snapshot_id": 0, "seconds": 0} for r in spark_results] == [
@@ -87,7 +89,7 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
         else:
             statuses.append(Pipeline.open(env.config).run_batch().status)  # another process, local engine
     env.produce(1_000, bad_every=13)
-    results = list(on_spark.run(until_caught_up=True, max_batches=None, engine=engine))
+    results = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
 
     assert statuses == ["committed"] * 4
     assert [r.batch for r in results] == list(range(5, 5 + len(results)))
@@ -111,7 +113,7 @@ def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
             if not RacedSparkEngine.raced:
                 RacedSparkEngine.raced = True
                 env.produce(400, bad_every=9)
-                assert fast.run_batch().status == "committed"  # a local writer lands a larger batch 1 first
+                assert one_batch(fast).status == "committed"  # a local writer lands a larger batch 1 first
             return produced
 
     result = slow.run_batch(RacedSparkEngine(slow.config, slow.rows, spark))

@@ -20,15 +20,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tests.runs import catch_up
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.core.ledger import decode
 from ingest.core.plan import Batch
-from ingest.errors import ExitCode
-from ingest.iceberg import CommitConflict
+from ingest.errors import CommitConflict, ExitCode
 from ingest.local import LocalEngine
 from ingest.pipeline import BatchResult, Pipeline
-from ingest.tasks import Produced
+from ingest.ports import Produced
 from tests.integration.conftest import Env
 from tests.spark.iceberg_jvm import call, iceberg_jars_fixture, jdbc_catalog  # noqa: F401  (fixture iceberg_jars)
 
@@ -54,7 +55,7 @@ def _spark(env: Env, jars: list[Path], *statements: str) -> list[list[dict[str, 
 
 
 def _catch_up(pipeline: Pipeline) -> list[BatchResult]:
-    results = list(pipeline.run(until_caught_up=True, max_batches=None))
+    results = list(catch_up(pipeline))
     assert results and all(r.status == "committed" for r in results), results
     return results
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.runs import one_batch
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.pipeline import Pipeline
@@ -24,7 +26,7 @@ def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog
     env = make_env(batch={"max_records": 1_600})
     env.produce(3_000, bad_every=11)
     pipeline = Pipeline.open(env.config)
-    first = pipeline.run_batch()  # local engine
+    first = one_batch(pipeline)  # local engine
     second = pipeline.run_batch(SparkEngine.create(pipeline, spark))
     assert (first.status, second.status) == ("committed", "committed")
     rows, dead = env.counts()

@@ -13,8 +13,8 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import Batch
-from ingest.errors import BrokerUnavailable, CatalogUnavailable, DataLoss, FatalError
-from ingest.spark import SparkUnavailable, _translate
+from ingest.errors import BrokerUnavailable, CatalogUnavailable, DataLoss, FatalError, SparkUnavailable
+from ingest.spark import _translate
 from ingest.tasks import split_ranges
 
 pytestmark = pytest.mark.spark

@@ -16,7 +16,6 @@ from ingest.core.ledger import (
     BatchCounts,
     DeadLetterSync,
     Ledger,
-    LedgerFormatError,
     LostRange,
     SnapshotView,
     TopicPartition,
@@ -27,7 +26,7 @@ from ingest.core.ledger import (
     register,
     registered_pipelines,
 )
-from ingest.errors import ExitCode, IngestError
+from ingest.errors import ExitCode, IngestError, LedgerFormatError
 
 A0 = TopicPartition("orders", 0)
 A1 = TopicPartition("orders", 1)

@@ -1,0 +1,114 @@
+"""The seams of the pipeline: what the commit loop and the runner need from the world, as protocols.
+
+The commit loop (:mod:`ingest.committer`) and the pipeline (:mod:`ingest.pipeline`) depend on these,
+never on a concrete adapter. The adapters that satisfy them:
+
+* :class:`LedgerTable`: :class:`ingest.iceberg.IcebergTable` (any Iceberg catalog), and
+  :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements and foreign commits,
+  for tests and for anyone checking their own integration);
+* :class:`Engine`: :class:`ingest.local.LocalEngine` and :class:`ingest.spark.SparkEngine`;
+* :class:`ValueDecoder`: :class:`ingest.decode.Decoder` (JSON against the declared schema), the
+  seam record formats plug into.
+
+Nothing here imports an adapter's library: this module sits below every adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from ingest.core.ledger import SnapshotView, TopicPartition
+from ingest.core.plan import Batch
+
+if TYPE_CHECKING:
+    from ingest.decode import Decoded, RawChunk
+
+
+@runtime_checkable
+class DataFile(Protocol):
+    """A data file written into a table's location and committed nowhere yet (pyiceberg's
+    ``DataFile`` satisfies it, and so does :class:`ingest.testing.MemoryFile`)."""
+
+    @property
+    def file_path(self) -> str: ...
+
+    @property
+    def record_count(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Head:
+    """A branch head as a table handle last read it, and the table's properties then."""
+
+    snapshot_id: int | None
+    properties: Mapping[str, str]
+
+
+class LedgerTable(Protocol):
+    """A table whose snapshots carry ledgers, committed to by compare-and-swap on the branch head.
+
+    ``try_commit`` makes one attempt: it requires the head the handle holds and raises
+    :class:`ingest.errors.CommitConflict` if the head moved (nothing applied) or
+    :class:`ingest.errors.CommitUnknown` if the outcome is open (it may have applied). It never
+    retries: the commit loop settles both by observing again.
+    """
+
+    @property
+    def identifier(self) -> str: ...
+
+    @property
+    def branch(self) -> str: ...
+
+    def refresh(self, max_age_s: float = 0.0) -> Head:
+        """The head after loading the table again, unless the handle's view is younger than ``max_age_s``."""
+        ...
+
+    def head(self) -> Head:
+        """The head as the handle holds it (no catalog call)."""
+        ...
+
+    def ancestry(self, start: int | None = None) -> Iterator[SnapshotView]:
+        """Snapshots from the head (or ``start``) back through parent links, until the chain ends."""
+        ...
+
+    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
+        """``data`` as data files in the table's location, invisible until committed."""
+        ...
+
+    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
+        """One append of ``files`` with snapshot ``summary`` (and table ``properties`` set), requiring
+        the head the handle holds; the new snapshot's id."""
+        ...
+
+
+@dataclass
+class Produced:
+    """What an engine made of a batch's ranges: committed nowhere yet."""
+
+    files: list[DataFile]
+    dead_letters: pa.Table
+    records: int
+    nbytes: int
+    #: newest record timestamp read per partition (ms)
+    timestamps: dict[TopicPartition, int]
+
+
+class Engine(Protocol):
+    """Turns a planned batch's ranges into data files (read, decode, write); never commits."""
+
+    def produce(self, batch: Batch) -> Produced: ...
+
+    def close(self) -> None:
+        """Release what the engine holds (worker processes, a Spark session it started)."""
+        ...
+
+
+class ValueDecoder(Protocol):
+    """Kafka record values to rows of the table's schema, poison records split off as dead letters.
+    The seam a format (JSON today; Avro, Protobuf, JSON Schema through a registry) plugs into."""
+
+    def decode(self, chunk: RawChunk) -> Decoded: ...

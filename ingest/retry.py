@@ -1,0 +1,58 @@
+"""The one retry loop: bounded attempts at a step that settles a commit by observing again.
+
+Every commit in lakehouse-ingest is a compare-and-swap. When one is refused
+(:class:`~ingest.errors.CommitConflict`) or its outcome is open (:class:`~ingest.errors.CommitUnknown`),
+the step runs again from its start, which observes the table and decides afresh; it never repeats
+the commit blindly. A step may also ask to run again with :class:`Again` (it observed that it
+must catch up first, say).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from ingest.errors import CommitConflict, CommitUnknown, IngestError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Again(Exception):
+    """Raised by a step that must observe again before it can finish."""
+
+
+#: what makes a step run again (anything else propagates at once)
+SETTLED_BY_OBSERVING = (CommitConflict, CommitUnknown, Again)
+
+
+def settled(step: Callable[[int], T], attempts: int, gave_up: Callable[[], IngestError], what: str) -> T:
+    """``step(n)`` for ``n = 1, 2, …`` until it returns, at most ``attempts`` times, with a short
+    jittered exponential backoff in between; ``gave_up()`` is raised after the last attempt.
+
+    The step must begin by observing (that is what makes running it again safe). ``what`` names
+    the operation in the log."""
+
+    def note(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        level = logging.WARNING if isinstance(error, CommitUnknown) else logging.INFO
+        log.log(level, "%s must observe again (attempt %d of %d): %s", what, state.attempt_number, attempts, error)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
+        retry=retry_if_exception_type(SETTLED_BY_OBSERVING),
+        before_sleep=note,
+        reraise=True,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                return step(attempt.retry_state.attempt_number)
+    except SETTLED_BY_OBSERVING as error:
+        raise gave_up() from error
+    raise AssertionError("tenacity ended without an outcome")  # pragma: no cover

@@ -1,0 +1,89 @@
+"""The one place a run is assembled: a config and an engine choice become a pipeline and its engine.
+
+``ingest run``, ``ingest replay``, the demo, Airflow's ``IngestOperator`` and the benchmark all open
+their runs here, so every run gets the same things in the same order:
+
+* the local engine's worker processes the first batch will want start first, before the catalog
+  opens and before pyiceberg is imported, when Kafka shows a backlog that needs them
+  (:func:`ingest.local.workers_for_backlog`); their imports then overlap this process's own;
+* then the pipeline's tables and Kafka source (:meth:`ingest.pipeline.Pipeline.open`);
+* then the engine, kept for every batch of the run (one worker pool, one Spark session) and closed
+  when the run ends, whatever ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ingest.config import PipelineConfig
+from ingest.local import LocalEngine, workers_for_backlog
+from ingest.ports import Engine
+
+if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
+    from pyspark.sql import SparkSession
+
+    from ingest.pipeline import BatchResult, Pipeline
+
+EngineChoice = Literal["local", "spark"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A pipeline and the engine that produces its batches, for as long as the run is open."""
+
+    pipeline: Pipeline
+    engine: Engine
+
+    def batch(self) -> BatchResult:
+        """Plan and commit one batch."""
+        return self.pipeline.run_batch(self.engine)
+
+    def batches(self, *, until_caught_up: bool = True, max_batches: int | None = None) -> Iterator[BatchResult]:
+        """Batches until the ledger reaches the end offsets Kafka showed at start (or ``max_batches``)."""
+        return self.pipeline.run(self.engine, until_caught_up=until_caught_up, max_batches=max_batches)
+
+    def on_branch(self, branch: str) -> Run:
+        """The same run committing to ``branch`` (a replay's), with the same engine: data files go
+        to the table's location whatever branch commits them."""
+        return Run(self.pipeline.on_branch(branch), self.engine)
+
+
+@contextlib.contextmanager
+def opened(
+    config: PipelineConfig, engine: EngineChoice = "local", *, spark: SparkSession | None = None
+) -> Iterator[Run]:
+    """The run of ``config`` on ``engine``: ``"local"`` (this machine's cores) or ``"spark"`` (on
+    ``spark``, else the active session, else one built from the usual Spark settings)."""
+    from ingest.pipeline import Pipeline
+
+    if engine == "spark":
+        from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+
+        pipeline = Pipeline.open(config)
+        with contextlib.closing(SparkEngine.create(pipeline, spark)) as on_spark:
+            yield Run(pipeline, on_spark)
+        return
+    pool = workers_for_backlog(config)
+    try:
+        pipeline = Pipeline.open(config)
+    except BaseException:
+        pool.close(kill=True)
+        raise
+    with contextlib.closing(LocalEngine(config, pipeline.rows, pool)) as local:
+        yield Run(pipeline, local)
+
+
+@contextlib.contextmanager
+def engine_for(pipeline: Pipeline, engine: EngineChoice = "local") -> Iterator[Run]:
+    """A run of an already open ``pipeline`` (a test's, a notebook's) on a new engine, closed after."""
+    if engine == "spark":
+        from ingest.spark import SparkEngine
+
+        with contextlib.closing(SparkEngine.create(pipeline)) as on_spark:
+            yield Run(pipeline, on_spark)
+        return
+    with contextlib.closing(LocalEngine(pipeline.config, pipeline.rows)) as local:
+        yield Run(pipeline, local)
