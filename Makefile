@@ -39,10 +39,11 @@ test-spark: setup ## only the Spark engine tests (local[2]; the interop test nee
 iceberg-spark: setup ## build Iceberg's Spark runtime into .cache/ for the interop test (needs libjarjar-java)
 	$(BIN)/python tests/spark/iceberg_runtime.py
 
-lint: setup ## ruff (lint + format check) and mypy
-	$(BIN)/ruff check ingest tests
-	$(BIN)/ruff format --check ingest tests
+lint: setup ## ruff (lint, format, each library imported in its one home), strict mypy, the layers of ingest/
+	$(BIN)/ruff check ingest tests jobs
+	$(BIN)/ruff format --check ingest tests jobs
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: setup ## apply ruff's formatting and fixes
 	$(BIN)/ruff format ingest tests

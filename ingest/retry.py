@@ -9,8 +9,10 @@ must catch up first, say).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
@@ -28,6 +30,24 @@ class Again(Exception):
 
 #: what makes a step run again (anything else propagates at once)
 SETTLED_BY_OBSERVING = (CommitConflict, CommitUnknown, Again)
+
+_backoff = True
+
+
+@contextlib.contextmanager
+def without_backoff() -> Iterator[None]:
+    """Run again at once instead of backing off (for tests that make thousands of attempts)."""
+    global _backoff
+    _backoff = False
+    try:
+        yield
+    finally:
+        _backoff = True
+
+
+def _sleep(seconds: float) -> None:
+    if _backoff:
+        time.sleep(seconds)
 
 
 def settled(step: Callable[[int], T], attempts: int, gave_up: Callable[[], IngestError], what: str) -> T:
@@ -47,6 +67,7 @@ def settled(step: Callable[[int], T], attempts: int, gave_up: Callable[[], Inges
         wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
         retry=retry_if_exception_type(SETTLED_BY_OBSERVING),
         before_sleep=note,
+        sleep=_sleep,
         reraise=True,
     )
     try:

@@ -23,9 +23,8 @@ from ingest.local import LocalEngine, workers_for_backlog
 from ingest.ports import Engine
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
-    from pyspark.sql import SparkSession
-
     from ingest.pipeline import BatchResult, Pipeline
+    from ingest.spark import SparkSession
 
 EngineChoice = Literal["local", "spark"]
 
@@ -63,7 +62,7 @@ def opened(
         from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
 
         pipeline = Pipeline.open(config)
-        with contextlib.closing(SparkEngine.create(pipeline, spark)) as on_spark:
+        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows, spark)) as on_spark:
             yield Run(pipeline, on_spark)
         return
     pool = workers_for_backlog(config)
@@ -82,7 +81,7 @@ def engine_for(pipeline: Pipeline, engine: EngineChoice = "local") -> Iterator[R
     if engine == "spark":
         from ingest.spark import SparkEngine
 
-        with contextlib.closing(SparkEngine.create(pipeline)) as on_spark:
+        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows)) as on_spark:
             yield Run(pipeline, on_spark)
         return
     with contextlib.closing(LocalEngine(pipeline.config, pipeline.rows)) as local:

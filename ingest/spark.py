@@ -45,14 +45,13 @@ from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg import IcebergTable
-from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.tasks import TaskOutput, TaskRange, combine, run_task, split_ranges
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
     from pyspark import StatusTracker, TaskContext
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession as SparkSession  # re-exported: ingest.runner takes one
 except ImportError:
     raise ConfigError("the Spark engine needs pyspark 3.5: pip install 'lakehouse-ingest[spark]'") from None
 
@@ -133,11 +132,12 @@ class SparkEngine:
         self._owns = False
 
     @classmethod
-    def create(cls, pipeline: Pipeline, spark: SparkSession | None = None) -> SparkEngine:
-        """The engine for ``pipeline``: on ``spark``, else on the active session (a notebook's or a job's,
-        not ours to stop), else on one it builds from the usual Spark settings (spark-submit arguments,
-        ``spark-defaults.conf``) when a batch first needs it, stopped by :meth:`close`."""
-        return cls(pipeline.config, pipeline.rows, spark or SparkSession.getActiveSession())
+    def create(cls, config: PipelineConfig, rows: IcebergTable, spark: SparkSession | None = None) -> SparkEngine:
+        """The engine writing into ``rows``' location: on ``spark``, else on the active session (a
+        notebook's or a job's, not ours to stop), else on one it builds from the usual Spark settings
+        (spark-submit arguments, ``spark-defaults.conf``) when a batch first needs it, stopped by
+        :meth:`close`."""
+        return cls(config, rows, spark or SparkSession.getActiveSession())
 
     @property
     def spark(self) -> SparkSession:

@@ -53,7 +53,7 @@ def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spar
     spark_conf.set(MAX_RECORDS_PER_PARTITION, "333")  # sub-ranges with odd boundaries
     local = Pipeline.open(env.config)
     on_spark = Pipeline.open(env.config.model_copy(update={"table": f"{env.topic}.spark_orders"}))
-    engine = SparkEngine.create(on_spark, spark)
+    engine = SparkEngine.create(on_spark.config, on_spark.rows, spark)
 
     local_results = [one_batch(local), one_batch(local)]
     spark_results = [on_spark.run_batch(engine), on_spark.run_batch(engine)]
@@ -80,7 +80,7 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
     env = make_env(batch={"max_records": 700})
     env.produce(5_000, bad_every=13)
     on_spark = Pipeline.open(env.config)
-    engine = SparkEngine.create(on_spark, spark)
+    engine = SparkEngine.create(on_spark.config, on_spark.rows, spark)
 
     statuses = []
     for i in range(4):
@@ -139,7 +139,7 @@ def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, s
         producer.commit_transaction(30)
     spark_conf.set(MAX_RECORDS_PER_PARTITION, "4")  # 55 offsets (5 markers) in 14 tasks
     pipeline = Pipeline.open(env.config)
-    engine = SparkEngine.create(pipeline, spark)
+    engine = SparkEngine.create(pipeline.config, pipeline.rows, spark)
 
     planned = pipeline.plan()
     tasks = engine.tasks(planned)
@@ -156,7 +156,7 @@ def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> 
     env = make_env(partitions=2)
     env.produce(1_000)
     pipeline = Pipeline.open(env.config)
-    engine = SparkEngine.create(pipeline, spark)
+    engine = SparkEngine.create(pipeline.config, pipeline.rows, spark)
     batch = pipeline.plan()
 
     default = engine.tasks(batch)

@@ -27,7 +27,7 @@ def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog
     env.produce(3_000, bad_every=11)
     pipeline = Pipeline.open(env.config)
     first = one_batch(pipeline)  # local engine
-    second = pipeline.run_batch(SparkEngine.create(pipeline, spark))
+    second = pipeline.run_batch(SparkEngine.create(pipeline.config, pipeline.rows, spark))
     assert (first.status, second.status) == ("committed", "committed")
     rows, dead = env.counts()
     pipeline.rows.refresh()

@@ -1,0 +1,238 @@
+"""An in-memory ledger table, for tests of the commit protocol and of integrations built on it.
+
+:class:`MemoryCatalog` holds the truth (snapshots, branch refs, table properties), as a catalog
+does; :class:`MemoryTable` is one writer's handle on it and satisfies
+:class:`ingest.ports.LedgerTable` the way :class:`ingest.iceberg.IcebergTable` does:
+
+* a handle reads a copy of the catalog's state (:meth:`MemoryTable.refresh`) and commits by
+  compare-and-swap on the branch head it holds: a commit on a moved head raises
+  :class:`~ingest.errors.CommitConflict` and changes nothing;
+* a successful commit leaves the handle holding the state it committed;
+* snapshots carry their whole file list (what a manifest list references), so expiry removes a
+  snapshot's metadata, never the rows of a later snapshot, and the walk back from a head stops at
+  the first expired parent, as Iceberg's does.
+
+Faults are injected per commit attempt: :attr:`MemoryCatalog.on_commit` is asked, before each
+attempt, what befalls it (:data:`Fault`); it may also do other work first (another writer's
+commit, a foreign commit, an expiry), which is how tests slip a concurrent writer in between a
+writer's observation and its commit. Foreign writers commit with :meth:`MemoryCatalog.append`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pyarrow as pa
+
+from ingest.core.expiry import MAIN
+from ingest.core.ledger import SnapshotView
+from ingest.errors import CommitConflict, CommitUnknown
+from ingest.ports import DataFile, Head
+
+#: what befalls one commit attempt:
+#: ``ok`` applied and acknowledged; ``ack-lost`` applied, but the writer sees an error that leaves
+#: the outcome open (a timeout, a 5xx); ``unknown`` not applied, with the same error;
+#: ``crash-before`` / ``crash-after`` the writer's process dies (:class:`Crashed`) before the
+#: commit reaches the catalog / after it was applied
+Fault = Literal["ok", "ack-lost", "unknown", "crash-before", "crash-after"]
+
+
+class Crashed(BaseException):
+    """The writer's process died here (think SIGKILL): nothing after this point runs. A
+    ``BaseException``, so no ``except Exception`` in the code under test survives it."""
+
+
+@dataclass(frozen=True)
+class MemoryFile:
+    """A data file held in memory: invisible until a commit references it."""
+
+    file_path: str
+    record_count: int
+    data: pa.Table
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    snapshot_id: int
+    parent_id: int | None
+    summary: Mapping[str, str]
+    timestamp_ms: int
+    #: every file the snapshot references (its parent's and the ones it added)
+    files: tuple[MemoryFile, ...]
+    operation: str = "append"
+
+
+@dataclass
+class _State:
+    snapshots: dict[int, MemorySnapshot] = field(default_factory=dict)
+    refs: dict[str, int] = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> _State:
+        return _State(dict(self.snapshots), dict(self.refs), dict(self.properties))
+
+
+def _no_fault(table: MemoryTable) -> Fault:
+    return "ok"
+
+
+class MemoryCatalog:
+    """The shared state of one table, and the fault schedule of commits to it."""
+
+    def __init__(self, identifier: str = "memory.table") -> None:
+        self.identifier = identifier
+        self._state = _State()
+        self._ids = itertools.count(1)
+        self._files = itertools.count(1)
+        self._clock = itertools.count(1_700_000_000_000)
+        #: asked before every commit attempt through a handle; see :data:`Fault`
+        self.on_commit: Callable[[MemoryTable], Fault] = _no_fault
+
+    def table(self, branch: str = MAIN) -> MemoryTable:
+        """A new handle (a writer's view), loaded now."""
+        return MemoryTable(self, branch)
+
+    # --- what other writers and maintenance do -----------------------------------------------
+
+    def append(
+        self,
+        summary: Mapping[str, str],
+        files: Sequence[MemoryFile] = (),
+        *,
+        branch: str = MAIN,
+        properties: Mapping[str, str] | None = None,
+        operation: str = "append",
+    ) -> int:
+        """A commit by another writer on the branch's current head (it needs no compare-and-swap:
+        it reads and commits at once)."""
+        return self._apply(self._state.refs.get(branch), branch, summary, files, properties or {}, operation)
+
+    def expire(self, snapshot_ids: Sequence[int]) -> None:
+        """Remove snapshots (their metadata: later snapshots keep referencing their files)."""
+        for snapshot_id in snapshot_ids:
+            self._state.snapshots.pop(snapshot_id, None)
+        self._state.refs = {name: i for name, i in self._state.refs.items() if i in self._state.snapshots}
+
+    # --- what tests look at -------------------------------------------------------------------
+
+    def head(self, branch: str = MAIN) -> int | None:
+        return self._state.refs.get(branch)
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        return dict(self._state.properties)
+
+    def snapshots(self) -> list[MemorySnapshot]:
+        """Every snapshot not expired, oldest first."""
+        return sorted(self._state.snapshots.values(), key=lambda s: s.snapshot_id)
+
+    def live_files(self, branch: str = MAIN) -> tuple[MemoryFile, ...]:
+        head = self._state.refs.get(branch)
+        return self._state.snapshots[head].files if head is not None else ()
+
+    def scan(self, branch: str = MAIN) -> pa.Table | None:
+        """The rows of the branch head (None: no files)."""
+        files = self.live_files(branch)
+        return pa.concat_tables([f.data for f in files]) if files else None
+
+    # --- the handles' side --------------------------------------------------------------------
+
+    def _load(self) -> _State:
+        return self._state.copy()
+
+    def _new_file(self, data: pa.Table) -> MemoryFile:
+        return MemoryFile(f"memory://{self.identifier}/data/{next(self._files):08d}.parquet", data.num_rows, data)
+
+    def _apply(
+        self,
+        parent: int | None,
+        branch: str,
+        summary: Mapping[str, str],
+        files: Sequence[DataFile],
+        properties: Mapping[str, str],
+        operation: str = "append",
+    ) -> int:
+        added = tuple(_memory_file(f) for f in files)
+        inherited = self._state.snapshots[parent].files if parent is not None else ()
+        snapshot_id = next(self._ids)
+        self._state.snapshots[snapshot_id] = MemorySnapshot(
+            snapshot_id, parent, dict(summary), next(self._clock), inherited + added, operation
+        )
+        self._state.refs[branch] = snapshot_id
+        self._state.properties.update(properties)
+        return snapshot_id
+
+
+def _memory_file(data_file: DataFile) -> MemoryFile:
+    if not isinstance(data_file, MemoryFile):
+        raise TypeError(f"{data_file!r} was not written by a memory table; it cannot be committed to one")
+    return data_file
+
+
+class MemoryTable:
+    """One writer's handle on a :class:`MemoryCatalog` (a :class:`~ingest.ports.LedgerTable`)."""
+
+    def __init__(self, catalog: MemoryCatalog, branch: str = MAIN) -> None:
+        self.catalog = catalog
+        self._branch = branch
+        self._held = catalog._load()
+        self._loaded_at = time.monotonic()
+
+    @property
+    def identifier(self) -> str:
+        return self.catalog.identifier
+
+    @property
+    def branch(self) -> str:
+        return self._branch
+
+    def refresh(self, max_age_s: float = 0.0) -> Head:
+        if time.monotonic() - self._loaded_at >= max_age_s:
+            self._held = self.catalog._load()
+            self._loaded_at = time.monotonic()
+        return self.head()
+
+    def head(self) -> Head:
+        return Head(self._held.refs.get(self._branch), dict(self._held.properties))
+
+    def ancestry(self, start: int | None = None) -> Iterator[SnapshotView]:
+        snapshot_id = start if start is not None else self._held.refs.get(self._branch)
+        while snapshot_id is not None:
+            snapshot = self._held.snapshots.get(snapshot_id)
+            if snapshot is None:  # expired: the chain is broken here
+                return
+            yield SnapshotView(snapshot.snapshot_id, snapshot.summary, snapshot.timestamp_ms, snapshot.operation)
+            snapshot_id = snapshot.parent_id
+
+    def all_snapshots(self) -> list[SnapshotView]:
+        """Every snapshot the handle holds, oldest first."""
+        return [view for i in sorted(self._held.snapshots) for view in itertools.islice(self.ancestry(i), 1)]
+
+    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
+        return [self.catalog._new_file(data)] if data.num_rows else []
+
+    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
+        fault = self.catalog.on_commit(self)  # may let other writers commit first
+        if fault == "crash-before":
+            raise Crashed("the writer died before its commit reached the catalog")
+        if fault == "unknown":
+            raise CommitUnknown("memory catalog: the request timed out before it was applied")
+        held = self._held.refs.get(self._branch)
+        current = self.catalog.head(self._branch)
+        if current != held:
+            raise CommitConflict(
+                f"{self.identifier}: branch {self._branch} is at {current}, the commit required {held}"
+            )
+        snapshot_id = self.catalog._apply(held, self._branch, summary, files, properties)
+        self._held = self.catalog._load()
+        self._loaded_at = -math.inf  # like IcebergTable: a commit is not a fresh observation
+        if fault == "crash-after":
+            raise Crashed("the writer died after its commit was applied, before it heard so")
+        if fault == "ack-lost":
+            raise CommitUnknown("memory catalog: the commit was applied but its acknowledgement was lost")
+        return snapshot_id
