@@ -18,18 +18,21 @@ import pyarrow.compute as pc
 
 from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import (
+    REGISTRY_PROPERTY,
     BatchCounts,
     Found,
     Ledger,
     TopicPartition,
     encode,
     find_ledger,
+    offsets_key,
     register,
     registered_pipelines,
 )
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
 from ingest.ports import DataFile, LedgerTable
+from ingest.records import DEAD_LETTERS
 from ingest.retry import settled
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,7 @@ def observe(table: LedgerTable, pipeline: str, max_age_s: float = 0.0, *, recove
     table.refresh(max_age_s)
     found = find_ledger(pipeline, table.ancestry())
     if not recovering and ledger_lost(table, pipeline, found):
-        raise LedgerLost(pipeline, table.identifier)
+        raise LedgerLost(pipeline, table.identifier, REGISTRY_PROPERTY, offsets_key(pipeline))
     return found
 
 
@@ -177,8 +180,9 @@ def _above_floor(dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) ->
         return dead_letters
     keep = None
     for tp, offset in floor.items():
-        mine = pc.and_(pc.equal(dead_letters["topic"], tp.topic), pc.equal(dead_letters["partition"], tp.partition))
-        below = pc.and_(mine, pc.less(dead_letters["offset"], offset))
+        c = DEAD_LETTERS
+        mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+        below = pc.and_(mine, pc.less(dead_letters[c.offset], offset))
         keep = below if keep is None else pc.or_(keep, below)
     assert keep is not None
     return dead_letters.filter(pc.invert(keep))

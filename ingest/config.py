@@ -15,22 +15,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
+from ingest.records import RESERVED_COLUMNS, TYPE_NAME, parse_transform
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-TYPE_NAME = re.compile(
-    r"^(boolean|int|long|float|double|date|timestamp|timestamptz|string|decimal\(\s*\d+\s*,\s*\d+\s*\))$"
-)
-TRANSFORM = re.compile(
-    r"^(?:(?P<fn>identity|year|month|day|hour)\((?P<col>\w+)\)"
-    r"|(?P<wfn>bucket|truncate)\((?P<n>[1-9]\d*)\s*,\s*(?P<wcol>\w+)\)"
-    r"|(?P<bare>\w+))$"
-)
 ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas")
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
 ORPHAN_AGE_FLOOR_HOURS = 1.0
-RESERVED_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key")
 
 
 class _Strict(BaseModel):
@@ -182,7 +174,7 @@ class PipelineConfig(_Strict):
     @classmethod
     def _transforms(cls, value: list[str]) -> list[str]:
         for item in value:
-            if not TRANSFORM.match(item.replace(" ", "")):
+            if parse_transform(item) is None:
                 raise ValueError(
                     f"{item!r} is not a partition transform; use col, identity(col), year(col), month(col), "
                     "day(col), hour(col), bucket(N, col) or truncate(W, col)"
@@ -196,8 +188,8 @@ class PipelineConfig(_Strict):
         if dupes:
             raise ValueError(f"schema: duplicate field names {dupes}")
         for item in self.partition_by:
-            match = TRANSFORM.match(item.replace(" ", ""))
-            column = match and (match.group("col") or match.group("wcol") or match.group("bare"))
+            transform = parse_transform(item)
+            column = transform.column if transform is not None else None
             if column not in names:
                 raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
         if self.dead_letter_table == self.table:

@@ -18,61 +18,12 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.config import FieldSpec
+from ingest.records import DEAD_LETTER_SCHEMA, arrow_type, rows_schema
 
 Headers = list[tuple[str, bytes | None]] | None
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
-
-KAFKA_COLUMNS = pa.schema(
-    [
-        pa.field("_kafka_topic", pa.string(), nullable=False),
-        pa.field("_kafka_partition", pa.int32(), nullable=False),
-        pa.field("_kafka_offset", pa.int64(), nullable=False),
-        pa.field("_kafka_timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("_kafka_key", pa.binary()),
-    ]
-)
-
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field(
-            "headers",
-            pa.list_(
-                pa.field(
-                    "element",
-                    pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]),
-                    nullable=False,
-                )
-            ),
-        ),
-        pa.field("error", pa.string(), nullable=False),
-    ]
-)
-
-
-def arrow_type(type_name: str) -> pa.DataType:
-    """The Arrow type a declared Iceberg type name is stored as."""
-    if type_name.startswith("decimal("):
-        precision, scale = (int(x) for x in type_name[len("decimal(") : -1].split(","))
-        return pa.decimal128(precision, scale)
-    return {
-        "boolean": pa.bool_(),
-        "int": pa.int32(),
-        "long": pa.int64(),
-        "float": pa.float32(),
-        "double": pa.float64(),
-        "date": pa.date32(),
-        "timestamp": pa.timestamp("us"),
-        "timestamptz": pa.timestamp("us", tz="UTC"),
-        "string": pa.string(),
-    }[type_name]
 
 
 def _json_type(type_name: str) -> pa.DataType:
@@ -86,12 +37,6 @@ def _json_type(type_name: str) -> pa.DataType:
         # the reader checks precision before rescaling; parse wide, then cast with checks
         return pa.decimal128(38, target.scale)
     return target
-
-
-def table_schema(fields: Sequence[FieldSpec]) -> pa.Schema:
-    """Arrow schema of table rows: the fixed Kafka columns, then the declared fields."""
-    declared = [pa.field(f.name, arrow_type(f.type), nullable=not f.required) for f in fields]
-    return pa.schema([*KAFKA_COLUMNS, *declared])
 
 
 @dataclass
@@ -152,7 +97,7 @@ class Decoder:
         self.fields = list(fields)
         self._parse_schema = pa.schema([pa.field(f.name, _json_type(f.type)) for f in fields])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
-        self._schema = table_schema(fields)
+        self._schema = rows_schema(fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
 
     def decode(self, chunk: RawChunk) -> Decoded:

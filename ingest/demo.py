@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest import config as config_module
-from ingest import report
+from ingest import records, report
 from ingest.broker import EmbeddedBroker
 from ingest.kafka import create_topic, produce
 from ingest.pipeline import Pipeline
@@ -100,7 +100,7 @@ def main(records: int, config_path: Path, console: Console) -> None:
 def _show(pipeline: Pipeline, console: Console) -> None:
     rows = pipeline.rows.table.scan().to_arrow()
     console.rule(f"{pipeline.config.table}: {rows.num_rows} rows")
-    console.print(rows.slice(0, 3).drop_columns(["_kafka_key"]).to_pylist())
+    console.print(rows.slice(0, 3).drop_columns([records.ROWS.key]).to_pylist())
     dead = pipeline.dead.table.refresh().scan().to_arrow()
     console.rule(f"{pipeline.config.dead_letters}: {dead.num_rows} dead letters")
     sample = Table("topic[partition]@offset", "error", "value")

@@ -107,11 +107,11 @@ class SparkUnavailable(RetryableError):
 class LedgerLost(FatalError):
     """The table says this pipeline committed before, but no snapshot carries its ledger."""
 
-    def __init__(self, pipeline: str, table: str) -> None:
+    def __init__(self, pipeline: str, table: str, registry_property: str, offsets_key: str) -> None:
         self.pipeline, self.table = pipeline, table
         super().__init__(
-            f"ledger lost: table {table} lists pipeline {pipeline!r} in its 'ingest.pipelines' property, but no "
-            f"snapshot in the current branch's ancestry carries 'ingest.{pipeline}.offsets' (expired, rolled back "
+            f"ledger lost: table {table} lists pipeline {pipeline!r} in its '{registry_property}' property, but no "
+            f"snapshot in the current branch's ancestry carries '{offsets_key}' (expired, rolled back "
             "or rewritten by another tool). Refusing to guess where to resume. Fix: "
             '`ingest reset -c <config> --from-table --reason "..."` rebuilds the ledger exactly from the Kafka '
             "coordinates stored in the table and its dead letters (or roll the table back to a snapshot that "

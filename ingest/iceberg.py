@@ -18,10 +18,9 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -32,11 +31,16 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.io.pyarrow import PyArrowFileIO, _check_pyarrow_schema_compatible, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
+    _check_pyarrow_schema_compatible,
+    _dataframe_to_data_files,
+    _pyarrow_to_schema_without_ids,
+)
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
@@ -60,26 +64,9 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    NestedField,
-    StringType,
-    StructType,
-    TimestampType,
-    TimestamptzType,
-)
 
-from ingest import nogc
-from ingest.config import TRANSFORM, FieldSpec
+from ingest import nogc, records
+from ingest.config import FieldSpec
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
@@ -90,56 +77,31 @@ from ingest.ports import Head
 log = logging.getLogger(__name__)
 
 NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
-_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
-def _iceberg_type(name: str) -> IcebergType:
-    match = _DECIMAL.fullmatch(name)
-    if match:
-        return DecimalType(int(match.group(1)), int(match.group(2)))
-    return {
-        "boolean": BooleanType(),
-        "int": IntegerType(),
-        "long": LongType(),
-        "float": FloatType(),
-        "double": DoubleType(),
-        "date": DateType(),
-        "timestamp": TimestampType(),
-        "timestamptz": TimestamptzType(),
-        "string": StringType(),
-        "binary": BinaryType(),
-    }[name]
+def _iceberg_schema(arrow: pa.Schema) -> Schema:
+    """An Arrow schema from :mod:`ingest.records` as an Iceberg schema, field ids assigned as
+    Iceberg assigns fresh ones (top-level fields first, in order; then nested ones)."""
+    return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(arrow))
 
 
 def rows_schema(fields: Sequence[FieldSpec]) -> Schema:
-    kafka = [
-        NestedField(1, "_kafka_topic", StringType(), required=True),
-        NestedField(2, "_kafka_partition", IntegerType(), required=True),
-        NestedField(3, "_kafka_offset", LongType(), required=True),
-        NestedField(4, "_kafka_timestamp", TimestamptzType(), required=False),
-        NestedField(5, "_kafka_key", BinaryType(), required=False),
-    ]
-    declared = [
-        NestedField(6 + i, f.name, _iceberg_type(f.type), required=f.required, doc=f.doc) for i, f in enumerate(fields)
-    ]
-    return Schema(*kafka, *declared)
+    return _iceberg_schema(records.rows_schema(fields, docs=True))
 
 
 def dead_letter_schema() -> Schema:
-    header = StructType(
-        NestedField(10, "key", StringType(), required=True),
-        NestedField(11, "value", BinaryType(), required=False),
-    )
-    return Schema(
-        NestedField(1, "topic", StringType(), required=True),
-        NestedField(2, "partition", IntegerType(), required=True),
-        NestedField(3, "offset", LongType(), required=True),
-        NestedField(4, "timestamp", TimestamptzType(), required=False),
-        NestedField(5, "key", BinaryType(), required=False),
-        NestedField(6, "value", BinaryType(), required=False),
-        NestedField(7, "headers", ListType(9, header, element_required=True), required=False),
-        NestedField(8, "error", StringType(), required=True),
-    )
+    return _iceberg_schema(records.DEAD_LETTER_SCHEMA)
+
+
+_TRANSFORMS: dict[str, Callable[[int | None], Transform[Any, Any]]] = {
+    "identity": lambda _: IdentityTransform(),
+    "year": lambda _: YearTransform(),
+    "month": lambda _: MonthTransform(),
+    "day": lambda _: DayTransform(),
+    "hour": lambda _: HourTransform(),
+    "bucket": lambda n: BucketTransform(n or 0),
+    "truncate": lambda n: TruncateTransform(n or 0),
+}
 
 
 def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec:
@@ -147,25 +109,17 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
         return UNPARTITIONED_PARTITION_SPEC
     fields = []
     for i, item in enumerate(partition_by):
-        match = TRANSFORM.match(item.replace(" ", ""))
-        assert match is not None  # validated in config
-        fn = match.group("fn") or match.group("wfn") or "identity"
-        n, column = match.group("n"), match.group("col") or match.group("wcol") or match.group("bare")
-        transform: Transform[Any, Any]
-        if fn in ("bucket", "truncate"):
-            transform = BucketTransform(int(n)) if fn == "bucket" else TruncateTransform(int(n))
-            name = f"{column}_{fn}_{n}"
-        else:
-            transform = {
-                "identity": IdentityTransform(),
-                "year": YearTransform(),
-                "month": MonthTransform(),
-                "day": DayTransform(),
-                "hour": HourTransform(),
-            }[fn]
-            name = column if fn == "identity" else f"{column}_{fn}"
-        source = schema.find_field(column)
-        fields.append(PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name=name))
+        transform = records.parse_transform(item)
+        assert transform is not None  # validated in config
+        source = schema.find_field(transform.column)
+        fields.append(
+            PartitionField(
+                source_id=source.field_id,
+                field_id=1000 + i,
+                transform=_TRANSFORMS[transform.function](transform.width),
+                name=transform.field_name,
+            )
+        )
     return PartitionSpec(*fields)
 
 
@@ -509,20 +463,21 @@ class IcebergTable:
         """One commit on the branch, requiring its head, that removes the dead letters of
         ``topics`` at or past ``to`` (every one of a partition ``to`` does not name) and carries
         ``summary``; returns the new branch head. Columns are the dead-letter table's."""
+        c = records.DEAD_LETTERS
         clauses = []
         for topic in sorted(topics):  # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape
             known = sorted(tp.partition for tp in to if tp.topic == topic)
-            per = [f"(partition = {p} AND offset >= {to[TopicPartition(topic, p)]})" for p in known]
+            per = [f"({c.partition} = {p} AND {c.offset} >= {to[TopicPartition(topic, p)]})" for p in known]
             if known:
-                per.append(f"partition NOT IN ({', '.join(map(str, known))})")
-                clauses.append(f"(topic = '{topic}' AND ({' OR '.join(per)}))")
+                per.append(f"{c.partition} NOT IN ({', '.join(map(str, known))})")
+                clauses.append(f"({c.topic} = '{topic}' AND ({' OR '.join(per)}))")
             else:
-                clauses.append(f"topic = '{topic}'")
+                clauses.append(f"{c.topic} = '{topic}'")
         condition = " OR ".join(clauses)
         head = self.branch_head(self.branch)
         doomed = 0
         if head is not None:
-            doomed = self._table.scan(row_filter=condition, snapshot_id=head, selected_fields=("offset",)).count()
+            doomed = self._table.scan(row_filter=condition, snapshot_id=head, selected_fields=(c.offset,)).count()
         if doomed == 0:
             return self.try_commit([], summary, {})
         with nogc.paused():

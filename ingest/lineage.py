@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import logging
 
-from ingest.core.ledger import SnapshotView, find_ledger
+from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, REAPPLIED_FROM_KEY, SnapshotView, find_ledger, ours
 from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
 from ingest.iceberg import MAIN, IcebergTable
 
 log = logging.getLogger(__name__)
-
-REAPPLIED_FROM = "ingest.reapplied-from"
-COMPACTION = "compaction"
 
 
 def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
@@ -53,11 +50,11 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
     holds anything else the branch did not redo. Each re-applied commit requires the branch head."""
     branch_line = list(table.ancestry(table.branch_head(branch)))
     on_branch = {snap.snapshot_id for snap in branch_line}
-    reapplied = {snap.summary[REAPPLIED_FROM] for snap in branch_line if REAPPLIED_FROM in snap.summary}
+    reapplied = {snap.summary[REAPPLIED_FROM_KEY] for snap in branch_line if REAPPLIED_FROM_KEY in snap.summary}
     gained = [
         snap
         for snap in _since(table, table.branch_head(MAIN), on_branch)
-        if snap.summary.get("ingest.maintenance") != COMPACTION and find_ledger(pipeline, [snap]) is None
+        if snap.summary.get(MAINTENANCE_KEY) != COMPACTION and find_ledger(pipeline, [snap]) is None
     ]
     blocking = [snap for snap in gained if snap.operation != "append"]
     if blocking:
@@ -72,8 +69,8 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
     for snap in reversed(gained):  # oldest first, so each pipeline's newest ledger ends on top
         if str(snap.snapshot_id) in reapplied:
             continue
-        summary = {k: v for k, v in snap.summary.items() if k.startswith("ingest.")}
-        summary[REAPPLIED_FROM] = str(snap.snapshot_id)
+        summary = ours(snap.summary)
+        summary[REAPPLIED_FROM_KEY] = str(snap.snapshot_id)
         target.try_commit(table.added_data_files(snap.snapshot_id), summary, {})
         count += 1
     table.refresh()

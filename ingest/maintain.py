@@ -20,7 +20,7 @@ from typing import Any
 from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
-from ingest.core.ledger import BatchCounts, encode, find_ledger, registered_pipelines
+from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, encode, find_ledger, registered_pipelines
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg import DataFile, IcebergTable
 from ingest.pipeline import Pipeline
@@ -35,7 +35,7 @@ ATTEMPTS = 8
 def restamped_summary(table: IcebergTable, operation: str) -> dict[str, str]:
     """The current ledger of every registered pipeline, for a snapshot that is not a batch."""
     head = table.refresh()
-    summary = {"ingest.maintenance": operation}
+    summary = {MAINTENANCE_KEY: operation}
     for name in registered_pipelines(head.properties):
         found = find_ledger(name, table.ancestry())
         if found is not None:
@@ -122,7 +122,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
         add.extend(table.write(table.read_files(group), target_file_bytes=int(spec.target_file_mb * MB)))
 
     def attempt(number: int) -> dict[str, int]:
-        summary = restamped_summary(table, "compaction")
+        summary = restamped_summary(table, COMPACTION)
         live = {f.file_path for f in table.live_data_files()}
         if not all(f.file_path in live for f in remove):
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)

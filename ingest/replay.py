@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest import failpoints
+from ingest import failpoints, records
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
@@ -74,9 +74,10 @@ def resolve_snapshot(table: IcebergTable, snapshot_id: int | None, as_of_ms: int
 def _rows_per_partition(table: IcebergTable, branch_snapshot: int | None) -> Counter[tuple[str, int]]:
     if branch_snapshot is None:
         return Counter()
-    data: pa.Table = table.scan_columns(["_kafka_topic", "_kafka_partition"], branch_snapshot)
-    counts = data.group_by(["_kafka_topic", "_kafka_partition"]).aggregate([([], "count_all")]).to_pylist()
-    return Counter({(r["_kafka_topic"], r["_kafka_partition"]): r["count_all"] for r in counts})
+    c = records.ROWS
+    data: pa.Table = table.scan_columns([c.topic, c.partition], branch_snapshot)
+    counts = data.group_by([c.topic, c.partition]).aggregate([([], "count_all")]).to_pylist()
+    return Counter({(r[c.topic], r[c.partition]): r["count_all"] for r in counts})
 
 
 def compare(pipeline: Pipeline, branch: str) -> list[dict[str, Any]]:

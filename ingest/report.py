@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest import records
 from ingest.core.ledger import TopicPartition, decode, decode_counts, read_extra
 from ingest.pipeline import Pipeline
 
@@ -240,12 +241,13 @@ def verify(pipeline: Pipeline) -> dict[str, Any]:
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
-    rows = pipeline.rows.scan_columns(["_kafka_topic", "_kafka_partition", "_kafka_offset"], found.snapshot_id)
-    rows = rows.filter(pc.is_in(rows["_kafka_topic"], pa.array(pipeline.config.topics)))
+    r, d = records.ROWS, records.DEAD_LETTERS
+    rows = pipeline.rows.scan_columns([r.topic, r.partition, r.offset], found.snapshot_id)
+    rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics)))
     pipeline.dead.refresh()
-    dead = pipeline.dead.scan_columns(["topic", "partition", "offset"])
-    row_offsets = _offsets_by_partition(rows, "_kafka_topic", "_kafka_partition", "_kafka_offset")
-    dead_offsets = _offsets_by_partition(dead, "topic", "partition", "offset")
+    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset])
+    row_offsets = _offsets_by_partition(rows, r.topic, r.partition, r.offset)
+    dead_offsets = _offsets_by_partition(dead, d.topic, d.partition, d.offset)
     empty = pa.array([], pa.int64())
     checks = [
         _check(

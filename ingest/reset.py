@@ -25,6 +25,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest import records
 from ingest.committer import RowsCommit, commit_rows, ledger_lost, observe
 from ingest.core.commit import Decision
 from ingest.core.ledger import (
@@ -46,8 +47,6 @@ from ingest.iceberg import IcebergTable
 from ingest.pipeline import Pipeline
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
-ROW_COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
-DEAD_COORDINATES = ("topic", "partition", "offset", "timestamp")
 
 
 @dataclass(frozen=True)
@@ -259,8 +258,8 @@ def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: boo
             note=f"both ledgers of {name!r} are intact: nothing to rebuild (--to-offsets and the others move it)",
         )
     view = pipeline.source.describe()
-    last_row, row_times = _newest(pipeline.rows, ROW_COORDINATES, pipeline.config.topics)
-    last_dead, dead_times = _newest(pipeline.dead, DEAD_COORDINATES, pipeline.config.topics)
+    last_row, row_times = _newest(pipeline.rows, records.ROWS, pipeline.config.topics)
+    last_dead, dead_times = _newest(pipeline.dead, records.DEAD_LETTERS, pipeline.config.topics)
     check_coordinates(last_row, last_dead, view)
     unseen: Sequence[TopicPartition] = ()
     if lost:
@@ -314,12 +313,12 @@ def _retention_hint(view: KafkaView, new: Mapping[TopicPartition, int]) -> str:
 
 
 def _newest(
-    table: IcebergTable, columns: tuple[str, str, str, str], topics: Sequence[str]
+    table: IcebergTable, columns: records.Coordinates, topics: Sequence[str]
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """Per partition of ``topics``: the newest offset ``table`` holds on its branch head, and the
     newest record timestamp (ms). Only the four coordinate columns are read, aggregated in Arrow."""
-    topic, partition, offset, timestamp = columns
-    data = table.scan_columns(list(columns))
+    topic, partition, offset, timestamp, _ = columns.names
+    data = table.scan_columns([topic, partition, offset, timestamp])
     data = data.filter(pc.is_in(data[topic], pa.array(list(topics), pa.string())))
     if data.num_rows == 0:
         return {}, {}

@@ -23,10 +23,11 @@ import pyarrow as pa
 from ingest import arrow_memory, nogc
 from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition
-from ingest.decode import DEAD_LETTER_SCHEMA, Decoder, RawChunk
+from ingest.decode import Decoder, RawChunk
 from ingest.errors import IngestError
 from ingest.kafka import KafkaSource, Range, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, ValueDecoder
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
     from ingest.iceberg import IcebergTable
@@ -189,9 +190,10 @@ def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
         thread.join(timeout=30)
 
 
-def _max_timestamps(table: pa.Table, topic: str, partition: str, ts: str) -> dict[TopicPartition, int]:
+def _max_timestamps(table: pa.Table, columns: Coordinates) -> dict[TopicPartition, int]:
     if table.num_rows == 0:
         return {}
+    topic, partition, ts = columns.topic, columns.partition, columns.timestamp
     grouped = table.group_by([topic, partition]).aggregate([(ts, "max")])
     result = {}
     for row in grouped.to_pylist():
@@ -246,8 +248,8 @@ def decode_and_write(
         timestamps = merge_timestamps(
             [
                 timestamps,
-                _max_timestamps(decoded.rows, "_kafka_topic", "_kafka_partition", "_kafka_timestamp"),
-                _max_timestamps(decoded.dead_letters, "topic", "partition", "timestamp"),
+                _max_timestamps(decoded.rows, ROWS),
+                _max_timestamps(decoded.dead_letters, DEAD_LETTERS),
             ]
         )
         held.append(decoded.rows)

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from ingest.errors import LedgerFormatError
 
 FORMAT_VERSION = 1
-REGISTRY_PROPERTY = "ingest.pipelines"
+#: every summary key and table property this project writes starts with this
+PREFIX = "ingest."
+REGISTRY_PROPERTY = f"{PREFIX}pipelines"
+#: a snapshot ``ingest maintain`` made (its value: the operation, e.g. ``compaction``)
+MAINTENANCE_KEY = f"{PREFIX}maintenance"
+COMPACTION = "compaction"
+#: a snapshot ``ingest replay --publish`` re-applied onto a branch (its value: the original's id)
+REAPPLIED_FROM_KEY = f"{PREFIX}reapplied-from"
 #: how many applied reset ids every ledger carries forward (so a re-run finds them after expiry)
 RESET_MEMORY = 50
 
@@ -256,6 +263,16 @@ def find_ledger(pipeline: str, ancestry: Iterable[SnapshotView]) -> Found | None
         if ledger is not None:
             return Found(snap.snapshot_id, ledger)
     return None
+
+
+def offsets_key(pipeline: str) -> str:
+    """The summary key whose presence marks a snapshot as carrying ``pipeline``'s ledger."""
+    return _key(pipeline, "offsets")
+
+
+def ours(summary: Mapping[str, str]) -> dict[str, str]:
+    """The summary keys this project wrote (every pipeline's ledger, markers), and nothing else."""
+    return {k: v for k, v in summary.items() if k.startswith(PREFIX)}
 
 
 def registered_pipelines(properties: Mapping[str, str]) -> list[str]:

@@ -19,7 +19,8 @@ from ingest.core.plan import KafkaView, Watermarks
 from ingest.errors import ExitCode, FatalError, TopicRecreated
 from ingest.iceberg import IcebergTable
 from ingest.pipeline import Pipeline
-from ingest.reset import DEAD_COORDINATES, ROW_COORDINATES, ResetTarget, reset
+from ingest.records import DEAD_LETTERS, ROWS
+from ingest.reset import ResetTarget, reset
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +50,8 @@ def _fails_closed(env: Any, table: str) -> None:
 def _assert_exactly_once(env: Any) -> None:
     assert env.counts() == (env.produced - env.bad, env.bad)
     pipeline = Pipeline.open(env.config)
-    for table, columns in ((pipeline.rows, ROW_COORDINATES), (pipeline.dead, DEAD_COORDINATES)):
+    for table, coordinates_of in ((pipeline.rows, ROWS), (pipeline.dead, DEAD_LETTERS)):
+        columns = coordinates_of.names
         coordinates = table.scan_columns(list(columns[:3]))
         if coordinates.num_rows:
             copies = coordinates.group_by(list(columns[:3])).aggregate([([], "count_all")])["count_all"]

@@ -17,10 +17,10 @@ from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, find_ledger
 from ingest.core.plan import Batch
-from ingest.decode import KAFKA_COLUMNS
 from ingest.errors import CommitConflict
 from ingest.iceberg import IcebergTable, connect, rows_schema
 from ingest.ports import LedgerTable
+from ingest.records import KAFKA_COLUMNS
 from ingest.testing import MemoryCatalog
 
 TP = TopicPartition("orders", 0)

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.config import FieldSpec
-from ingest.decode import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, Decoder, RawChunk, _one_object_per_line
+from ingest.decode import Decoded, Decoder, RawChunk, _one_object_per_line
+from ingest.records import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS
 
 UTC = dt.UTC
 FIELDS = [

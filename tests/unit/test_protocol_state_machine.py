@@ -45,7 +45,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
 from ingest.core.commit import Decision
 from ingest.core.expiry import MAIN, Ref, doomed, protected
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, decode, encode, find_ledger, registered_pipelines
+from ingest.core.ledger import (
+    COMPACTION,
+    MAINTENANCE_KEY,
+    BatchCounts,
+    Ledger,
+    TopicPartition,
+    decode,
+    encode,
+    find_ledger,
+    registered_pipelines,
+)
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import CommitGaveUp
 from ingest.retry import without_backoff
@@ -223,7 +233,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def foreign_commit_on(self, catalog: MemoryCatalog, compaction: bool) -> None:
         """A snapshot without this pipeline's ledger: compaction (same rows), or another pipeline."""
         if compaction:
-            catalog.append({"ingest.maintenance": "compaction"}, operation="replace")
+            catalog.append({MAINTENANCE_KEY: COMPACTION}, operation="replace")
             return
         other = TopicPartition("payments", 0)
         n = len(catalog.snapshots()) + 1

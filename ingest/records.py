@@ -1,0 +1,157 @@
+"""What the pipeline writes: the one definition of its columns, its type names and its partition
+transforms.
+
+Every table a pipeline writes says where each record was in Kafka (:class:`Coordinates`): the rows
+table in ``_kafka_*`` columns beside the declared fields, the dead-letter table in plain ones
+beside the raw value and the error. The Arrow schemas here are the source: the decoder produces
+them, and the Iceberg adapter derives the tables' schemas from them (field ids assigned as Iceberg
+assigns fresh ones).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+#: the declared field types (Iceberg's primitive type names)
+TYPE_NAME = re.compile(
+    r"^(boolean|int|long|float|double|date|timestamp|timestamptz|string|decimal\(\s*\d+\s*,\s*\d+\s*\))$"
+)
+#: a ``partition_by`` item: ``day(created_at)``, ``bucket(16, customer_id)``, or a bare column
+TRANSFORM = re.compile(
+    r"^(?:(?P<fn>identity|year|month|day|hour)\((?P<col>\w+)\)"
+    r"|(?P<wfn>bucket|truncate)\((?P<n>[1-9]\d*)\s*,\s*(?P<wcol>\w+)\)"
+    r"|(?P<bare>\w+))$"
+)
+
+_ARROW_TYPES = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "string": pa.string(),
+}
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    """Where each record was in Kafka, as the column names of one table."""
+
+    topic: str
+    partition: str
+    offset: str
+    timestamp: str
+    key: str
+
+    @property
+    def names(self) -> tuple[str, str, str, str, str]:
+        return (self.topic, self.partition, self.offset, self.timestamp, self.key)
+
+    def fields(self) -> list[pa.Field]:
+        return [
+            pa.field(self.topic, pa.string(), nullable=False),
+            pa.field(self.partition, pa.int32(), nullable=False),
+            pa.field(self.offset, pa.int64(), nullable=False),
+            pa.field(self.timestamp, pa.timestamp("us", tz="UTC")),
+            pa.field(self.key, pa.binary()),
+        ]
+
+
+#: the rows table's coordinate columns (declared fields may not use these names)
+ROWS = Coordinates("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key")
+#: the dead-letter table's coordinate columns
+DEAD_LETTERS = Coordinates("topic", "partition", "offset", "timestamp", "key")
+RESERVED_COLUMNS = ROWS.names
+
+KAFKA_COLUMNS = pa.schema(ROWS.fields())
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        *DEAD_LETTERS.fields(),
+        pa.field("value", pa.binary()),
+        pa.field(
+            "headers",
+            pa.list_(
+                pa.field(
+                    "element",
+                    pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())]),
+                    nullable=False,
+                )
+            ),
+        ),
+        pa.field("error", pa.string(), nullable=False),
+    ]
+)
+
+
+class Declared(Protocol):
+    """A declared field of the rows table (``schema:`` in the config)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def required(self) -> bool: ...
+
+    @property
+    def doc(self) -> str | None: ...
+
+
+def arrow_type(type_name: str) -> pa.DataType:
+    """The Arrow type a declared type name is stored as."""
+    if type_name.startswith("decimal("):
+        precision, scale = (int(x) for x in type_name[len("decimal(") : -1].split(","))
+        return pa.decimal128(precision, scale)
+    return _ARROW_TYPES[type_name]
+
+
+def rows_schema(fields: Sequence[Declared], *, docs: bool = False) -> pa.Schema:
+    """The rows table: the Kafka coordinates, then the declared fields in their order (with
+    ``docs``, each field's ``doc`` in its metadata, where Iceberg's conversion finds it)."""
+    declared = [
+        pa.field(
+            f.name, arrow_type(f.type), nullable=not f.required, metadata={"doc": f.doc} if docs and f.doc else None
+        )
+        for f in fields
+    ]
+    return pa.schema([*KAFKA_COLUMNS, *declared])
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One ``partition_by`` item, parsed."""
+
+    function: str  # identity | year | month | day | hour | bucket | truncate
+    column: str
+    width: int | None = None  # bucket count or truncate width
+
+    @property
+    def field_name(self) -> str:
+        """The partition field's name, as Iceberg's own tools name it."""
+        if self.width is not None:
+            return f"{self.column}_{self.function}_{self.width}"
+        return self.column if self.function == "identity" else f"{self.column}_{self.function}"
+
+
+def parse_transform(text: str) -> Transform | None:
+    """``text`` as a transform; None if it is not one."""
+    match = TRANSFORM.match(text.replace(" ", ""))
+    if match is None:
+        return None
+    width = match.group("n")
+    return Transform(
+        match.group("fn") or match.group("wfn") or "identity",
+        match.group("col") or match.group("wcol") or match.group("bare"),
+        int(width) if width is not None else None,
+    )
