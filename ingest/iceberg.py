@@ -77,6 +77,8 @@ from ingest.ports import Head
 log = logging.getLogger(__name__)
 
 NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
+#: the catalog properties a file IO needs to write data files (what crosses to workers and executors)
+STORAGE_PROPERTIES = ("s3.", "gcs.", "adls.", "hdfs.", "hf.", "oss.", "client.", "pyarrow.", "py-io-impl")
 
 
 def _iceberg_schema(arrow: pa.Schema) -> Schema:
@@ -170,10 +172,13 @@ class IcebergTable:
         return IcebergTable(self.catalog, self.identifier, self._table, branch)
 
     def detached(self) -> IcebergTable:
-        """A copy that only writes data files: it holds no catalog connection, so it pickles (Spark
-        ships it to executors)."""
+        """A copy that only writes data files, for worker processes and Spark executors: no catalog
+        connection, and a file IO that holds only the storage properties (``s3.*``, ``gcs.*``,
+        ``adls.*``, ``client.*``…), never the catalog's (its URI, user, password, token)."""
         table = copy.copy(self._table)
         table.catalog = None  # type: ignore[assignment]
+        io = table.io
+        table.io = type(io)(properties={k: v for k, v in io.properties.items() if k.startswith(STORAGE_PROPERTIES)})
         return IcebergTable(None, self.identifier, table, self.branch)  # type: ignore[arg-type]
 
     @classmethod

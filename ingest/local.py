@@ -26,7 +26,7 @@ from ingest.core.plan import Batch
 from ingest.errors import IngestError, WorkerLost
 from ingest.kafka import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.ports import Produced
-from ingest.tasks import combine, hand_off, run_task
+from ingest.tasks import TaskSpec, combine, hand_off, run_task
 from ingest.workers import Task, WorkerPool
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
@@ -108,6 +108,7 @@ class LocalEngine:
         records = sum(end - start for _, start, end in batch.ranges())
         helpers = self.processes_for(records) - 1
         stops = Stops(batch.ranges())
+        spec = TaskSpec.of(self.config)
         reached: set[str] = set()
 
         def reach(point: str) -> None:  # each failpoint once, whichever process gets there first
@@ -116,7 +117,7 @@ class LocalEngine:
                 failpoints.reach(point)
 
         if helpers == 0:
-            outputs = [run_task(self.config, self.rows, 0, stops, reach)]
+            outputs = [run_task(spec, self.rows, 0, stops, reach)]
         else:
             log.info(
                 "batch %d: reading %d records in this process, %d workers joining as they are ready",
@@ -130,11 +131,9 @@ class LocalEngine:
 
             def give(parts: int) -> list[Task]:
                 shares = hand_off(stops, parts, least)
-                return [Task(self.config, detached, next(numbers), ranges) for ranges in shares]
+                return [Task(spec, detached, next(numbers), ranges) for ranges in shares]
 
-            outputs = self._pool.run(
-                helpers, give, reach, meanwhile=lambda: run_task(self.config, self.rows, 0, stops, reach)
-            )
+            outputs = self._pool.run(helpers, give, reach, meanwhile=lambda: run_task(spec, self.rows, 0, stops, reach))
             shared = sum(end - start for output in outputs[1:] for _, start, end in output.ranges)
             log.info(
                 "batch %d: %d records shared between this process and %d workers (%d read by the workers)",

@@ -46,7 +46,7 @@ from ingest.core.plan import Batch
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg import IcebergTable
 from ingest.ports import Produced
-from ingest.tasks import TaskOutput, TaskRange, combine, run_task, split_ranges
+from ingest.tasks import TaskOutput, TaskRange, TaskSpec, combine, run_task, split_ranges
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -69,8 +69,8 @@ _INGEST_ERROR = re.compile(r"^ingest\.errors\.(?P<name>\w+): (?P<message>.*)$", 
 class _Job:
     """What every task needs, shipped to the executors (it pickles)."""
 
-    config: PipelineConfig
-    #: write-only copy of the rows table: the driver's current metadata and FileIO, no catalog
+    spec: TaskSpec
+    #: write-only copy of the rows table: the driver's current metadata, no catalog (see ``detached``)
     rows: IcebergTable
 
 
@@ -86,7 +86,7 @@ def _inject_failure() -> None:
 
 def _produce_task(job: _Job, task: TaskRange) -> TaskOutput:
     """Runs on an executor: read exactly ``task``'s range, decode, write data files."""
-    output = run_task(job.config, job.rows, task.index, [(task.tp, task.start, task.end)])
+    output = run_task(job.spec, job.rows, task.index, [(task.tp, task.start, task.end)])
     _inject_failure()
     return output
 
@@ -162,7 +162,7 @@ class SparkEngine:
     def _run(self, tasks: list[TaskRange], batch: Batch) -> list[TaskOutput]:
         """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
         sc = self.spark.sparkContext
-        job = _Job(self.config, self.rows.detached())
+        job = _Job(TaskSpec.of(self.config), self.rows.detached())
         group = f"ingest-{self.config.pipeline}-{batch.number}-{uuid.uuid4().hex[:8]}"
 
         def collect() -> list[TaskOutput]:

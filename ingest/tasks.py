@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
-from ingest.config import PipelineConfig
+from ingest.config import FieldSpec, PipelineConfig
 from ingest.core.ledger import TopicPartition
 from ingest.decode import Decoder, RawChunk
 from ingest.errors import IngestError
@@ -263,8 +263,34 @@ def decode_and_write(
     return Produced(files, dead_letters, records, nbytes, timestamps)
 
 
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task needs from the pipeline's config, and nothing more: it crosses to worker
+    processes and Spark executors, so it carries no catalog properties (no catalog credentials)."""
+
+    #: librdkafka properties (a task reads Kafka with them)
+    kafka: Mapping[str, str | int | float | bool]
+    topics: tuple[str, ...]
+    group_id: str
+    read_timeout_s: float
+    fields: tuple[FieldSpec, ...]
+    #: decoded rows written together (see ``batch.chunk_records``)
+    chunk_records: int
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> TaskSpec:
+        return cls(
+            dict(config.kafka),
+            tuple(config.topics),
+            config.group_id,
+            config.batch.read_timeout_s,
+            tuple(config.schema_),
+            config.batch.chunk_records,
+        )
+
+
 def produce_ranges(
-    config: PipelineConfig,
+    spec: TaskSpec,
     rows: IcebergTable,
     stops: Stops,
     reach: Callable[[str], None] = lambda _: None,
@@ -275,10 +301,10 @@ def produce_ranges(
     (:mod:`ingest.nogc`): a Python object per record forms no cycles. Arrow allocates from jemalloc
     (:mod:`ingest.arrow_memory`)."""
     arrow_memory.use_jemalloc()
-    source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
+    source = KafkaSource(spec.kafka, spec.topics, spec.group_id, spec.read_timeout_s)
     with nogc.paused():
         chunks = prefetched(source.read(stops))
-        return decode_and_write(chunks, Decoder(config.schema_), rows, config.batch.chunk_records, reach)
+        return decode_and_write(chunks, Decoder(spec.fields), rows, spec.chunk_records, reach)
 
 
 @dataclass(frozen=True)
@@ -297,7 +323,7 @@ class TaskOutput:
 
 
 def run_task(
-    config: PipelineConfig,
+    spec: TaskSpec,
     rows: IcebergTable,
     index: int,
     ranges: Sequence[Range] | Stops,
@@ -305,7 +331,7 @@ def run_task(
 ) -> TaskOutput:
     """One task: :func:`produce_ranges`, returned in a form that crosses process boundaries."""
     stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
-    produced = produce_ranges(config, rows, stops, reach)
+    produced = produce_ranges(spec, rows, stops, reach)
     return TaskOutput(
         index,
         produced.files,

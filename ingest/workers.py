@@ -36,9 +36,8 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from ingest import failpoints
-from ingest.config import PipelineConfig
 from ingest.errors import IngestError, WorkerLost
-from ingest.tasks import TaskOutput, run_task
+from ingest.tasks import TaskOutput, TaskSpec, run_task
 
 if TYPE_CHECKING:
     from ingest.iceberg import IcebergTable
@@ -54,7 +53,7 @@ WATCH_S = 0.2
 class Task:
     """A share of a batch for a worker: read ``ranges``, write into ``rows``' location."""
 
-    config: PipelineConfig
+    spec: TaskSpec
     rows: IcebergTable
     index: int
     ranges: Sequence[Range]
@@ -259,7 +258,7 @@ def _serve(connection: Connection) -> None:
             connection.send(("reached", point))
 
         try:
-            output = run_task(task.config, task.rows, task.index, task.ranges, reach)
+            output = run_task(task.spec, task.rows, task.index, task.ranges, reach)
         except Exception as error:
             text = traceback.format_exc()
             if not isinstance(error, IngestError):  # a bug: keep where it happened

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from ingest.failpoints import POINTS
 from ingest.kafka import create_topic
 from ingest.local import LocalEngine
 from ingest.pipeline import Pipeline
-from ingest.tasks import TaskOutput
+from ingest.tasks import TaskOutput, TaskSpec
 from ingest.workers import Task, WorkerPool
 from tests.integration.conftest import gone, workers_of
 
@@ -132,6 +133,21 @@ def test_a_killed_worker_fails_the_batch_retryably(make_env, monkeypatch, point:
     env.verify()
 
 
+def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env) -> None:
+    """A task carries the Kafka properties it reads with and the storage properties it writes with;
+    the catalog's URI, user and secrets stay in the process that commits."""
+    env = make_env()
+    config = env.config.model_copy(update={"catalog": {**env.config.catalog, "token": "catalog-s3cr3t"}})
+    rows = Pipeline.open(config).rows
+    assert rows.table.io.properties.get("token") == "catalog-s3cr3t"  # the committing process holds it
+
+    shipped = pickle.dumps(Task(TaskSpec.of(config), rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)]))
+
+    assert b"catalog-s3cr3t" not in shipped
+    assert str(config.catalog["uri"]).encode() not in shipped
+    assert env.bootstrap.encode() in shipped  # what the task needs is there
+
+
 def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
     """A worker whose broker does not answer: the engine gets the worker's BrokerUnavailable, and the
     pool's processes are stopped."""
@@ -139,7 +155,7 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     unreachable = env.config.model_copy(update={"kafka": {"bootstrap.servers": "127.0.0.1:9"}})
     pool = WorkerPool(1)
-    task = Task(unreachable, pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
+    task = Task(TaskSpec.of(unreachable), pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
     handed = threading.Event()
 
     def hand_off(parts: int) -> list[Task]:
@@ -163,6 +179,7 @@ from ingest.core.ledger import TopicPartition
 from ingest.pipeline import Pipeline
 from ingest.local import LocalEngine
 from ingest.workers import Task, WorkerPool
+from ingest.tasks import TaskSpec
 from ingest.errors import WorkerLost
 from tests.integration.conftest import gone, workers_of
 
@@ -173,7 +190,8 @@ def meanwhile():
     print("sent", flush=True)
     time.sleep(600)
 
-WorkerPool(1).run(1, lambda parts: [Task(cfg, rows, 1, [(TopicPartition(sys.argv[2], 0), 0, 100)])], print, meanwhile)
+share = [(TopicPartition(sys.argv[2], 0), 0, 100)]
+WorkerPool(1).run(1, lambda parts: [Task(TaskSpec.of(cfg), rows, 1, share)], print, meanwhile)
 """
 
 
