@@ -87,7 +87,7 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
         if i % 2 == 0:
             statuses.append(on_spark.run_batch(engine).status)
         else:
-            statuses.append(Pipeline.open(env.config).run_batch().status)  # another process, local engine
+            statuses.append(one_batch(Pipeline.open(env.config)).status)  # another process, local engine
     env.produce(1_000, bad_every=13)
     results = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
 
