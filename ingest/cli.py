@@ -189,7 +189,7 @@ def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bo
 
 
 def _status(pipeline: Any) -> dict[str, Any]:
-    from ingest import report
+    from ingest.ops import report
 
     return report.status(pipeline)
 
@@ -221,7 +221,7 @@ def history(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest N batches.")] = 50,
 ) -> None:
     """The pipeline's snapshots: batch number, offset ranges, counts."""
-    from ingest import report
+    from ingest.ops import report
 
     def body() -> None:
         rows = report.history(_open(config), limit=limit)
@@ -249,7 +249,7 @@ def history(
 @app.command()
 def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
     """Exit 0 only if every ledger offset still in Kafka is in the table or dead letters exactly once."""
-    from ingest import report
+    from ingest.ops import report
 
     def body() -> None:
         data = report.verify(_open(config))
@@ -284,7 +284,7 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
 @app.command()
 def maintain(config: ConfigOption, json_output: JsonOption = False) -> None:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
-    from ingest.maintain import maintain as do_maintain
+    from ingest.ops.maintain import maintain as do_maintain
 
     def body() -> None:
         data = do_maintain(_open(config))
@@ -345,8 +345,8 @@ def reset(
     Also works when the ledger is lost (expired or rewritten away by another tool); --from-table
     then resumes exactly where the data in the tables ends.
     """
-    from ingest.reset import ResetTarget, parse_offsets
-    from ingest.reset import reset as do_reset
+    from ingest.ops.reset import ResetTarget, parse_offsets
+    from ingest.ops.reset import reset as do_reset
 
     chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp, from_table or None) if x]
     if len(chosen) != 1:
@@ -406,7 +406,7 @@ def replay(
     json_output: JsonOption = False,
 ) -> None:
     """Re-ingest everything after snapshot S: into a branch (default), or by rolling main back."""
-    from ingest.replay import replay as do_replay
+    from ingest.ops.replay import replay as do_replay
 
     if (from_snapshot is None) == (as_of is None):
         raise typer.BadParameter("give exactly one of --from-snapshot or --as-of")

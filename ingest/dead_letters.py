@@ -36,7 +36,7 @@ from ingest.core.ledger import (
     encode,
 )
 from ingest.errors import CommitGaveUp
-from ingest.iceberg import MAIN, IcebergTable
+from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
 from ingest.retry import settled
 

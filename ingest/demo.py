@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest import config as config_module
-from ingest import records, report
-from ingest.broker import EmbeddedBroker
-from ingest.kafka import create_topic, produce
+from ingest import records
+from ingest.kafka.admin import create_topic, produce
+from ingest.kafka.embedded import EmbeddedBroker
+from ingest.ops import report
 from ingest.pipeline import Pipeline
 from ingest.runner import opened
 

@@ -21,7 +21,8 @@ import logging
 
 from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, REAPPLIED_FROM_KEY, SnapshotView, find_ledger, ours
 from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
-from ingest.iceberg import MAIN, IcebergTable
+from ingest.iceberg.files import added_data_files
+from ingest.iceberg.table import MAIN, IcebergTable
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
             continue
         summary = ours(snap.summary)
         summary[REAPPLIED_FROM_KEY] = str(snap.snapshot_id)
-        target.try_commit(table.added_data_files(snap.snapshot_id), summary, {})
+        target.try_commit(added_data_files(table, snap.snapshot_id), summary, {})
         count += 1
     table.refresh()
     return count

@@ -17,14 +17,15 @@ from ingest import failpoints
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
 from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found
+from ingest.core.ledger import BatchCounts, Found, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.dead_letters import settle
 from ingest.errors import Fenced
-from ingest.iceberg import MAIN, IcebergTable, connect, dead_letter_schema, partition_spec, rows_schema
-from ingest.kafka import KafkaSource
+from ingest.iceberg.catalog import connect
+from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
+from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine
-from ingest.tasks import merge_timestamps
 
 log = logging.getLogger(__name__)
 

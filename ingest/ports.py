@@ -3,11 +3,11 @@
 The commit loop (:mod:`ingest.committer`) and the pipeline (:mod:`ingest.pipeline`) depend on these,
 never on a concrete adapter. The adapters that satisfy them:
 
-* :class:`LedgerTable`: :class:`ingest.iceberg.IcebergTable` (any Iceberg catalog), and
+* :class:`LedgerTable`: :class:`ingest.iceberg.table.IcebergTable` (any Iceberg catalog), and
   :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements and foreign commits,
   for tests and for anyone checking their own integration);
-* :class:`Engine`: :class:`ingest.local.LocalEngine` and :class:`ingest.spark.SparkEngine`;
-* :class:`ValueDecoder`: :class:`ingest.decode.Decoder` (JSON against the declared schema), the
+* :class:`Engine`: :class:`ingest.engines.local.LocalEngine` and :class:`ingest.engines.spark.SparkEngine`;
+* :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema), the
   seam record formats plug into.
 
 Nothing here imports an adapter's library: this module sits below every adapter.
@@ -25,7 +25,7 @@ from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch
 
 if TYPE_CHECKING:
-    from ingest.decode import Decoded, RawChunk
+    from ingest.records import Decoded, RawChunk
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ assigns fresh ones).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +90,35 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("error", pa.string(), nullable=False),
     ]
 )
+
+
+#: a record's headers as Kafka delivers them
+Headers = list[tuple[str, bytes | None]] | None
+
+
+@dataclass
+class RawChunk:
+    """Records as read from Kafka, column-wise. ``headers(i)`` is only called for dead letters."""
+
+    topic: pa.Array
+    partition: pa.Array
+    offset: pa.Array
+    timestamp: pa.Array
+    key: pa.Array
+    values: list[bytes | None]
+    headers: Callable[[int], Headers]
+    nbytes: int
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass
+class Decoded:
+    """A chunk decoded: rows of the rows table's schema, and dead letters of :data:`DEAD_LETTER_SCHEMA`."""
+
+    rows: pa.Table
+    dead_letters: pa.Table
 
 
 class Declared(Protocol):

@@ -5,7 +5,7 @@ their runs here, so every run gets the same things in the same order:
 
 * the local engine's worker processes the first batch will want start first, before the catalog
   opens and before pyiceberg is imported, when Kafka shows a backlog that needs them
-  (:func:`ingest.local.workers_for_backlog`); their imports then overlap this process's own;
+  (:func:`ingest.engines.local.workers_for_backlog`); their imports then overlap this process's own;
 * then the pipeline's tables and Kafka source (:meth:`ingest.pipeline.Pipeline.open`);
 * then the engine, kept for every batch of the run (one worker pool, one Spark session) and closed
   when the run ends, whatever ends it.
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ingest.config import PipelineConfig
-from ingest.local import LocalEngine, workers_for_backlog
+from ingest.engines.local import LocalEngine, workers_for_backlog
 from ingest.ports import Engine
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
+    from ingest.engines.spark import SparkSession
     from ingest.pipeline import BatchResult, Pipeline
-    from ingest.spark import SparkSession
 
 EngineChoice = Literal["local", "spark"]
 
@@ -59,7 +59,7 @@ def opened(
     from ingest.pipeline import Pipeline
 
     if engine == "spark":
-        from ingest.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+        from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
 
         pipeline = Pipeline.open(config)
         with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows, spark)) as on_spark:
@@ -79,7 +79,7 @@ def opened(
 def engine_for(pipeline: Pipeline, engine: EngineChoice = "local") -> Iterator[Run]:
     """A run of an already open ``pipeline`` (a test's, a notebook's) on a new engine, closed after."""
     if engine == "spark":
-        from ingest.spark import SparkEngine
+        from ingest.engines.spark import SparkEngine
 
         with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows)) as on_spark:
             yield Run(pipeline, on_spark)

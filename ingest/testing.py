@@ -2,7 +2,7 @@
 
 :class:`MemoryCatalog` holds the truth (snapshots, branch refs, table properties), as a catalog
 does; :class:`MemoryTable` is one writer's handle on it and satisfies
-:class:`ingest.ports.LedgerTable` the way :class:`ingest.iceberg.IcebergTable` does:
+:class:`ingest.ports.LedgerTable` the way :class:`ingest.iceberg.table.IcebergTable` does:
 
 * a handle reads a copy of the catalog's state (:meth:`MemoryTable.refresh`) and commits by
   compare-and-swap on the branch head it holds: a commit on a moved head raises

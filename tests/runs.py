@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingest.ops.replay import replay
 from ingest.pipeline import BatchResult, Pipeline
-from ingest.replay import replay
 from ingest.runner import engine_for
 
 

@@ -287,3 +287,12 @@ def register(properties: Mapping[str, str], pipeline: str) -> dict[str, str]:
     if pipeline in names:
         return {}
     return {REGISTRY_PROPERTY: ",".join([*names, pipeline])}
+
+
+def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[TopicPartition, int]:
+    """Newest record timestamp per partition over several results."""
+    merged: dict[TopicPartition, int] = {}
+    for part in parts:
+        for tp, value in part.items():
+            merged[tp] = max(merged.get(tp, value), value)
+    return merged

@@ -49,7 +49,7 @@ class Batch:
     end: Mapping[TopicPartition, int]
     cluster_id: str | None
     lost: tuple[LostRange, ...] = field(default=())
-    #: set when this "batch" is a reset: a ledger move without data (see ``ingest.reset``)
+    #: set when this "batch" is a reset: a ledger move without data (see ``ingest.ops.reset``)
     reset_id: str | None = None
 
     def ranges(self) -> list[tuple[TopicPartition, int, int]]:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 
-from ingest.broker import free_port
+from ingest.kafka.embedded import free_port
 from tests.integration.conftest import gone, record, workers_of
 
 from .conftest import NEEDS_AIRFLOW, Airflow, Env, dag_id, quick_retries
@@ -24,7 +24,7 @@ def _rewrite(env: Env, **changes: object) -> None:
     env.config_path.write_text(yaml.safe_dump(data))
 
 
-#: batches large enough to be shared with a worker process (see ingest.local)
+#: batches large enough to be shared with a worker process (see ingest.engines.local)
 SHARED = {"max_records": 1_000, "chunk_records": 250, "workers": 2}
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ingest import cli
-from ingest.broker import free_port
+from ingest.kafka.embedded import free_port
 
 from .conftest import NEEDS_AIRFLOW, Airflow, Env, quick_retries
 

@@ -60,7 +60,7 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer, TopicPartition
 
     from ingest import nogc
-    from ingest.kafka import FETCH_DEFAULTS
+    from ingest.kafka.source import FETCH_DEFAULTS
 
     consumer = Consumer(
         {
@@ -96,7 +96,8 @@ def stage_decode(args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
 
     from ingest.config import FieldSpec
-    from ingest.decode import Decoder, RawChunk
+    from ingest.formats.json import Decoder
+    from ingest.records import RawChunk
 
     decoder = Decoder([FieldSpec(**f) for f in SCHEMA])
     chunk = 200_000
@@ -200,7 +201,7 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     starting the worker, importing pyiceberg and opening the catalog while the worker imports, and
     creating the tables. Peak RSS counts the workers too."""
     from ingest import config as config_module
-    from ingest.local import processes as local_processes
+    from ingest.engines.local import processes as local_processes
     from ingest.runner import opened  # imports no pyiceberg
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -226,7 +227,7 @@ def stage_catchup(args: argparse.Namespace) -> dict[str, Any]:
     """A catch-up of two batches on one local engine: the first starts the workers, the second
     (timed) finds them running, as every later batch of ``ingest run --until-caught-up`` does."""
     from ingest import config as config_module
-    from ingest.local import processes as local_processes
+    from ingest.engines.local import processes as local_processes
     from ingest.pipeline import Pipeline
     from ingest.runner import engine_for
 
@@ -324,7 +325,7 @@ def stage_fixed(args: argparse.Namespace) -> dict[str, Any]:
     from ingest.committer import RowsCommit, commit_rows
     from ingest.core.ledger import BatchCounts
     from ingest.core.plan import Batch
-    from ingest.kafka import produce
+    from ingest.kafka.admin import produce
     from ingest.pipeline import Pipeline
     from tests.runs import one_batch
 
@@ -429,8 +430,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ingest.broker import EmbeddedBroker
-    from ingest.kafka import create_topic, produce
+    from ingest.kafka.admin import create_topic, produce
+    from ingest.kafka.embedded import EmbeddedBroker
 
     console = Console(stderr=True)
     with EmbeddedBroker() as broker:

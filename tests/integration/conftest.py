@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from ingest import config as config_module
-from ingest.broker import EmbeddedBroker
 from ingest.config import PipelineConfig
-from ingest.kafka import create_topic, produce
+from ingest.kafka.admin import create_topic, produce
+from ingest.kafka.embedded import EmbeddedBroker
 from tests.services import kafka as kafka_service
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -198,7 +198,7 @@ def workers_of(pid: int) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"ingest.workers" in argv and argv[-2:-1] == [str(pid).encode()] and state != "Z":
+        if b"ingest.engines.workers" in argv and argv[-2:-1] == [str(pid).encode()] and state != "Z":
             found.append(int(entry.name))
     return found
 

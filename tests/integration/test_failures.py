@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingest.broker import EmbeddedBroker, free_port
 from ingest.core.plan import Batch
+from ingest.engines.local import LocalEngine
 from ingest.errors import BrokerUnavailable, ExitCode
-from ingest.kafka import create_topic
-from ingest.local import LocalEngine
+from ingest.kafka.admin import create_topic
+from ingest.kafka.embedded import EmbeddedBroker, free_port
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from tests.runs import one_batch

@@ -13,7 +13,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.serializers import FromInputFile
 
-from ingest.held_catalog import HeldSqlCatalog
+from ingest.iceberg.held_catalog import HeldSqlCatalog
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 

@@ -10,10 +10,11 @@ from collections.abc import Iterable
 import pytest
 
 from ingest.core.ledger import TopicPartition
-from ingest.decode import RawChunk
-from ingest.kafka import KafkaSource, Stops, create_topic, produce
-from ingest.tasks import _coverage_problem as combine_problem
-from ingest.tasks import hand_off
+from ingest.core.ranges import coverage_problem as combine_problem
+from ingest.engines.tasks import hand_off
+from ingest.kafka.admin import create_topic, produce
+from ingest.kafka.source import KafkaSource, Stops
+from ingest.records import RawChunk
 
 pytestmark = pytest.mark.integration
 

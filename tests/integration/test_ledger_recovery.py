@@ -17,10 +17,10 @@ import pytest
 
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.errors import ExitCode, FatalError, TopicRecreated
-from ingest.iceberg import IcebergTable
+from ingest.iceberg.table import IcebergTable
+from ingest.ops.reset import ResetTarget, reset
 from ingest.pipeline import Pipeline
 from ingest.records import DEAD_LETTERS, ROWS
-from ingest.reset import ResetTarget, reset
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from ingest.config import MaintenanceSpec
-from ingest.iceberg import IcebergTable
-from ingest.maintain import compact, expire, maintain, remove_orphans
+from ingest.iceberg.files import live_data_files, referenced_paths, stored_data_files
+from ingest.iceberg.table import IcebergTable
+from ingest.ops.maintain import compact, expire, maintain, remove_orphans
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
@@ -31,7 +32,7 @@ def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     _batches(env, pipeline, 6)
     before = pipeline.ledger()
-    files_before = len(pipeline.rows.live_data_files())
+    files_before = len(live_data_files(pipeline.rows))
 
     result = env.cli("maintain", "--json")
 
@@ -39,7 +40,7 @@ def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
     report = json.loads(result.stdout)
     assert report["table"]["files_removed"] == files_before and report["table"]["files_added"] == 1
     pipeline.rows.refresh()
-    assert len(pipeline.rows.live_data_files()) == 1
+    assert len(live_data_files(pipeline.rows)) == 1
     after = pipeline.ledger()
     assert after is not None and before is not None
     assert after.snapshot_id != before.snapshot_id  # the compaction snapshot carries the ledger
@@ -103,8 +104,8 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
     killed = env.cli("run", env={"INGEST_FAILPOINT": "files-written"})
     assert killed.returncode == -signal.SIGKILL
     pipeline = Pipeline.open(env.config)
-    stored = pipeline.rows.stored_data_files()
-    assert stored and pipeline.rows.referenced_paths() == set()
+    stored = stored_data_files(pipeline.rows)
+    assert stored and referenced_paths(pipeline.rows) == set()
 
     removed = remove_orphans(pipeline.rows, pipeline.config.maintenance, time.time() + 3_601)
 

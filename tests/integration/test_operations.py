@@ -15,10 +15,10 @@ import yaml
 
 from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
+from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError
-from ingest.kafka import create_topic, produce
-from ingest.local import LocalEngine
-from ingest.maintain import expire, maintain
+from ingest.kafka.admin import create_topic, produce
+from ingest.ops.maintain import expire, maintain
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from tests.integration.conftest import record

@@ -14,8 +14,8 @@ import pytest
 
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch, KafkaView, Watermarks
+from ingest.engines.local import LocalEngine
 from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
-from ingest.local import LocalEngine
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from tests.runs import catch_up, one_batch

@@ -169,7 +169,7 @@ def _wait_recreated(env: Env, timeout_s: float = 60.0) -> bool:
     import time
 
     from ingest.errors import BrokerUnavailable
-    from ingest.kafka import create_topic
+    from ingest.kafka.admin import create_topic
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

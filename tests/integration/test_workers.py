@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from ingest.broker import EmbeddedBroker
 from ingest.core.ledger import TopicPartition
+from ingest.engines.local import LocalEngine
+from ingest.engines.tasks import TaskOutput, TaskSpec
+from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import BrokerUnavailable, WorkerLost
 from ingest.failpoints import POINTS
-from ingest.kafka import create_topic
-from ingest.local import LocalEngine
+from ingest.kafka.admin import create_topic
+from ingest.kafka.embedded import EmbeddedBroker
 from ingest.pipeline import Pipeline
-from ingest.tasks import TaskOutput, TaskSpec
-from ingest.workers import Task, WorkerPool
 from tests.integration.conftest import gone, workers_of
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def test_running_workers_take_equal_shares_before_anything_is_read(make_env, cap
     env.produce(6_000, bad_every=11)
     pipeline = Pipeline.open(env.config)
 
-    with caplog.at_level(logging.INFO, logger="ingest.local"), LocalEngine(env.config, pipeline.rows) as engine:
+    with caplog.at_level(logging.INFO, logger="ingest.engines.local"), LocalEngine(env.config, pipeline.rows) as engine:
         engine.start_workers(wait=True)
         result = pipeline.run_batch(engine)
 
@@ -174,12 +174,12 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
 WORKER_STUCK = """
 import sys, time
 from ingest import config
-from ingest.broker import EmbeddedBroker
+from ingest.kafka.embedded import EmbeddedBroker
 from ingest.core.ledger import TopicPartition
 from ingest.pipeline import Pipeline
-from ingest.local import LocalEngine
-from ingest.workers import Task, WorkerPool
-from ingest.tasks import TaskSpec
+from ingest.engines.local import LocalEngine
+from ingest.engines.workers import Task, WorkerPool
+from ingest.engines.tasks import TaskSpec
 from ingest.errors import WorkerLost
 from tests.integration.conftest import gone, workers_of
 

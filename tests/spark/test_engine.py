@@ -15,10 +15,10 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch
+from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 from ingest.errors import ConfigError
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
-from ingest.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -20,14 +20,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from ingest.iceberg.files import live_data_files, live_files, stored_data_files
 from tests.runs import catch_up
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.core.ledger import decode
 from ingest.core.plan import Batch
+from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
-from ingest.local import LocalEngine
 from ingest.pipeline import BatchResult, Pipeline
 from ingest.ports import Produced
 from tests.integration.conftest import Env
@@ -88,7 +89,7 @@ def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_ja
     _catch_up(pipeline)
     before = pipeline.ledger()
     assert before is not None
-    small = len(pipeline.rows.live_data_files())
+    small = len(live_data_files(pipeline.rows))
 
     [[rewritten]] = _spark(env, iceberg_jars, _rewrite(env))
 
@@ -97,7 +98,7 @@ def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_ja
     assert not [key for key in replace.summary.additional_properties if key.startswith("ingest.")]
     assert replace.parent_snapshot_id == before.snapshot_id == ours[-1].snapshot_id
     assert rewritten["rewritten_data_files_count"] == small
-    assert len(pipeline.rows.live_data_files()) == rewritten["added_data_files_count"] < small
+    assert len(live_data_files(pipeline.rows)) == rewritten["added_data_files_count"] < small
     assert pipeline.ledger() == before  # found below the foreign snapshot
     assert env.counts() == (600 - env.bad, env.bad)
 
@@ -120,7 +121,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     _catch_up(pipeline)
     before = pipeline.ledger()
     assert before is not None
-    small = len(pipeline.rows.live_data_files())
+    small = len(live_data_files(pipeline.rows))
     env.produce(300, bad_every=13)
     rewrites: list[dict[str, Any]] = []
     pending: list[Produced] = []
@@ -161,7 +162,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     landed = decode("orders", mine.summary.additional_properties)
     assert landed is not None and landed.start_offsets == before.ledger.offsets
     # the append went onto Spark's head: compacted files plus this batch's, no resurrected small files
-    assert len(pipeline.rows.live_data_files()) == rewritten["added_data_files_count"] + len(produced.files)
+    assert len(live_data_files(pipeline.rows)) == rewritten["added_data_files_count"] + len(produced.files)
 
     _catch_up(pipeline)
     _assert_exactly_once(env, pipeline)
@@ -214,7 +215,7 @@ def _written(pipeline: Pipeline) -> tuple[object, ...]:
     pipeline.rows.refresh()
     pipeline.dead.refresh()
     return tuple(
-        (sorted(s.snapshot_id for s in table.all_snapshots()), sorted(path for path, _ in table.stored_data_files()))
+        (sorted(s.snapshot_id for s in table.all_snapshots()), sorted(path for path, _ in stored_data_files(table)))
         for table in (pipeline.rows, pipeline.dead)
     )
 
@@ -232,7 +233,7 @@ def test_maintain_leaves_a_table_with_foreign_row_deletes_uncompacted(make_env, 
         f"DELETE FROM {table} WHERE _kafka_offset < 10",
     )
     pipeline.rows.refresh()
-    _, deletes = pipeline.rows.live_files()
+    _, deletes = live_files(pipeline.rows)
     remaining = pipeline.rows.scan_columns(["_kafka_offset"]).num_rows
     assert deletes > 0 and remaining < 600 - env.bad
 

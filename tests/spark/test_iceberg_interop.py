@@ -15,8 +15,8 @@ from tests.runs import one_batch
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.engines.spark import SparkEngine
 from ingest.pipeline import Pipeline
-from ingest.spark import SparkEngine
 from tests.spark.iceberg_jvm import iceberg_jars_fixture, jdbc_catalog, read  # noqa: F401  (fixture iceberg_jars)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.engines.spark import TASK_FAILURE_ENV
 from ingest.pipeline import Pipeline
-from ingest.spark import TASK_FAILURE_ENV
 from tests.spark.conftest import spark_submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

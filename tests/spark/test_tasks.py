@@ -13,9 +13,9 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import Batch
+from ingest.core.ranges import split_ranges
+from ingest.engines.spark import _translate
 from ingest.errors import BrokerUnavailable, CatalogUnavailable, DataLoss, FatalError, SparkUnavailable
-from ingest.spark import _translate
-from ingest.tasks import split_ranges
 
 pytestmark = pytest.mark.spark
 
@@ -73,7 +73,9 @@ def _failed(last_error: str) -> _JobFailed:
         _JavaException(
             "Job aborted due to stage failure: Task 0 in stage 3.0 failed 4 times, most recent failure: Lost task "
             "0.3 in stage 3.0 (TID 12) (127.0.0.1 executor driver): org.apache.spark.api.python.PythonException: "
-            'Traceback (most recent call last):\n  File "ingest/kafka.py", line 130, in _drain\n' + last_error + "\n"
+            'Traceback (most recent call last):\n  File "ingest/kafka/source.py", line 130, in _drain\n'
+            + last_error
+            + "\n"
         )
     )
 

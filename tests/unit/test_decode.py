@@ -1,4 +1,4 @@
-"""Decoding Kafka JSON values into Arrow rows, with poison records split off (ingest.decode).
+"""Decoding Kafka JSON values into Arrow rows, with poison records split off (ingest.formats.json).
 
 Invariant everywhere: every input record is either a row or a dead letter, exactly once, and
 rows keep their input order.
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.config import FieldSpec
-from ingest.decode import Decoded, Decoder, RawChunk, _one_object_per_line
-from ingest.records import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS
+from ingest.formats.json import Decoder, _one_object_per_line
+from ingest.records import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, RawChunk
 
 UTC = dt.UTC
 FIELDS = [
@@ -298,7 +298,8 @@ def _decode_in_subprocess(
         import ast, json, sys
         import pyarrow as pa
         from ingest.config import FieldSpec
-        from ingest.decode import Decoder, RawChunk
+        from ingest.formats.json import Decoder
+                from ingest.records import RawChunk
         values, fields = ast.literal_eval(sys.stdin.read())
         n = len(values)
         chunk = RawChunk(

@@ -1,4 +1,4 @@
-"""Sharing a batch's ranges between processes (ingest.tasks.share and hand_off) and checking that
+"""Sharing a batch's ranges between processes (ingest.engines.tasks.share and hand_off) and checking that
 their results cover it exactly (combine): no Kafka needed."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.core.ledger import TopicPartition
-from ingest.kafka import Stops
-from ingest.tasks import _coverage_problem as combine_problem
-from ingest.tasks import hand_off, share
+from ingest.core.ranges import coverage_problem as combine_problem
+from ingest.core.ranges import share
+from ingest.engines.tasks import hand_off
+from ingest.kafka.source import Stops
 
 ranges_strategy = st.lists(
     st.tuples(st.integers(0, 7), st.integers(0, 10_000), st.integers(0, 3_000)), max_size=8, unique_by=lambda r: r[0]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ingest.broker import free_port
+from ingest.kafka.embedded import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -11,7 +11,6 @@ do not cover every task exactly once.
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,99 +21,19 @@ import pyarrow as pa
 
 from ingest import arrow_memory, nogc
 from ingest.config import FieldSpec, PipelineConfig
-from ingest.core.ledger import TopicPartition
-from ingest.decode import Decoder, RawChunk
+from ingest.core.ledger import TopicPartition, merge_timestamps
+from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
-from ingest.kafka import KafkaSource, Range, Stops
+from ingest.formats.json import Decoder
+from ingest.kafka.source import KafkaSource, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
-    from ingest.iceberg import IcebergTable
+    from ingest.iceberg.table import IcebergTable
 
 
-# --- splitting ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskRange:
-    """One Spark task's share of a batch: offsets ``[start, end)`` of one partition."""
-
-    index: int
-    tp: TopicPartition
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-def _divide(tp: TopicPartition, start: int, end: int, parts: int) -> list[Range]:
-    """``[start, end)`` as ``parts`` contiguous pieces of near-equal size (the last takes the rest)."""
-    pieces, remaining = [], end - start
-    for part in range(parts):
-        size = remaining // (parts - part)
-        pieces.append((tp, start, start + size))
-        start, remaining = start + size, remaining - size
-    return pieces
-
-
-def split_ranges(
-    ranges: Sequence[Range],
-    min_partitions: int | None = None,
-    max_records_per_partition: int | None = None,
-) -> list[TaskRange]:
-    """Planned ranges as tasks that together cover every range exactly, each piece non-empty.
-
-    First no task gets more than ``max_records_per_partition`` offsets; then, if that leaves fewer
-    than ``min_partitions`` tasks, each piece is split again in proportion to its size (Spark's
-    Kafka source does the same with ``minPartitions``, rounding halves up).
-    """
-    pieces = [
-        piece
-        for tp, start, end in ranges
-        if end > start
-        for piece in _divide(tp, start, end, math.ceil((end - start) / (max_records_per_partition or end - start)))
-    ]
-    if min_partitions is not None and len(pieces) < min_partitions:
-        total = sum(end - start for _, start, end in pieces)
-        pieces = [
-            smaller
-            for tp, start, end in pieces
-            for smaller in _divide(
-                tp, start, end, min(end - start, max(1, math.floor((end - start) / total * min_partitions + 0.5)))
-            )
-        ]
-    return [TaskRange(i, tp, start, end) for i, (tp, start, end) in enumerate(pieces)]
-
-
-def share(ranges: Sequence[Range], parts: int) -> list[list[Range]]:
-    """The ranges as at most ``parts`` groups of near-equal offset counts (one per worker).
-
-    The ranges are laid end to end and cut into equal stretches, so a group holds whole ranges and
-    at most two partial ones, and every offset of every range is in exactly one group. Empty
-    ranges are left out; groups are never empty.
-    """
-    nonempty = [(tp, start, end) for tp, start, end in ranges if end > start]
-    total = sum(end - start for _, start, end in nonempty)
-    parts = max(1, min(parts, total))
-    groups: list[list[Range]] = []
-    pending = list(reversed(nonempty))
-    left = total
-    for part in range(parts):
-        want = left // (parts - part)
-        left -= want
-        group: list[Range] = []
-        while want > 0:
-            tp, start, end = pending.pop()
-            take = min(want, end - start)
-            group.append((tp, start, start + take))
-            if start + take < end:
-                pending.append((tp, start + take, end))
-            want -= take
-        groups.append(group)
-    return [g for g in groups if g]
+# --- handing off ------------------------------------------------------------------------------
 
 
 def hand_off(stops: Stops, parts: int, least: int = 1) -> list[list[Range]]:
@@ -201,15 +120,6 @@ def _max_timestamps(table: pa.Table, columns: Coordinates) -> dict[TopicPartitio
         if value is not None:
             result[TopicPartition(row[topic], row[partition])] = int(value.timestamp() * 1000)
     return result
-
-
-def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[TopicPartition, int]:
-    """Newest record timestamp per partition over several results."""
-    merged: dict[TopicPartition, int] = {}
-    for part in parts:
-        for tp, value in part.items():
-            merged[tp] = max(merged.get(tp, value), value)
-    return merged
 
 
 def decode_and_write(
@@ -357,7 +267,7 @@ def combine(
     """The outputs of a batch's tasks as one result; ``incomplete(message)`` is raised unless the
     ranges the tasks read cover each ``expected`` range exactly once (committing then would lose
     or duplicate records)."""
-    problem = _coverage_problem(expected, [r for output in outputs for r in output.ranges])
+    problem = coverage_problem(expected, [r for output in outputs for r in output.ranges])
     if problem is not None:
         raise incomplete(f"got results that {problem}; nothing was committed. Run again.")
     ordered = sorted(outputs, key=lambda output: output.index)
@@ -369,23 +279,3 @@ def combine(
         nbytes=sum(output.nbytes for output in ordered),
         timestamps=merge_timestamps(output.timestamps for output in ordered),
     )
-
-
-def _coverage_problem(expected: Sequence[Range], read: Sequence[Range]) -> str | None:
-    """What is wrong with ``read`` as a tiling of ``expected`` (None: every offset once)."""
-    pieces: dict[TopicPartition, list[tuple[int, int]]] = {}
-    for tp, start, end in read:
-        pieces.setdefault(tp, []).append((start, end))
-    wanted = {tp: (start, end) for tp, start, end in expected if end > start}
-    for tp in pieces.keys() - wanted.keys():
-        return f"read {tp}, which the batch does not cover"
-    for tp, (start, end) in wanted.items():
-        cursor = start
-        for low, high in sorted(pieces.get(tp, [])):
-            if low != cursor:
-                how = "missed" if low > cursor else "read twice"
-                return f"{how} offsets of {tp} from {min(low, cursor)} (covering {start}..{end})"
-            cursor = high
-        if cursor != end:
-            return f"covered {tp} up to {cursor}, not {end}"
-    return None

@@ -1,12 +1,12 @@
 """The local engine: a batch's ranges turned into data files on this machine.
 
 A batch of fewer than two chunks (``batch.chunk_records``) runs in this process. A larger one is
-shared between this process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.workers`),
+shared between this process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.engines.workers`),
 kept for the following batches of the run. A run opened by :func:`ingest.runner.opened` starts them before
 the catalog opens when Kafka shows a backlog that needs them (:func:`workers_for_backlog`); else a
 batch starts them when it first needs them. This process
 starts reading the whole batch at once; each worker, when it is ready, takes an equal share of
-what this process has not read yet (:func:`ingest.tasks.hand_off`). A worker already running
+what this process has not read yet (:func:`ingest.engines.tasks.hand_off`). A worker already running
 therefore gets its share before anything is read, and one that takes seconds to start cannot hold
 the batch back. Every share is read in a background thread while its earlier chunks decode and
 write, and this process alone commits, once the shares cover the batch exactly.
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
+from ingest.engines.tasks import TaskSpec, combine, hand_off, run_task
+from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import IngestError, WorkerLost
-from ingest.kafka import READ_CHUNK_RECORDS, KafkaSource, Stops
+from ingest.kafka.source import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.ports import Produced
-from ingest.tasks import TaskSpec, combine, hand_off, run_task
-from ingest.workers import Task, WorkerPool
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
-    from ingest.iceberg import IcebergTable
+    from ingest.iceberg.table import IcebergTable
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from ingest.core.plan import Batch, KafkaView
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.dead_letters import settle
 from ingest.errors import ConfigError, FatalError
-from ingest.iceberg import IcebergTable
+from ingest.iceberg.table import IcebergTable
 from ingest.pipeline import Pipeline
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]

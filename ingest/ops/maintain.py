@@ -22,7 +22,15 @@ from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
 from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, encode, find_ledger, registered_pipelines
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
-from ingest.iceberg import DataFile, IcebergTable
+from ingest.iceberg.files import (
+    delete_file,
+    live_data_files,
+    live_files,
+    read_files,
+    referenced_paths,
+    stored_data_files,
+)
+from ingest.iceberg.table import DataFile, IcebergTable
 from ingest.pipeline import Pipeline
 from ingest.ports import DataFile as WrittenFile
 from ingest.retry import settled
@@ -80,12 +88,12 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
 def remove_orphans(table: IcebergTable, spec: MaintenanceSpec, now_s: float) -> list[str]:
     """Delete data files no snapshot references (crashed or fenced batches), once old enough."""
     table.refresh()
-    referenced = table.referenced_paths()
+    referenced = referenced_paths(table)
     cutoff = now_s - spec.orphan_age_hours * 3600
     removed = []
-    for path, modified in table.stored_data_files():
+    for path, modified in stored_data_files(table):
         if path not in referenced and modified < cutoff:
-            table.delete_file(path)
+            delete_file(table, path)
             removed.append(path)
     return removed
 
@@ -104,7 +112,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
     A table with delete files (a merge-on-read writer's row deletes) is left alone: rewriting its
     data files here would bring the deleted rows back."""
     table.refresh()
-    files, deletes = table.live_files()
+    files, deletes = live_files(table)
     if deletes:
         log.warning(
             "compaction of %s skipped: %d delete files apply to its data (written by a merge-on-read tool); "
@@ -119,11 +127,11 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
     remove = [f for group in groups for f in group]
     add: list[WrittenFile] = []
     for group in groups:
-        add.extend(table.write(table.read_files(group), target_file_bytes=int(spec.target_file_mb * MB)))
+        add.extend(table.write(read_files(table, group), target_file_bytes=int(spec.target_file_mb * MB)))
 
     def attempt(number: int) -> dict[str, int]:
         summary = restamped_summary(table, COMPACTION)
-        live = {f.file_path for f in table.live_data_files()}
+        live = {f.file_path for f in live_data_files(table)}
         if not all(f.file_path in live for f in remove):
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)
             return {"files_removed": 0, "files_added": 0}
@@ -144,7 +152,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
 
 
 def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:
-    live = {f.file_path for f in table.live_data_files()}
+    live = {f.file_path for f in live_data_files(table)}
     return bool(added) and all(f.file_path in live for f in added)
 
 

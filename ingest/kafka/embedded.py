@@ -77,7 +77,7 @@ class EmbeddedBroker:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        from ingest.kafka import ping
+        from ingest.kafka.admin import ping
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -49,7 +49,7 @@ from ingest.errors import (
     ReplayImpossible,
     RollbackRefused,
 )
-from ingest.iceberg import MAIN, IcebergTable
+from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
 from ingest.pipeline import Pipeline
 from ingest.retry import Again, settled

@@ -1,4 +1,4 @@
-"""Kafka adapter: the only module that imports confluent_kafka.
+"""Reading Kafka for a batch: its watermarks, and exact offset ranges.
 
 Reads exact offset ranges with ``assign()`` (no group subscription, no auto-commit,
 ``auto.offset.reset=error``, ``read_committed``). Offsets are not contiguous (transaction markers,
@@ -12,20 +12,21 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
-from ingest.decode import Headers, RawChunk
+from ingest.core.ranges import Range
 from ingest.errors import BrokerUnavailable, TopicNotFound
+from ingest.records import Headers, RawChunk
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,6 @@ EXACT_READ: dict[str, Any] = {
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     consumer_only = {"group.id", *FETCH_DEFAULTS, *EXACT_READ}
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
-
-
-Range = tuple[TopicPartition, int, int]
 
 
 class Stops:
@@ -283,78 +281,6 @@ class KafkaSource:
                     raise KafkaException(", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in refused))
         except KafkaException as error:
             log.warning("advisory offsets of consumer group %r not stored (ignored): %s", self._group_id, error)
-
-
-def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
-    """Whether a broker answers a metadata request."""
-    try:
-        AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout_s)
-        return True
-    except KafkaException:
-        return False
-
-
-def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 10.0) -> None:
-    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout_s)
-    for future in futures.values():
-        try:
-            future.result()
-        except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise BrokerUnavailable(f"cannot create topic {topic!r}: {error}") from None
-
-
-def produce(
-    bootstrap_servers: str,
-    topic: str,
-    records: Iterable[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
-) -> int:
-    """Send ``(partition, key, value, headers)`` records (idempotent, lz4); returns the count.
-
-    The last record of each partition goes in a request of its own, so brokers that report the
-    end offset of a partition from its last record batch report it right.
-    """
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "enable.idempotence": True,
-            "compression.type": "lz4",
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-        }
-    )
-    last: dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = {}
-    count = 0
-    for partition, key, value, headers in records:
-        if partition in last:
-            _send(producer, topic, partition, *last[partition])
-            count += 1
-        last[partition] = (key, value, headers)
-    producer.flush()
-    for partition, (key, value, headers) in sorted(last.items()):
-        _send(producer, topic, partition, key, value, headers)
-        producer.flush()
-        count += 1
-    return count
-
-
-def _send(
-    producer: Producer,
-    topic: str,
-    partition: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, bytes]] | None,
-) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, partition=partition, headers=headers)  # type: ignore[arg-type]
-            return
-        except BufferError:
-            producer.poll(0.1)
 
 
 _SECOND = operator.itemgetter(1)

@@ -1,5 +1,6 @@
-"""Iceberg adapter: the only module that imports pyiceberg (with :mod:`ingest.held_catalog`,
-imported only once an SQL catalog is opened: workers write files and need no SQLAlchemy).
+"""An Iceberg table as the protocol uses it: the ledger-bearing branch head, data files written
+under unique names, and commits that are compare-and-swaps (SQLAlchemy is imported only once an SQL
+catalog is opened, by :mod:`ingest.iceberg.held_catalog`: workers write files and need no database).
 
 It turns the catalog into what the protocol needs: the branch head and its ancestry as
 :class:`~ingest.core.ledger.SnapshotView`, Parquet data files written under unique names, and one
@@ -20,11 +21,10 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
@@ -32,15 +32,11 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
 )
 from pyiceberg.io.pyarrow import (
-    PyArrowFileIO,
-    _check_pyarrow_schema_compatible,
     _dataframe_to_data_files,
-    _pyarrow_to_schema_without_ids,
 )
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
-from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
-from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
@@ -54,23 +50,13 @@ from pyiceberg.table.update import (
     TableRequirement,
     TableUpdate,
 )
-from pyiceberg.transforms import (
-    BucketTransform,
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    TruncateTransform,
-    YearTransform,
-)
 
 from ingest import nogc, records
-from ingest.config import FieldSpec
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, TableMismatch
+from ingest.iceberg.schema import check_compatible
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
 
@@ -79,67 +65,6 @@ log = logging.getLogger(__name__)
 NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
 #: the catalog properties a file IO needs to write data files (what crosses to workers and executors)
 STORAGE_PROPERTIES = ("s3.", "gcs.", "adls.", "hdfs.", "hf.", "oss.", "client.", "pyarrow.", "py-io-impl")
-
-
-def _iceberg_schema(arrow: pa.Schema) -> Schema:
-    """An Arrow schema from :mod:`ingest.records` as an Iceberg schema, field ids assigned as
-    Iceberg assigns fresh ones (top-level fields first, in order; then nested ones)."""
-    return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(arrow))
-
-
-def rows_schema(fields: Sequence[FieldSpec]) -> Schema:
-    return _iceberg_schema(records.rows_schema(fields, docs=True))
-
-
-def dead_letter_schema() -> Schema:
-    return _iceberg_schema(records.DEAD_LETTER_SCHEMA)
-
-
-_TRANSFORMS: dict[str, Callable[[int | None], Transform[Any, Any]]] = {
-    "identity": lambda _: IdentityTransform(),
-    "year": lambda _: YearTransform(),
-    "month": lambda _: MonthTransform(),
-    "day": lambda _: DayTransform(),
-    "hour": lambda _: HourTransform(),
-    "bucket": lambda n: BucketTransform(n or 0),
-    "truncate": lambda n: TruncateTransform(n or 0),
-}
-
-
-def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec:
-    if not partition_by:
-        return UNPARTITIONED_PARTITION_SPEC
-    fields = []
-    for i, item in enumerate(partition_by):
-        transform = records.parse_transform(item)
-        assert transform is not None  # validated in config
-        source = schema.find_field(transform.column)
-        fields.append(
-            PartitionField(
-                source_id=source.field_id,
-                field_id=1000 + i,
-                transform=_TRANSFORMS[transform.function](transform.width),
-                name=transform.field_name,
-            )
-        )
-    return PartitionSpec(*fields)
-
-
-def connect(properties: Mapping[str, str]) -> Catalog:
-    props = dict(properties)
-    name = props.pop("name")
-    try:
-        catalog = load_catalog(name, **props)
-        if type(catalog).__module__ == "pyiceberg.catalog.sql":  # SqlCatalog: its module is loaded now
-            from ingest.held_catalog import HeldSqlCatalog
-
-            catalog.engine.dispose()  # type: ignore[attr-defined]
-            catalog = HeldSqlCatalog(catalog.name, **catalog.properties)
-        return catalog
-    except (ValueError, NotImplementedError) as error:
-        raise ConfigError(f"catalog: {error}") from None
-    except Exception as error:  # driver errors of every catalog backend
-        raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
 
 
 def _no_library_retry(table: Table, metadata: TableMetadata | None = None) -> Table:
@@ -200,7 +125,7 @@ class IcebergTable:
             raise
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
-        _check_compatible(identifier, table, schema)
+        check_compatible(identifier, table, schema)
         return cls(catalog, identifier, table, loaded_at=time.monotonic())
 
     @property
@@ -356,20 +281,6 @@ class IcebergTable:
             return None
         return str(snapshot.summary.operation.value)
 
-    def added_data_files(self, snapshot_id: int) -> list[DataFile]:
-        """The data files snapshot ``snapshot_id`` added (what re-applying it elsewhere needs)."""
-        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
-        if snapshot is None:
-            return []
-        io = self._table.io
-        return [
-            entry.data_file
-            for manifest in snapshot.manifests(io=io)
-            if manifest.content == ManifestContent.DATA and manifest.added_snapshot_id == snapshot_id
-            for entry in manifest.fetch_manifest_entry(io=io, discard_deleted=True)
-            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id
-        ]
-
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
         snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
@@ -401,56 +312,6 @@ class IcebergTable:
         )
         update = RemoveSnapshotsUpdate.model_validate({"snapshot-ids": list(snapshot_ids)})
         self._commit_updates((update,), (*seen, *absent))
-
-    def live_files(self) -> tuple[list[DataFile], int]:
-        """Data files of the branch head, and how many delete files apply to them."""
-        head = self.branch_head(self.branch)
-        snapshot = self._table.metadata.snapshot_by_id(head) if head is not None else None
-        if snapshot is None:
-            return [], 0
-        data: list[DataFile] = []
-        deletes = 0
-        for manifest in snapshot.manifests(io=self._table.io):
-            entries = manifest.fetch_manifest_entry(io=self._table.io, discard_deleted=True)
-            if manifest.content == ManifestContent.DATA:
-                data.extend(entry.data_file for entry in entries)
-            else:
-                deletes += len(entries)
-        return data, deletes
-
-    def live_data_files(self) -> list[DataFile]:
-        """Data files of the branch head."""
-        return self.live_files()[0]
-
-    def referenced_paths(self) -> set[str]:
-        """Every data file any remaining snapshot references."""
-        return set(self._table.inspect.all_files()["file_path"].to_pylist())
-
-    def stored_data_files(self) -> list[tuple[str, float]]:
-        """(path, modified-at seconds) of every file under the table's data directory."""
-        from pyarrow.fs import FileSelector, FileType
-
-        location = self._table.location().rstrip("/") + "/data"
-        scheme, netloc, path = PyArrowFileIO.parse_location(location)
-        io = self._table.io
-        fs = io.fs_by_scheme(scheme, netloc) if isinstance(io, PyArrowFileIO) else None
-        if fs is None:
-            raise TableMismatch(f"orphan-file removal needs pyarrow file IO for {location}")
-        prefix = f"{scheme}://{netloc}" if netloc else f"{scheme}://"
-        found = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
-        return [(prefix + info.path, info.mtime.timestamp()) for info in found if info.type == FileType.File]
-
-    def delete_file(self, path: str) -> None:
-        self._table.io.delete(path)
-
-    def read_files(self, files: Sequence[DataFile]) -> pa.Table:
-        import pyarrow.parquet as pq
-
-        tables = []
-        for data_file in files:
-            with self._table.io.new_input(data_file.file_path).open() as stream:
-                tables.append(pq.read_table(stream))
-        return pa.concat_tables(tables, promote_options="permissive")
 
     def rewrite(self, remove: Sequence[DataFile], add: Sequence[WrittenFile], summary: Mapping[str, str]) -> int:
         """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
@@ -538,13 +399,3 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: Par
         return catalog.create_table(identifier, schema=schema, partition_spec=spec, properties=NO_LIBRARY_RETRIES)
     except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first
         return catalog.load_table(identifier)
-
-
-def _check_compatible(identifier: str, table: Table, schema: Schema) -> None:
-    try:
-        _check_pyarrow_schema_compatible(table.schema(), schema.as_arrow())
-    except ValueError as error:
-        raise TableMismatch(
-            f"table {identifier} exists with a schema that does not fit the configured one: {error}\n"
-            "Fix `schema:` to match the table, or evolve the table's schema first."
-        ) from None

@@ -1,8 +1,8 @@
-"""Worker processes of the local engine, and their main (``python -m ingest.workers FD``).
+"""Worker processes of the local engine, and their main (``python -m ingest.engines.workers FD``).
 
 Why processes: confluent-kafka hands every message to Python as an object built under the GIL,
 so one process reads Kafka on one core at most, however many cores decode and write. A worker
-runs tasks (:func:`ingest.tasks.run_task`): it reads its share of the batch's ranges, decodes,
+runs tasks (:func:`ingest.engines.tasks.run_task`): it reads its share of the batch's ranges, decodes,
 writes data files, and returns their metadata. Only the engine's process commits.
 
 Workers are plain subprocesses of this interpreter (not ``multiprocessing``): they start the same
@@ -36,12 +36,12 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from ingest import failpoints
+from ingest.engines.tasks import TaskOutput, TaskSpec, run_task
 from ingest.errors import IngestError, WorkerLost
-from ingest.tasks import TaskOutput, TaskSpec, run_task
 
 if TYPE_CHECKING:
-    from ingest.iceberg import IcebergTable
-    from ingest.kafka import Range
+    from ingest.core.ranges import Range
+    from ingest.iceberg.table import IcebergTable
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class _Worker:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ingest.workers", str(theirs.fileno()), str(os.getpid())],
+            [sys.executable, "-m", "ingest.engines.workers", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
         )
@@ -273,7 +273,9 @@ def main(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the engine decides
     threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s")
-    importlib.import_module("ingest.iceberg")  # a task holds its table: pyiceberg is loaded before the word "ready"
+    importlib.import_module(
+        "ingest.iceberg.table"
+    )  # a task holds its table: pyiceberg is loaded before the word "ready"
     _serve(Connection(fd))
 
 

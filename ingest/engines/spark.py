@@ -3,7 +3,7 @@
 The driver plans and commits exactly as with the local engine (:class:`ingest.pipeline.Pipeline`:
 same planner, same ledger, same commit path). Only :meth:`SparkEngine.produce` differs: the
 batch's ranges are split into tasks, and each task, on an executor, reads its exact sub-range
-``[start, end)`` with the Kafka adapter, decodes it with the same :class:`~ingest.decode.Decoder`,
+``[start, end)`` with the Kafka adapter, decodes it with the same :class:`~ingest.formats.json.Decoder`,
 writes Parquet data files into the table location and returns their ``DataFile`` metadata, its
 dead letters (Arrow IPC bytes), counts and newest timestamps. The driver commits once.
 
@@ -43,10 +43,11 @@ from types import TracebackType
 from ingest import errors, failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
+from ingest.core.ranges import TaskRange, split_ranges
+from ingest.engines.tasks import TaskOutput, TaskSpec, combine, run_task
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
-from ingest.iceberg import IcebergTable
+from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced
-from ingest.tasks import TaskOutput, TaskRange, TaskSpec, combine, run_task, split_ranges
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError

@@ -9,8 +9,7 @@ that says what is wrong. Good chunks (the usual case) are parsed once, in C++.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,9 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.config import FieldSpec
-from ingest.records import DEAD_LETTER_SCHEMA, arrow_type, rows_schema
-
-Headers = list[tuple[str, bytes | None]] | None
+from ingest.records import DEAD_LETTER_SCHEMA, Decoded, RawChunk, arrow_type, rows_schema
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
@@ -37,29 +34,6 @@ def _json_type(type_name: str) -> pa.DataType:
         # the reader checks precision before rescaling; parse wide, then cast with checks
         return pa.decimal128(38, target.scale)
     return target
-
-
-@dataclass
-class RawChunk:
-    """Records as read from Kafka, column-wise. ``headers(i)`` is only called for dead letters."""
-
-    topic: pa.Array
-    partition: pa.Array
-    offset: pa.Array
-    timestamp: pa.Array
-    key: pa.Array
-    values: list[bytes | None]
-    headers: Callable[[int], Headers]
-    nbytes: int
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
-@dataclass
-class Decoded:
-    rows: pa.Table
-    dead_letters: pa.Table
 
 
 _JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}

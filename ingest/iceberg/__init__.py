@@ -1,0 +1,1 @@
+"""Iceberg adapter: the only package that imports pyiceberg."""

@@ -1,0 +1,1 @@
+"""Operations around the batch: replay, reset, maintenance and the reports (status, history, verify)."""
