@@ -299,7 +299,7 @@ def _decode_in_subprocess(
         import pyarrow as pa
         from ingest.config import FieldSpec
         from ingest.formats.json import Decoder
-                from ingest.records import RawChunk
+        from ingest.records import RawChunk
         values, fields = ast.literal_eval(sys.stdin.read())
         n = len(values)
         chunk = RawChunk(
