@@ -2,11 +2,8 @@
 
 pyarrow's default pool is mimalloc. A batch's Arrow buffers (JSON parse, columns, Parquet pages)
 are allocated afresh in a new process, on transparent huge pages that the kernel zeroes 2 MB at
-a time: 5.4% of the CPU samples of ``ingest run`` on ``make bench``'s 2M records (``perf``), half of
-them under mimalloc's page setup.
-With jemalloc's pool, the first batch of a run was faster in each of nine alternating pairs
-(404-449k records/s against 378-431k; medians 437k and 414k) and peak RSS fell from 983-1,028 MB
-to 917-927 MB; later batches, on warm pools, were within the noise.
+a time. With jemalloc's pool the first batch of a run is faster and smaller; later batches, on
+warm pools, are alike (the measurements: docs/performance.md).
 
 A pool named in ``ARROW_DEFAULT_MEMORY_POOL`` is the user's choice and is kept. Buffers remember
 the pool that allocated them, so switching the default while others exist is safe.

@@ -4,9 +4,7 @@ A batch allocates millions of short-lived container objects that form no referen
 confluent-kafka ``Message`` per record (GC-tracked), and pydantic models by the hundred thousand
 each time pyiceberg loads or copies a table's metadata. The collector runs every 700 such
 allocations and, every so often, walks every live tracked object; in a process reading a batch
-that cost a third of its CPU. One local-engine process on ``make bench``'s 2M records:
-280-316k records/s with the collector running, 468-479k/s with it paused here; the batch left 55
-unreachable objects for the collector once it ran again.
+that cost a third of its CPU (the measurements: docs/performance.md).
 
 Reference counting frees everything as usual while the collector is paused; only garbage in
 cycles waits until the pause ends. Mercurial's ``util.nogc`` does the same around its bulk

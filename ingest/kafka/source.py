@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 #: fetch settings for bulk range reads. ``fetch.queue.backoff.ms`` matters most: when a fetch
 #: leaves more than ``queued.min.messages`` (100k) waiting for a partition, librdkafka's default
 #: is to fetch that partition again only a full second later; a reader that drains the queue in
-#: milliseconds then idles, and a small range of a large partition took 3.3 s instead of 0.5 s.
+#: milliseconds then idles (docs/performance.md).
 FETCH_DEFAULTS: dict[str, Any] = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
@@ -42,9 +42,8 @@ FETCH_DEFAULTS: dict[str, Any] = {
 }
 #: records and value bytes read from Kafka at a time. Raw records cost several hundred bytes of
 #: Python objects each; small chunks keep that in the CPU caches and let reading overlap with
-#: decoding at a fine grain (one local-engine process on `make bench`'s 2M records: 347k records/s
-#: and 748 MB peak with 200k-record chunks, 478k/s and 409 MB with 25k). Files are sized apart
-#: from them (``batch.chunk_records`` rows written together).
+#: decoding at a fine grain: faster and smaller than 200k-record chunks (docs/performance.md).
+#: Files are sized apart from them (``batch.chunk_records`` rows written together).
 READ_CHUNK_RECORDS = 25_000
 READ_CHUNK_BYTES = 8 << 20
 #: a generous guess of a record's size on the wire, to size fetches for small ranges
