@@ -22,7 +22,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ingest import config as config_module
 from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
@@ -95,10 +94,12 @@ def _pipeline(config: Any) -> Any:
     return Pipeline.open(config)
 
 
-def _ms(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return datetime.fromtimestamp(value / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
+    """A command's result: as one line of JSON (``--json``), or rendered for people (:mod:`ingest.render`)."""
+    if json_output:
+        print(json.dumps(data), flush=True)
+    else:
+        show()
 
 
 @app.callback()
@@ -162,9 +163,11 @@ def _open_run(path: Path, name: EngineName) -> Iterator[Any]:
 
 
 def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
+    from ingest import render
+
     pipeline = run.pipeline
     show_progress = catch_up and not json_output and err.is_terminal
-    total = sum(p["lag"] for p in _status(pipeline)["partitions"]) if show_progress else 0
+    total = _status(pipeline).lag if show_progress else 0
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -180,15 +183,10 @@ def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bo
             if json_output:
                 print(json.dumps(result.as_dict()), flush=True)
             else:
-                out.print(
-                    f"batch {result.batch}: [bold]{result.status}[/] {result.records} rows, "
-                    f"{result.dead_letters} dead letters, {result.bytes / 1e6:.1f} MB in {result.seconds:.2f}s"
-                    + (f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""),
-                    highlight=False,
-                )
+                render.batch(result, out)
 
 
-def _status(pipeline: Any) -> dict[str, Any]:
+def _status(pipeline: Any) -> Any:
     from ingest.ops import report
 
     return report.status(pipeline)
@@ -199,17 +197,10 @@ def status(config: ConfigOption, json_output: JsonOption = False) -> None:
     """Per partition: the committed offset, the end offset, and the lag."""
 
     def body() -> None:
-        data = _status(_open(config))
-        if json_output:
-            print(json.dumps(data))
-            return
-        table = Table(title=f"{data['pipeline']} → {data['table']} (batch {data['batch']})")
-        for column in ("topic", "partition", "committed", "end", "lag"):
-            table.add_column(column, justify="right" if column != "topic" else "left")
-        for p in data["partitions"]:
-            table.add_row(p["topic"], str(p["partition"]), str(p["committed"]), str(p["end"]), str(p["lag"]))
-        out.print(table)
-        out.print(f"total lag {data['lag']}; data complete through {_ms(data['valid_through_ms'])}")
+        from ingest import render
+
+        result = _status(_open(config))
+        _emit(json_output, result.as_dict(), lambda: render.status(result, out))
 
     _guarded(json_output, body)
 
@@ -224,24 +215,10 @@ def history(
     from ingest.ops import report
 
     def body() -> None:
-        rows = report.history(_open(config), limit=limit)
-        if json_output:
-            print(json.dumps(rows))
-            return
-        table = Table(title="batches (newest first)")
-        for column in ("batch", "snapshot", "committed at", "records", "dead letters", "ranges"):
-            table.add_column(column)
-        for row in rows:
-            ranges = ", ".join(f"{r['topic']}[{r['partition']}] {r['start']}..{r['end']}" for r in row["ranges"])
-            table.add_row(
-                str(row["batch"]),
-                str(row["snapshot_id"]),
-                _ms(row["timestamp_ms"]),
-                str(row["records"]),
-                str(row["dead_letters"]),
-                ranges or "(ledger only)",
-            )
-        out.print(table)
+        from ingest import render
+
+        entries = report.history(_open(config), limit=limit)
+        _emit(json_output, [e.as_dict() for e in entries], lambda: render.history(entries, out))
 
     _guarded(json_output, body)
 
@@ -252,31 +229,15 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
     from ingest.ops import report
 
     def body() -> None:
-        data = report.verify(_open(config))
-        if json_output:
-            print(json.dumps(data))
-        else:
-            table = Table(title=f"verify {data['pipeline']}")
-            for column in ("partition", "range", "in kafka", "rows", "dead letters", "result"):
-                table.add_column(column)
-            for p in data["partitions"]:
-                problems = [f"{k} {p[k]}" for k in ("missing", "duplicated", "unexpected") if p[k]]
-                table.add_row(
-                    f"{p['topic']}[{p['partition']}]",
-                    f"[{p['start']}, {p['end']})",
-                    str(p["in_kafka"]),
-                    str(p["rows"]),
-                    str(p["dead_letters"]),
-                    "ok" if p["ok"] else "; ".join(problems),
-                )
-            out.print(table)
-        if not data["ok"]:
+        from ingest import render
+
+        result = report.verify(_open(config))
+        _emit(json_output, result.as_dict(), lambda: render.verification(result, out))
+        if not result.ok:
             raise VerificationFailed(
                 "verification failed: offsets are missing, duplicated or unexpected (listed above, "
-                f"at most {20} per kind and partition)"
+                f"at most {report.SAMPLE} per kind and partition)"
             )
-        if not json_output:
-            out.print("[bold green]ok[/]: every offset is in the table or the dead letters exactly once")
 
     _guarded(json_output, body)
 
@@ -287,16 +248,10 @@ def maintain(config: ConfigOption, json_output: JsonOption = False) -> None:
     from ingest.ops.maintain import maintain as do_maintain
 
     def body() -> None:
-        data = do_maintain(_open(config))
-        if json_output:
-            print(json.dumps(data))
-            return
-        for label in ("table", "dead_letters"):
-            r = data[label]
-            out.print(
-                f"{label}: {r['files_removed']} small files rewritten into {r['files_added']}, "
-                f"{r['snapshots_expired']} snapshots expired, {r['orphans_removed']} orphan files removed"
-            )
+        from ingest import render
+
+        result = do_maintain(_open(config))
+        _emit(json_output, result.as_dict(), lambda: render.maintenance(result, out))
 
     _guarded(json_output, body)
 
@@ -363,37 +318,12 @@ def reset(
             target = ResetTarget("table")
         else:
             target = ResetTarget("earliest" if to_earliest else "latest")
-        data = do_reset(_open(config), target, reason, reset_id)
-        if json_output:
-            print(json.dumps(data))
-        else:
-            _print_reset(data)
+        from ingest import render
+
+        result = do_reset(_open(config), target, reason, reset_id)
+        _emit(json_output, result.as_dict(), lambda: render.reset(result, out, err))
 
     _guarded(json_output, body)
-
-
-def _print_reset(data: dict[str, Any]) -> None:
-    out.print(f"reset {data['reset_id']}: [bold]{data['status']}[/] (snapshot {data['snapshot_id']})", highlight=False)
-    if "note" in data:
-        out.print(data["note"], highlight=False)
-    if data["status"] != "applied":
-        return
-    if data["recovered"]:
-        out.print(f"the lost ledger of {data['pipeline']!r} was replaced", highlight=False)
-    for p in data["offsets"]:
-        basis = {"low-watermark": " (no record in the table: earliest retained offset)"}.get(p.get("basis", ""), "")
-        out.print(f"  {p['topic']}[{p['partition']}]: {p['from']} -> {p['to']}{basis}", highlight=False)
-    if "dead_letter_floor" in data:
-        out.print(
-            f"the lost dead-letter ledger was rebuilt (snapshot {data['dead_letter_floor']['snapshot_id']})",
-            highlight=False,
-        )
-    if data.get("dead_letter_ledger_lost"):
-        err.print(
-            "[yellow]warning[/]: the dead-letter table's ledger is lost too; the first batch with a dead letter "
-            "will fail until `ingest reset --from-table` rebuilds it",
-            highlight=False,
-        )
 
 
 @app.command()
@@ -414,29 +344,13 @@ def replay(
         raise typer.BadParameter("use either --publish or --rollback")
 
     def body() -> None:
+        from ingest import render
+
         with _open_run(config, EngineName.local) as opened_run:  # one worker pool for every catch-up
-            data = do_replay(
+            result = do_replay(
                 opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
             )
-        if json_output:
-            print(json.dumps(data))
-            return
-        out.print(f"replay from snapshot {data['from_snapshot']}: {data['action']}")
-        if "comparison" in data:
-            table = Table(title=f"main vs {data['branch']}")
-            for column in ("partition", "main offset", "branch offset", "main rows", "branch rows"):
-                table.add_column(column)
-            for r in data["comparison"]:
-                table.add_row(
-                    f"{r['topic']}[{r['partition']}]",
-                    str(r["main_offset"]),
-                    str(r["branch_offset"]),
-                    str(r["main_rows"]),
-                    str(r["branch_rows"]),
-                )
-            out.print(table)
-            if not publish:
-                out.print("nothing published: re-run with --publish to move main to the branch")
+        _emit(json_output, result.as_dict(), lambda: render.replay(result, out))
 
     _guarded(json_output, body)
 

@@ -118,22 +118,15 @@ def _show(pipeline: Pipeline, console: Console) -> None:
         title="snapshots and their ledgers",
     )
     for entry in report.history(pipeline):
-        ends = " ".join(f"{r['partition']}:{r['end']}" for r in entry["ranges"])
-        snapshots.add_row(
-            str(entry["batch"]),
-            str(entry["snapshot_id"]),
-            str(entry["records"]),
-            str(entry["dead_letters"]),
-            ends,
-        )
+        ends = " ".join(f"{r.partition}:{r.end}" for r in entry.ranges)
+        snapshots.add_row(str(entry.batch), str(entry.snapshot_id), str(entry.records), str(entry.dead_letters), ends)
     console.print(snapshots)
-    status = report.status(pipeline)
     lag = Table("partition", "committed", "end", "lag", title="lag")
-    for p in status["partitions"]:
-        lag.add_row(f"{p['topic']}[{p['partition']}]", str(p["committed"]), str(p["end"]), str(p["lag"]))
+    for p in report.status(pipeline).partitions:
+        lag.add_row(f"{p.topic}[{p.partition}]", str(p.committed), str(p.end), str(p.lag))
     console.print(lag)
     check = report.verify(pipeline)
-    in_kafka = sum(p["in_kafka"] for p in check["partitions"])
-    landed = sum(p["rows"] + p["dead_letters"] for p in check["partitions"])
-    verdict = "[bold green]ok[/]" if check["ok"] else "[bold red]FAILED[/]"
+    in_kafka = sum(p.in_kafka for p in check.partitions)
+    landed = sum(p.rows + p.dead_letters for p in check.partitions)
+    verdict = "[bold green]ok[/]" if check.ok else "[bold red]FAILED[/]"
     console.print(f"verify: {verdict} — {in_kafka} records in Kafka = {landed} rows + dead letters")

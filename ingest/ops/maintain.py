@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ingest.committer import observe
@@ -106,7 +106,40 @@ def _groups(files: list[DataFile], small_bytes: int) -> list[list[DataFile]]:
     return [group for group in by_partition.values() if len(group) > 1]
 
 
-def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
+@dataclass(frozen=True)
+class Compaction:
+    files_removed: int = 0
+    files_added: int = 0
+    #: delete files that made compaction leave the table alone (None: there were none)
+    skipped_delete_files: int | None = None
+
+
+@dataclass(frozen=True)
+class TableMaintenance:
+    """What ``ingest maintain`` did to one table."""
+
+    compaction: Compaction
+    snapshots_expired: int
+    orphans_removed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        compaction = {k: v for k, v in asdict(self.compaction).items() if v is not None}
+        return {**compaction, "snapshots_expired": self.snapshots_expired, "orphans_removed": self.orphans_removed}
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """``ingest maintain``: the rows table and the dead-letter table."""
+
+    pipeline: str
+    table: TableMaintenance
+    dead_letters: TableMaintenance
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "table": self.table.as_dict(), "dead_letters": self.dead_letters.as_dict()}
+
+
+def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
     """Rewrite small files per partition into files of about the target size.
 
     A table with delete files (a merge-on-read writer's row deletes) is left alone: rewriting its
@@ -120,28 +153,28 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> dict[str, int]:
             table.identifier,
             deletes,
         )
-        return {"files_removed": 0, "files_added": 0, "skipped_delete_files": deletes}
+        return Compaction(skipped_delete_files=deletes)
     groups = _groups(files, int(spec.small_file_mb * MB))
     if not groups:
-        return {"files_removed": 0, "files_added": 0}
+        return Compaction()
     remove = [f for group in groups for f in group]
     add: list[WrittenFile] = []
     for group in groups:
         add.extend(table.write(read_files(table, group), target_file_bytes=int(spec.target_file_mb * MB)))
 
-    def attempt(number: int) -> dict[str, int]:
+    def attempt(number: int) -> Compaction:
         summary = restamped_summary(table, COMPACTION)
         live = {f.file_path for f in live_data_files(table)}
         if not all(f.file_path in live for f in remove):
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)
-            return {"files_removed": 0, "files_added": 0}
+            return Compaction()
         try:
             table.rewrite(remove, add, summary)
         except (CommitConflict, CommitUnknown):
             table.refresh()
             if not _landed(table, add):
                 raise
-        return {"files_removed": len(remove), "files_added": len(add)}
+        return Compaction(len(remove), len(add))
 
     return settled(
         attempt,
@@ -156,16 +189,14 @@ def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:
     return bool(added) and all(f.file_path in live for f in added)
 
 
-def maintain(pipeline: Pipeline, now: float | None = None) -> dict[str, Any]:
+def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
     spec = pipeline.config.maintenance
     now = time.time() if now is None else now
     observe(pipeline.rows, pipeline.config.pipeline)  # fail closed before touching a table whose ledger is lost
-    report: dict[str, Any] = {"pipeline": pipeline.config.pipeline}
-    for label, table in (("table", pipeline.rows), ("dead_letters", pipeline.dead)):
-        result: Mapping[str, Any] = {
-            **compact(table, spec),
-            "snapshots_expired": len(expire(table, spec, int(now * 1000))),
-            "orphans_removed": len(remove_orphans(table, spec, now)),
-        }
-        report[label] = dict(result)
-    return report
+
+    def one(table: IcebergTable) -> TableMaintenance:
+        compaction = compact(table, spec)
+        expired = expire(table, spec, int(now * 1000))
+        return TableMaintenance(compaction, len(expired), len(remove_orphans(table, spec, now)))
+
+    return Maintenance(pipeline.config.pipeline, one(pipeline.rows), one(pipeline.dead))

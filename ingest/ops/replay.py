@@ -32,7 +32,8 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -51,7 +52,7 @@ from ingest.errors import (
 )
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
-from ingest.pipeline import Pipeline
+from ingest.pipeline import BatchResult, Pipeline
 from ingest.retry import Again, settled
 from ingest.runner import Run
 
@@ -80,7 +81,64 @@ def _rows_per_partition(table: IcebergTable, branch_snapshot: int | None) -> Cou
     return Counter({(r[c.topic], r[c.partition]): r["count_all"] for r in counts})
 
 
-def compare(pipeline: Pipeline, branch: str) -> list[dict[str, Any]]:
+ReplayAction = Literal["replayed", "published", "rolled-back"]
+
+
+@dataclass(frozen=True)
+class BranchComparison:
+    """One partition of main against the replay's branch: ledger offset and rows on each."""
+
+    topic: str
+    partition: int
+    main_offset: int | None
+    branch_offset: int | None
+    main_rows: int
+    branch_rows: int
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """A snapshot of another writer that a rollback took off main."""
+
+    snapshot_id: int
+    operation: str | None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """``ingest replay``: a branch replayed (and compared with main, or published), or main rolled back."""
+
+    pipeline: str
+    from_snapshot: int
+    action: ReplayAction
+    #: the batch of the ledger the replay started from
+    ledger_batch: int | None = None
+    branch: str | None = None
+    batches: tuple[BatchResult, ...] | None = None
+    comparison: tuple[BranchComparison, ...] | None = None
+    #: publish: main's new head, and how many other writers' commits were carried over onto it
+    published: int | None = None
+    reapplied: int | None = None
+    #: rollback: main's new head, and the other writers' commits it took off main
+    main: int | None = None
+    discarded_foreign: tuple[Discarded, ...] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"pipeline": self.pipeline, "from_snapshot": self.from_snapshot, "action": self.action}
+        for key in ("ledger_batch", "branch", "published", "reapplied", "main"):
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value
+        if self.batches is not None:
+            data["batches"] = [b.as_dict() for b in self.batches]
+        if self.comparison is not None:
+            data["comparison"] = [asdict(c) for c in self.comparison]
+        if self.discarded_foreign is not None:
+            data["discarded_foreign"] = [asdict(d) for d in self.discarded_foreign]
+        return data
+
+
+def compare(pipeline: Pipeline, branch: str) -> tuple[BranchComparison, ...]:
     rows = pipeline.rows
     rows.refresh()
     name = pipeline.config.pipeline
@@ -92,17 +150,17 @@ def compare(pipeline: Pipeline, branch: str) -> list[dict[str, Any]]:
         set(main_ledger.ledger.offsets if main_ledger else {})
         | set(branch_ledger.ledger.offsets if branch_ledger else {})
     )
-    return [
-        {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "main_offset": main_ledger.ledger.offsets.get(tp) if main_ledger else None,
-            "branch_offset": branch_ledger.ledger.offsets.get(tp) if branch_ledger else None,
-            "main_rows": main_rows[(tp.topic, tp.partition)],
-            "branch_rows": branch_rows[(tp.topic, tp.partition)],
-        }
+    return tuple(
+        BranchComparison(
+            tp.topic,
+            tp.partition,
+            main_ledger.ledger.offsets.get(tp) if main_ledger else None,
+            branch_ledger.ledger.offsets.get(tp) if branch_ledger else None,
+            main_rows[(tp.topic, tp.partition)],
+            branch_rows[(tp.topic, tp.partition)],
+        )
         for tp in tps
-    ]
+    )
 
 
 def _check_retained(pipeline: Pipeline, start: Found) -> None:
@@ -125,7 +183,7 @@ def replay(
     as_of_ms: int | None = None,
     publish: bool = False,
     rollback: bool = False,
-) -> dict[str, Any]:
+) -> ReplayResult:
     pipeline = run.pipeline
     name = pipeline.config.pipeline
     rows = pipeline.rows
@@ -140,9 +198,11 @@ def replay(
             f"snapshot {target} has no ledger of pipeline {name!r} in its ancestry; nothing to replay from"
         )
     _check_retained(pipeline, start)
-    report: dict[str, Any] = {"pipeline": name, "from_snapshot": target, "ledger_batch": start.ledger.batch}
     if rollback:
-        return report | _rollback(pipeline, target, start)
+        main, discarded = _rollback(pipeline, target, start)
+        return ReplayResult(
+            name, target, "rolled-back", start.ledger.batch, main=main, discarded_foreign=tuple(discarded)
+        )
     branch = f"replay-{target}"
     _branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
@@ -155,7 +215,7 @@ def replay(
                     f"cannot create branch {branch}: snapshot {target} is no longer in table {rows.identifier} "
                     "(expired meanwhile). Nothing was changed; replay from a later snapshot."
                 ) from None
-    return report | _continue(run, target, publish)
+    return replace(_continue(run, target, publish), ledger_batch=start.ledger.batch)
 
 
 def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
@@ -190,25 +250,22 @@ def _settled(commit: Callable[[], object], table: IcebergTable) -> None:
         table.refresh()
 
 
-def _continue(run: Run, target: int, publish: bool) -> dict[str, Any]:
+def _continue(run: Run, target: int, publish: bool) -> ReplayResult:
     """Catch branch ``replay-<target>`` up, then compare it with main or publish it."""
     pipeline = run.pipeline
     branch = f"replay-{target}"
     replaying = run.on_branch(branch)
-    batches = [r.as_dict() for r in replaying.batches(until_caught_up=True)]
-    report: dict[str, Any] = {
-        "pipeline": pipeline.config.pipeline,
-        "from_snapshot": target,
-        "action": "replayed",
-        "branch": branch,
-        "batches": batches,
-    }
+    batches = tuple(replaying.batches(until_caught_up=True))
+    name = pipeline.config.pipeline
     if publish:
-        return report | _publish(pipeline, replaying, branch) | {"action": "published"}
-    return report | {"comparison": compare(pipeline, branch)}
+        head, reapplied = _publish(pipeline, replaying, branch)
+        return ReplayResult(
+            name, target, "published", branch=branch, batches=batches, published=head, reapplied=reapplied
+        )
+    return ReplayResult(name, target, "replayed", branch=branch, batches=batches, comparison=compare(pipeline, branch))
 
 
-def _rollback(pipeline: Pipeline, target: int, start: Found) -> dict[str, Any]:
+def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None, list[Discarded]]:
     """Point main at a marker snapshot on top of ``target`` (S's ledger, and the dead-letter
     rewind it owes), requiring main's head to be the one this decision was made on; then rewind
     the dead letters."""
@@ -226,12 +283,12 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> dict[str, Any]:
             f"{', '.join(orphaned)} (they first committed after it). Nothing was changed. Replay into a branch "
             "and publish instead (publish keeps their commits)."
         )
-    discarded = []  # other writers' commits main loses (their rows come back, or go)
+    discarded: list[Discarded] = []  # other writers' commits main loses (their rows come back, or go)
     for snap in rows.ancestry(main_head):
         if snap.snapshot_id == target:
             break
         if find_ledger(name, [snap]) is None:
-            discarded.append({"snapshot_id": snap.snapshot_id, "operation": snap.operation})
+            discarded.append(Discarded(snap.snapshot_id, snap.operation))
     sync = DeadLetterSync(f"rollback-{target}-{uuid.uuid4().hex[:12]}", rewind_to=start.ledger.offsets)
     staging = f"rollback-{target}"
     try:
@@ -256,10 +313,10 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> dict[str, Any]:
             _settled(lambda: rows.remove_ref(staging, staged), rows)
     failpoints.reach("between-tables")
     settle(pipeline.dead, name, pipeline.config.topics, marker(start.ledger, sync), _attempts(pipeline))
-    return {"action": "rolled-back", "main": rows.branch_head(MAIN), "discarded_foreign": discarded}
+    return rows.branch_head(MAIN), discarded
 
 
-def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> dict[str, Any]:
+def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | None, int]:
     """Fast-forward main to the branch once the branch holds everything main holds, then the
     dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
@@ -267,7 +324,7 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> dict[str, Any]:
     sync = DeadLetterSync(f"publish-{branch}", branch=branch)
     reapplied = 0
 
-    def attempt(number: int) -> dict[str, Any]:
+    def attempt(number: int) -> tuple[int | None, int]:
         nonlocal reapplied
         main = observe(rows, name)  # refreshes: the swap requires this main head
         head = rows.branch_head(branch)
@@ -299,7 +356,7 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> dict[str, Any]:
         failpoints.reach("between-tables")
         settle(pipeline.dead, name, pipeline.config.topics, marker(replayed.ledger, sync), _attempts(pipeline))
         remove_branch(rows, branch)
-        return {"published": head, "reapplied": reapplied}
+        return head, reapplied
 
     return settled(
         attempt,

@@ -1,6 +1,7 @@
 """What users ask of a pipeline: its status (lag), its history (batches) and a verification.
 
-Each function returns plain data (JSON-ready dicts); the CLI renders it for people or machines.
+Each function returns a frozen result; ``as_dict()`` is its ``--json`` form, and the CLI renders it
+for people (:mod:`ingest.render`).
 """
 
 from __future__ import annotations
@@ -13,79 +14,162 @@ import pyarrow.compute as pc
 
 from ingest import records
 from ingest.core.ledger import TopicPartition, decode, decode_counts, read_extra
+from ingest.core.ranges import Range
 from ingest.pipeline import Pipeline
 
 #: how many offsets of each kind a verification report lists per partition
 SAMPLE = 20
 
 
-def status(pipeline: Pipeline) -> dict[str, Any]:
+def _omit_none(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Offsets ``[start, end)`` of one partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @classmethod
+    def of(cls, tp: TopicPartition, start: int, end: int) -> Span:
+        return cls(tp.topic, tp.partition, start, end)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    #: the ledger's next offset to read (None: the pipeline has not committed this partition)
+    committed: int | None
+    low: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return self.end - (self.committed if self.committed is not None else self.low)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "committed": self.committed,
+            "low": self.low,
+            "end": self.end,
+            "lag": self.lag,
+        }
+
+
+@dataclass(frozen=True)
+class Status:
+    """``ingest status``: where the ledger is, per partition against Kafka's end."""
+
+    pipeline: str
+    table: str
+    batch: int | None
+    snapshot_id: int | None
+    valid_through_ms: int | None
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "table": self.table,
+            "batch": self.batch,
+            "snapshot_id": self.snapshot_id,
+            "valid_through_ms": self.valid_through_ms,
+            "lag": self.lag,
+            "partitions": [p.as_dict() for p in self.partitions],
+        }
+
+
+def status(pipeline: Pipeline) -> Status:
     found = pipeline.ledger()
     view = pipeline.source.describe()
     committed = dict(found.ledger.offsets) if found else {}
-    partitions = []
-    for tp, wm in sorted(view.partitions.items()):
-        offset = committed.get(tp)
-        partitions.append(
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "committed": offset,
-                "low": wm.low,
-                "end": wm.high,
-                "lag": wm.high - (offset if offset is not None else wm.low),
-            }
-        )
-    return {
-        "pipeline": pipeline.config.pipeline,
-        "table": pipeline.config.table,
-        "batch": found.ledger.batch if found else None,
-        "snapshot_id": found.snapshot_id if found else None,
-        "valid_through_ms": found.ledger.valid_through if found else None,
-        "lag": sum(p["lag"] for p in partitions),
-        "partitions": partitions,
-    }
+    return Status(
+        pipeline.config.pipeline,
+        pipeline.config.table,
+        found.ledger.batch if found else None,
+        found.snapshot_id if found else None,
+        found.ledger.valid_through if found else None,
+        tuple(
+            PartitionLag(tp.topic, tp.partition, committed.get(tp), wm.low, wm.high)
+            for tp, wm in sorted(view.partitions.items())
+        ),
+    )
 
 
-def history(pipeline: Pipeline, limit: int | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class BatchEntry:
+    """One of ``ingest history``'s batches: a snapshot that carries this pipeline's ledger."""
+
+    snapshot_id: int
+    timestamp_ms: int
+    batch: int
+    records: int
+    dead_letters: int
+    bytes: int
+    valid_through_ms: int | None
+    #: the partitions the batch read (a reset or a new partition moves the ledger without data)
+    ranges: tuple[Span, ...]
+    #: ranges lost to retention that ``on_data_loss: skip`` recorded
+    lost: tuple[Span, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot_id": self.snapshot_id,
+            "timestamp_ms": self.timestamp_ms,
+            "batch": self.batch,
+            "records": self.records,
+            "dead_letters": self.dead_letters,
+            "bytes": self.bytes,
+            "valid_through_ms": self.valid_through_ms,
+            "ranges": [r.as_dict() for r in self.ranges],
+            "lost": [r.as_dict() for r in self.lost],
+        }
+
+
+def history(pipeline: Pipeline, limit: int | None = None) -> list[BatchEntry]:
     """This pipeline's snapshots on the main branch, newest first."""
     name = pipeline.config.pipeline
     pipeline.rows.refresh()
-    rows = []
+    entries: list[BatchEntry] = []
     for snap in pipeline.rows.ancestry():
         ledger = decode(name, snap.summary)
         if ledger is None or read_extra(name, snap.summary, "restamped-by"):
             continue  # not this pipeline's, or maintenance carrying its ledger forward
         counts = decode_counts(name, snap.summary)
-        ranges = [
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "start": ledger.start_offsets.get(tp, end),
-                "end": end,
-            }
-            for tp, end in sorted(ledger.offsets.items())
-            if ledger.start_offsets.get(tp, end) != end
-        ]
-        rows.append(
-            {
-                "snapshot_id": snap.snapshot_id,
-                "timestamp_ms": snap.timestamp_ms,
-                "batch": ledger.batch,
-                "records": counts.records,
-                "dead_letters": counts.dead_letters,
-                "bytes": counts.bytes,
-                "valid_through_ms": ledger.valid_through,
-                "ranges": ranges,
-                "lost": [
-                    {"topic": r.tp.topic, "partition": r.tp.partition, "start": r.start, "end": r.end}
-                    for r in ledger.lost
-                ],
-            }
+        entries.append(
+            BatchEntry(
+                snap.snapshot_id,
+                snap.timestamp_ms,
+                ledger.batch,
+                counts.records,
+                counts.dead_letters,
+                counts.bytes,
+                ledger.valid_through,
+                tuple(
+                    Span.of(tp, ledger.start_offsets.get(tp, end), end)
+                    for tp, end in sorted(ledger.offsets.items())
+                    if ledger.start_offsets.get(tp, end) != end
+                ),
+                tuple(Span.of(r.tp, r.start, r.end) for r in ledger.lost),
+            )
         )
-        if limit is not None and len(rows) >= limit:
+        if limit is not None and len(entries) >= limit:
             break
-    return rows
+    return entries
 
 
 @dataclass
@@ -103,6 +187,10 @@ class PartitionCheck:
     @property
     def ok(self) -> bool:
         return not (self.missing or self.duplicated or self.unexpected)
+
+    def problems(self) -> list[tuple[str, list[int]]]:
+        """Each kind of problem with the offsets found (a sample of at most :data:`SAMPLE`)."""
+        return [("missing", self.missing), ("duplicated", self.duplicated), ("unexpected", self.unexpected)]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -135,18 +223,15 @@ def _sample(array: pa.Array) -> list[int]:
     return sorted(array.to_pylist())[:SAMPLE]
 
 
-Span = tuple[TopicPartition, int, int]
-
-
 @dataclass
 class Coverage:
     """What the ledger history claims: where it starts, what it skipped, what it re-read on purpose."""
 
     origin: dict[TopicPartition, int] = field(default_factory=dict)
     #: ranges deliberately not ingested: lost to retention (``skip``) or skipped by a forward reset
-    excluded: list[Span] = field(default_factory=list)
+    excluded: list[Range] = field(default_factory=list)
     #: ranges a backward reset made the pipeline ingest once more
-    reread: list[Span] = field(default_factory=list)
+    reread: list[Range] = field(default_factory=list)
 
 
 def coverage(pipeline: Pipeline) -> Coverage:
@@ -182,7 +267,7 @@ def _claim(result: Coverage, tp: TopicPartition, was: int, moved_to: int) -> Non
         result.excluded.append((tp, was, moved_to))
 
 
-def _within(values: pa.Array, spans: list[Span], tp: TopicPartition) -> pa.Array:
+def _within(values: pa.Array, spans: list[Range], tp: TopicPartition) -> pa.Array:
     """How many of ``spans`` (of partition ``tp``) contain each value."""
     hits = pa.array([0] * len(values), pa.int64())
     for span_tp, lo, hi in spans:
@@ -222,14 +307,47 @@ def _check(
     return check
 
 
-def verify(pipeline: Pipeline) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Verification:
+    """``ingest verify``: every offset of the ledger's ranges Kafka still holds, in the tables
+    exactly once; ``ok`` only if every partition is."""
+
+    pipeline: str
+    snapshot_id: int | None
+    batch: int | None
+    #: ranges the ledger history says were deliberately not ingested (a skipped loss, a forward reset)
+    excluded: tuple[Span, ...]
+    #: ranges a backward reset made the pipeline ingest once more
+    reread: tuple[Span, ...]
+    partitions: tuple[PartitionCheck, ...]
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.partitions)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.note is not None:
+            return {"pipeline": self.pipeline, "ok": self.ok, "partitions": [], "note": self.note}
+        return {
+            "pipeline": self.pipeline,
+            "ok": self.ok,
+            "snapshot_id": self.snapshot_id,
+            "batch": self.batch,
+            "excluded_ranges": [r.as_dict() for r in self.excluded],
+            "reread_ranges": [r.as_dict() for r in self.reread],
+            "partitions": [c.as_dict() for c in self.partitions],
+        }
+
+
+def verify(pipeline: Pipeline) -> Verification:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
     letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
     outside them."""
     name = pipeline.config.pipeline
     found = pipeline.ledger()
     if found is None:
-        return {"pipeline": name, "ok": True, "partitions": [], "note": "nothing committed yet"}
+        return Verification(name, None, None, (), (), (), note="nothing committed yet")
     claims = coverage(pipeline)
     view = pipeline.source.describe()
     ranges = []
@@ -261,16 +379,11 @@ def verify(pipeline: Pipeline) -> dict[str, Any]:
         )
         for tp, start, end in ranges
     ]
-    return {
-        "pipeline": name,
-        "ok": all(c.ok for c in checks),
-        "snapshot_id": found.snapshot_id,
-        "batch": found.ledger.batch,
-        "excluded_ranges": [
-            {"topic": tp.topic, "partition": tp.partition, "start": s, "end": e} for tp, s, e in claims.excluded
-        ],
-        "reread_ranges": [
-            {"topic": tp.topic, "partition": tp.partition, "start": s, "end": e} for tp, s, e in claims.reread
-        ],
-        "partitions": [c.as_dict() for c in checks],
-    }
+    return Verification(
+        name,
+        found.snapshot_id,
+        found.ledger.batch,
+        tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.excluded),
+        tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.reread),
+        tuple(checks),
+    )

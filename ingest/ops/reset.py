@@ -82,6 +82,78 @@ def _spec(offsets: Mapping[TopicPartition, int]) -> str:
     return ",".join(f"{tp.topic}:{tp.partition}={o}" for tp, o in sorted(offsets.items()))
 
 
+ResetStatus = Literal["applied", "already-applied", "not-needed"]
+
+
+@dataclass(frozen=True)
+class OffsetMove:
+    """Where a reset moved one partition's ledger offset."""
+
+    topic: str
+    partition: int
+    moved_from: int | None
+    to: int
+    #: ``--from-table`` only: what the offset was rebuilt from (``table``, ``ledger``, ``low-watermark``)
+    basis: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "topic": self.topic,
+            "partition": self.partition,
+            "from": self.moved_from,
+            "to": self.to,
+        }
+        return data | ({"basis": self.basis} if self.basis is not None else {})
+
+
+@dataclass(frozen=True)
+class FloorRebuilt:
+    """``--from-table``: the dead-letter ledger rebuilt from the dead letters."""
+
+    snapshot_id: int | None
+    floor: Mapping[TopicPartition, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        offsets = [{"topic": tp.topic, "partition": tp.partition, "floor": o} for tp, o in sorted(self.floor.items())]
+        return {"snapshot_id": self.snapshot_id, "offsets": offsets}
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """``ingest reset``: what was applied (once, whatever the number of runs)."""
+
+    pipeline: str
+    reset_id: str
+    status: ResetStatus
+    snapshot_id: int | None
+    batch: int | None = None
+    by: str | None = None
+    reason: str | None = None
+    #: the ledger was lost and this reset replaced it
+    recovered: bool | None = None
+    dead_letter_ledger_lost: bool | None = None
+    dead_letter_floor: FloorRebuilt | None = None
+    offsets: tuple[OffsetMove, ...] | None = None
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "pipeline": self.pipeline,
+            "reset_id": self.reset_id,
+            "status": self.status,
+            "snapshot_id": self.snapshot_id,
+        }
+        for key in ("batch", "by", "reason", "recovered", "dead_letter_ledger_lost", "note"):
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value
+        if self.dead_letter_floor is not None:
+            data["dead_letter_floor"] = self.dead_letter_floor.as_dict()
+        if self.offsets is not None:
+            data["offsets"] = [move.as_dict() for move in self.offsets]
+        return data
+
+
 @dataclass(frozen=True)
 class _Reset:
     """One reset command: who, why, under which id."""
@@ -100,12 +172,11 @@ class _Reset:
         }
         return extra | ({"reset-recovered": "true"} if recovered else {})
 
-    def report(self, status: str, snapshot_id: int | None, **more: Any) -> dict[str, Any]:
-        name = self.pipeline.config.pipeline
-        return {"pipeline": name, "reset_id": self.reset_id, "status": status, "snapshot_id": snapshot_id, **more}
+    def report(self, status: ResetStatus, snapshot_id: int | None, **more: Any) -> ResetResult:
+        return ResetResult(self.pipeline.config.pipeline, self.reset_id, status, snapshot_id, **more)
 
 
-def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | None = None) -> dict[str, Any]:
+def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
     name = pipeline.config.pipeline
     reset_id = reset_id or hashlib.sha256(f"{name}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
     command = _Reset(pipeline, target, reason, reset_id, f"{getpass.getuser()}@{socket.gethostname()}")
@@ -139,10 +210,7 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
         reason=reason,
         recovered=lost,
         dead_letter_ledger_lost=dead_lost,
-        offsets=[
-            {"topic": tp.topic, "partition": tp.partition, "from": current.get(tp), "to": o}
-            for tp, o in sorted(new.items())
-        ],
+        offsets=tuple(OffsetMove(tp.topic, tp.partition, current.get(tp), o) for tp, o in sorted(new.items())),
     )
 
 
@@ -244,7 +312,7 @@ def _moves(base: Ledger | None, new: Mapping[TopicPartition, int]) -> tuple[tupl
     return tuple((tp, base.offsets[tp], o) for tp, o in sorted(new.items()) if base.offsets.get(tp, o) != o)
 
 
-def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: bool) -> dict[str, Any]:
+def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: bool) -> ResetResult:
     """Rebuild whichever ledger is lost (rows, dead letters or both) from the tables' data."""
     pipeline = command.pipeline
     name = pipeline.config.pipeline
@@ -276,10 +344,7 @@ def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: boo
         # then finds the floor in place and finishes
         floor = rebuild_floor(new, last_dead)
         floor_snapshot, _ = _commit(command, pipeline.dead, None, floor, view, {}, recovering=True)
-        more["dead_letter_floor"] = {
-            "snapshot_id": floor_snapshot,
-            "offsets": [{"topic": tp.topic, "partition": tp.partition, "floor": o} for tp, o in sorted(floor.items())],
-        }
+        more["dead_letter_floor"] = FloorRebuilt(floor_snapshot, floor)
         snapshot_id = floor_snapshot
     if lost:
         # the newest dead letter's time counts only if it lies inside the rebuilt ranges
@@ -288,16 +353,16 @@ def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: boo
             if last_dead[tp] < new[tp]:
                 timestamps[tp] = max(timestamps.get(tp, when), when)
         snapshot_id, more["batch"] = _commit(command, pipeline.rows, None, new, view, timestamps, recovering=True)
-    more["offsets"] = [
-        {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "from": found.ledger.offsets.get(tp) if found else None,
-            "to": o,
-            "basis": "low-watermark" if tp in unseen else ("table" if lost else "ledger"),
-        }
+    more["offsets"] = tuple(
+        OffsetMove(
+            tp.topic,
+            tp.partition,
+            found.ledger.offsets.get(tp) if found else None,
+            o,
+            "low-watermark" if tp in unseen else ("table" if lost else "ledger"),
+        )
         for tp, o in sorted(new.items())
-    ]
+    )
     return command.report("applied", snapshot_id, **more)
 
 

@@ -120,6 +120,6 @@ def test_maintain_on_a_young_table_removes_nothing_in_use(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     _batches(env, pipeline, 3)
     report = maintain(pipeline)
-    assert report["table"]["orphans_removed"] == 0 and report["table"]["snapshots_expired"] == 0
+    assert report.table.orphans_removed == 0 and report.table.snapshots_expired == 0
     assert isinstance(pipeline.rows, IcebergTable)
     env.verify()

@@ -19,6 +19,7 @@ from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError
 from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
+from ingest.ops.replay import ReplayResult
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from tests.integration.conftest import record
@@ -84,7 +85,7 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
     _batches(env, pipeline, 3)
     operator = Pipeline.open(env.config)
     real = pipeline.rows.expire
-    rolled: list[dict[str, object]] = []
+    rolled: list[ReplayResult] = []
 
     def rollback_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not rolled:
@@ -96,7 +97,7 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
 
     pipeline.rows.refresh()
     main = pipeline.rows.branch_head("main")
-    assert main == rolled[0]["main"]  # a snapshot on top of S with S's data and ledger
+    assert main == rolled[0].main  # a snapshot on top of S with S's data and ledger
     assert main is not None and pipeline.rows.table.metadata.snapshot_by_id(main) is not None
     found = pipeline.ledger()
     assert found is not None and found.ledger.offsets == ledger_at_s.offsets
@@ -119,18 +120,18 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
 
     for _ in range(2):  # a second run finds nothing more to expire, and does not fail either
         report = maintain(pipeline, now=time.time() + 3_600)
-        assert report["table"]["snapshots_expired"] >= 0
+        assert report.table.snapshots_expired >= 0
 
     rows = pipeline.rows
     rows.refresh()
     refs = rows.table.metadata.refs
     assert refs["audit-2026-12"].snapshot_id == tagged
     assert rows.table.metadata.snapshot_by_id(tagged) is not None
-    branch_head = rows.branch_head(replayed["branch"])
+    branch_head = rows.branch_head(replayed.branch)
     assert branch_head is not None and rows.table.metadata.snapshot_by_id(branch_head) is not None
     assert find_ledger("orders", rows.ancestry(branch_head)) is not None
     published = replay_on(pipeline, snapshot_id=snapshot_s, publish=True)
-    assert published["action"] == "published"
+    assert published.action == "published"
     assert env.counts() == (1_000 - env.bad, env.bad)
     env.verify()
 
@@ -146,8 +147,8 @@ def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
 
     published = replay_on(mine, snapshot_id=snapshot_s, publish=True)
 
-    assert published["action"] == "published"
-    assert published["reapplied"] == 2
+    assert published.action == "published"
+    assert published.reapplied == 2
     orders.verify()
     refunds.verify()
     assert orders.counts() == (1_600 - orders.bad - refunds.bad, orders.bad + refunds.bad)
@@ -157,7 +158,7 @@ def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
     orders.verify()
     assert orders.counts() == (1_800 - orders.bad - refunds.bad, orders.bad + refunds.bad)
     mine.rows.refresh()
-    assert published["branch"] not in mine.rows.table.metadata.refs  # the replay's branch is gone
+    assert published.branch not in mine.rows.table.metadata.refs  # the replay's branch is gone
 
 
 def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:

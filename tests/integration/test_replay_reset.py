@@ -70,18 +70,18 @@ def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> N
     one_batch(pipeline)  # the "bad deploy" batch the user wants redone
 
     first = replay_on(pipeline, snapshot_id=snapshot_s)
-    assert first["action"] == "replayed" and first["batches"]
-    comparison = first["comparison"]
-    assert sum(r["branch_rows"] for r in comparison) == sum(r["main_rows"] for r in comparison)
-    assert pipeline.rows.branch_head("main") != pipeline.rows.branch_head(first["branch"])
+    assert first.action == "replayed" and first.batches
+    comparison = first.comparison
+    assert sum(r.branch_rows for r in comparison) == sum(r.main_rows for r in comparison)
+    assert pipeline.rows.branch_head("main") != pipeline.rows.branch_head(first.branch)
 
     env.produce(500, bad_every=25)  # new data, and the scheduled run ingests it into main meanwhile
     one_batch(pipeline)
 
     published = replay_on(pipeline, snapshot_id=snapshot_s, publish=True)
 
-    assert published["action"] == "published"
-    assert pipeline.rows.branch_head("main") == published["published"]
+    assert published.action == "published"
+    assert pipeline.rows.branch_head("main") == published.published
     assert env.counts() == (2_500 - env.bad, env.bad)
     env.verify()
     env.produce(100)

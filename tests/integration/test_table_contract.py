@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from ingest.iceberg.catalog import connect
-from ingest.iceberg.schema import rows_schema
 
 from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import CommitConflict
+from ingest.iceberg.catalog import connect
+from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import LedgerTable
 from ingest.records import KAFKA_COLUMNS

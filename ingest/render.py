@@ -1,0 +1,132 @@
+"""What the ``ingest`` commands show people: every result type rendered with Rich, in one place.
+
+Machines get each result's ``as_dict()`` as JSON (``--json``); nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from ingest.ops.maintain import Maintenance
+from ingest.ops.replay import ReplayResult
+from ingest.ops.report import BatchEntry, Status, Verification
+from ingest.ops.reset import ResetResult
+from ingest.pipeline import BatchResult
+
+
+def moment(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def batch(result: BatchResult, out: Console) -> None:
+    out.print(
+        f"batch {result.batch}: [bold]{result.status}[/] {result.records} rows, "
+        f"{result.dead_letters} dead letters, {result.bytes / 1e6:.1f} MB in {result.seconds:.2f}s"
+        + (f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""),
+        highlight=False,
+    )
+
+
+def status(result: Status, out: Console) -> None:
+    table = Table(title=f"{result.pipeline} → {result.table} (batch {result.batch})")
+    for column in ("topic", "partition", "committed", "end", "lag"):
+        table.add_column(column, justify="right" if column != "topic" else "left")
+    for p in result.partitions:
+        table.add_row(p.topic, str(p.partition), str(p.committed), str(p.end), str(p.lag))
+    out.print(table)
+    out.print(f"total lag {result.lag}; data complete through {moment(result.valid_through_ms)}")
+
+
+def history(entries: Sequence[BatchEntry], out: Console) -> None:
+    table = Table(title="batches (newest first)")
+    for column in ("batch", "snapshot", "committed at", "records", "dead letters", "ranges"):
+        table.add_column(column)
+    for entry in entries:
+        ranges = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.ranges)
+        table.add_row(
+            str(entry.batch),
+            str(entry.snapshot_id),
+            moment(entry.timestamp_ms),
+            str(entry.records),
+            str(entry.dead_letters),
+            ranges or "(ledger only)",
+        )
+    out.print(table)
+
+
+def verification(result: Verification, out: Console) -> None:
+    table = Table(title=f"verify {result.pipeline}")
+    for column in ("partition", "range", "in kafka", "rows", "dead letters", "result"):
+        table.add_column(column)
+    for p in result.partitions:
+        problems = [f"{kind} {found}" for kind, found in p.problems() if found]
+        table.add_row(
+            f"{p.tp.topic}[{p.tp.partition}]",
+            f"[{p.start}, {p.end})",
+            str(p.in_kafka),
+            str(p.rows),
+            str(p.dead_letters),
+            "ok" if p.ok else "; ".join(problems),
+        )
+    out.print(table)
+    if result.ok:
+        out.print("[bold green]ok[/]: every offset is in the table or the dead letters exactly once")
+
+
+def maintenance(result: Maintenance, out: Console) -> None:
+    for label, done in (("table", result.table), ("dead_letters", result.dead_letters)):
+        compaction = done.compaction
+        skipped = (
+            f" (compaction skipped: {compaction.skipped_delete_files} delete files)"
+            if compaction.skipped_delete_files
+            else ""
+        )
+        out.print(
+            f"{label}: {compaction.files_removed} small files rewritten into {compaction.files_added}{skipped}, "
+            f"{done.snapshots_expired} snapshots expired, {done.orphans_removed} orphan files removed"
+        )
+
+
+def reset(result: ResetResult, out: Console, err: Console) -> None:
+    out.print(f"reset {result.reset_id}: [bold]{result.status}[/] (snapshot {result.snapshot_id})", highlight=False)
+    if result.note is not None:
+        out.print(result.note, highlight=False)
+    if result.status != "applied":
+        return
+    if result.recovered:
+        out.print(f"the lost ledger of {result.pipeline!r} was replaced", highlight=False)
+    for move in result.offsets or ():
+        basis = " (no record in the table: earliest retained offset)" if move.basis == "low-watermark" else ""
+        out.print(f"  {move.topic}[{move.partition}]: {move.moved_from} -> {move.to}{basis}", highlight=False)
+    if result.dead_letter_floor is not None:
+        out.print(
+            f"the lost dead-letter ledger was rebuilt (snapshot {result.dead_letter_floor.snapshot_id})",
+            highlight=False,
+        )
+    if result.dead_letter_ledger_lost:
+        err.print(
+            "[yellow]warning[/]: the dead-letter table's ledger is lost too; the first batch with a dead letter "
+            "will fail until `ingest reset --from-table` rebuilds it",
+            highlight=False,
+        )
+
+
+def replay(result: ReplayResult, out: Console) -> None:
+    out.print(f"replay from snapshot {result.from_snapshot}: {result.action}")
+    if result.comparison is None:
+        return
+    table = Table(title=f"main vs {result.branch}")
+    for column in ("partition", "main offset", "branch offset", "main rows", "branch rows"):
+        table.add_column(column)
+    for r in result.comparison:
+        table.add_row(
+            f"{r.topic}[{r.partition}]", str(r.main_offset), str(r.branch_offset), str(r.main_rows), str(r.branch_rows)
+        )
+    out.print(table)
+    out.print("nothing published: re-run with --publish to move main to the branch")
