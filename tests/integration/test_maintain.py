@@ -72,7 +72,7 @@ def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) ->
     table.rewrite = batch_lands_first  # type: ignore[method-assign]
     result = compact(table, MaintenanceSpec())
 
-    assert raced and result["files_removed"] == 4
+    assert raced and result.files_removed == 4
     found = pipeline.ledger()
     assert found is not None and found.ledger.batch == 5  # not the stale ledger of batch 4
     assert env.counts() == (1_100 - env.bad, env.bad)
