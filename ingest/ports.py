@@ -17,18 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol
 
 import pyarrow as pa
 
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch
-
-if TYPE_CHECKING:
-    from ingest.records import Decoded, RawChunk
+from ingest.records import Decoded, RawChunk
 
 
-@runtime_checkable
 class DataFile(Protocol):
     """A data file written into a table's location and committed nowhere yet (pyiceberg's
     ``DataFile`` satisfies it, and so does :class:`ingest.testing.MemoryFile`)."""

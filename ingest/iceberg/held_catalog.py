@@ -1,6 +1,6 @@
 """pyiceberg's SQL catalog, parsing each table metadata file once (see :class:`HeldSqlCatalog`).
 
-Imported by :func:`ingest.iceberg.table.connect` when it opens an SQL catalog, and only then: SQLAlchemy
+Imported by :func:`ingest.iceberg.catalog.connect` when it opens an SQL catalog, and only then: SQLAlchemy
 adds half a second to the imports of every process that loads it.
 """
 

@@ -1,5 +1,6 @@
-"""Sharing a batch's ranges between processes (ingest.engines.tasks.share and hand_off) and checking that
-their results cover it exactly (combine): no Kafka needed."""
+"""Sharing a batch's ranges between processes (ingest.core.ranges.share and
+ingest.engines.tasks.hand_off) and checking that their results cover it exactly (combine): no Kafka
+needed."""
 
 from __future__ import annotations
 
