@@ -167,9 +167,18 @@ class KafkaSource:
             futures = self._admin.list_offsets(
                 request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
             )
-            return {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
+            found = {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
         except KafkaException as error:
             raise BrokerUnavailable(f"listing offsets failed on {self._props['bootstrap.servers']}: {error}") from None
+        # a partition without a reachable leader can come back as OFFSET_INVALID (-1001) rather than
+        # as an error; taken for an offset it would look like a recreated topic or lost data
+        unknown = sorted(str(tp) for tp, offset in found.items() if offset < 0)
+        if unknown:
+            raise BrokerUnavailable(
+                f"Kafka at {self._props['bootstrap.servers']} returned no offset for {', '.join(unknown)} "
+                "(no leader reachable?); nothing was planned or committed. Run again when the broker is healthy."
+            )
+        return found
 
     def read(
         self,

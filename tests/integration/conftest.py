@@ -158,15 +158,25 @@ class Env:
 
 @pytest.fixture
 def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore[no-untyped-def]
-    def factory(partitions: int = 4, **overrides: Any) -> Env:
+    def factory(partitions: int = 4, cluster: str | None = None, replicas: int = 1, **overrides: Any) -> Env:
+        """A topic of ``partitions`` and a pipeline config reading it: on the session broker, or on
+        ``cluster`` (a bootstrap string) with ``replicas`` copies of each partition."""
+        servers = cluster or bootstrap
         name = f"t{uuid.uuid4().hex[:10]}"
-        create_topic(bootstrap, name, partitions)
+        if replicas == 1:
+            create_topic(servers, name, partitions)
+        else:
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            admin = AdminClient({"bootstrap.servers": servers})  # held until the futures are done
+            for future in admin.create_topics([NewTopic(name, partitions, replicas)]).values():
+                future.result(30)
         warehouse = tmp_path / "warehouse"
         warehouse.mkdir(exist_ok=True)
         uri = f"sqlite:///{tmp_path}/catalog.db" if catalog_kind == "sqlite" else POSTGRES_URI
         data: dict[str, Any] = {
             "pipeline": "orders",
-            "kafka": {"bootstrap.servers": bootstrap},
+            "kafka": {"bootstrap.servers": servers},
             "topics": [name],
             "catalog": {
                 "name": f"lake_{catalog_kind}",
@@ -182,7 +192,7 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore
         }
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))
-        return Env(bootstrap, name, partitions, path)
+        return Env(servers, name, partitions, path)
 
     return factory
 

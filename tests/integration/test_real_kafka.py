@@ -14,7 +14,14 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    ResourceType,
+)
 
 from tests.integration.conftest import Env, broker_choice, record
 
@@ -184,3 +191,75 @@ def _wait_recreated(env: Env, timeout_s: float = 60.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def _live_records(env: Env, partition: int = 0) -> dict[int, bytes]:
+    """Offset → key of every record a read_committed consumer gets from the partition now."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": env.bootstrap, "group.id": "probe", "enable.auto.commit": False})
+    try:
+        low, high = consumer.get_watermark_offsets(KafkaTP(env.topic, partition), timeout=10)
+        consumer.assign([KafkaTP(env.topic, partition, low)])
+        found: dict[int, bytes] = {}
+        while high > low and max(found, default=low - 1) < high - 1:
+            for message in consumer.consume(500, timeout=1):
+                assert message.error() is None, message.error()
+                found[message.offset()] = message.key()
+        return found
+    finally:
+        consumer.close()
+
+
+def test_a_compacted_topic_is_read_whole_across_the_offsets_cleaning_removed(make_env) -> None:
+    import time
+
+    env = make_env(partitions=1, batch={"max_records": 25})
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    compact = ConfigResource(
+        ResourceType.TOPIC,
+        env.topic,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in {
+                "cleanup.policy": "compact",
+                "segment.ms": "100",  # a segment rolls on the first append after 100 ms; only rolled ones are cleaned
+                "min.cleanable.dirty.ratio": "0.01",
+                "min.compaction.lag.ms": "0",
+            }.items()
+        ],
+    )
+    for future in admin.incremental_alter_configs([compact]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": env.bootstrap})
+    for round_ in range(20):  # over twenty segments: a key of its own for every third record, the
+        for i in range(round_ * 10, round_ * 10 + 10):  # others share ten keys, so cleaning leaves gaps
+            _, _, value, _ = record(i, 1, None)
+            key = f"once{i}" if i % 3 == 0 else f"key{i % 10}"
+            producer.produce(env.topic, value, key.encode(), partition=0)
+        producer.flush(30)
+        time.sleep(0.15)
+    env.produced = 200
+
+    deadline = time.monotonic() + 60
+    settled: dict[int, bytes] = {}
+    while time.monotonic() < deadline:  # until the cleaner has run and then left the log alone
+        live = _live_records(env)
+        if len(live) < 200 and live == settled:
+            break
+        settled = live
+        time.sleep(1.5)
+    else:
+        pytest.fail(f"the log cleaner did not settle within 60s ({len(settled)} of 200 records left)")
+    assert max(settled) == 199  # the active segment is never cleaned: the log still ends at 200
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert _live_records(env) == settled  # nothing was cleaned while the pipeline read
+    assert _order_ids(env) == set(settled)  # order_id i was produced at offset i: every survivor once
+    batches = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(batches) == 8 and sum(b["records"] for b in batches) == len(settled), batches
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert [p["committed"] for p in status["partitions"]] == [200]  # complete by position, gaps and all
+    env.verify()

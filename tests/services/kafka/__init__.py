@@ -124,6 +124,7 @@ class KafkaCluster:
             "default.replication.factor": str(replicas),
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.check.interval.ms": "1000",
+            "log.cleaner.backoff.ms": "250",  # compacted-topic tests wait for the cleaner
             **self.settings,
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
