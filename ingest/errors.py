@@ -162,3 +162,8 @@ class RollbackRefused(FatalError):
 
 class PublishRefused(FatalError):
     """Main holds commits since the fork that publishing would drop and cannot carry over."""
+
+
+class KafkaRefused(ConfigError):
+    """Kafka turned this client away: a failed SASL login, a TLS certificate it cannot verify, or no
+    permission on a topic. Retrying with the same configuration cannot help."""

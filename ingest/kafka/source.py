@@ -8,6 +8,7 @@ range's end, never when a count of records is reached.
 
 from __future__ import annotations
 
+import collections
 import logging
 import operator
 import threading
@@ -25,7 +26,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
-from ingest.errors import BrokerUnavailable, TopicNotFound
+from ingest.errors import BrokerUnavailable, IngestError, KafkaRefused, TopicNotFound
 from ingest.records import Headers, RawChunk
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ EXACT_READ: dict[str, Any] = {
     "isolation.level": "read_committed",
     "enable.partition.eof": True,
 }
+#: what librdkafka reports (to ``error_cb``, while the request itself fails as a mere transport
+#: error) when the cluster turns the client away rather than being unreachable
+REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+#: the same, answered per topic in metadata
+TOPIC_REFUSALS = (KafkaError.TOPIC_AUTHORIZATION_FAILED,)
+REFUSED_HINT = (
+    "Check `kafka:` in the config: security.protocol, sasl.mechanism, sasl.username and sasl.password "
+    "(usually ${ENV} references), ssl.ca.location, and the principal's ACLs. Retrying will not help."
+)
 
 
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,7 +109,24 @@ class KafkaSource:
         self.timeout_s = timeout_s
         self._props = dict(props)
         self._group_id = group_id
-        self._admin = AdminClient({**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)})
+        #: the latest refusals librdkafka reported, from any of this source's clients
+        self._refusals: collections.deque[KafkaError] = collections.deque(maxlen=4)
+        admin: dict[str, Any] = {**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)}
+        self._admin = AdminClient({**admin, "error_cb": self._on_error})  # type: ignore[dict-item]  # stub omits callbacks
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in REFUSALS:
+            self._refusals.append(error)
+
+    def _failed(self, what: str, error: KafkaException | str) -> IngestError:
+        """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable."""
+        self._admin.poll(0)  # serves error_cb: the reason behind a failed request comes this way
+        if self._refusals:
+            return KafkaRefused(
+                f"Kafka at {self._props['bootstrap.servers']} refused this client: {self._refusals[-1].str()}. "
+                + REFUSED_HINT
+            )
+        return BrokerUnavailable(f"{what}: {error}")
 
     def _consumer(self, sized_for: int | None = None) -> Consumer:
         """A consumer for exact reads; ``sized_for`` (records in the largest range) caps the
@@ -109,19 +136,24 @@ class KafkaSource:
             fetch["max.partition.fetch.bytes"] = min(
                 FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
             )
-        return Consumer({**fetch, **self._props, "group.id": self._group_id, **EXACT_READ})
+        return Consumer({**fetch, **self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error})
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics."""
         try:
             metadata = self._admin.list_topics(timeout=self.timeout_s)
         except KafkaException as error:
-            raise BrokerUnavailable(f"cannot reach Kafka at {self._props['bootstrap.servers']}: {error}") from None
+            raise self._failed(f"cannot reach Kafka at {self._props['bootstrap.servers']}", error) from None
         tps: list[TopicPartition] = []
         for topic in self.topics:
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
                 code = info.error.code() if info is not None and info.error is not None else None
+                if code in TOPIC_REFUSALS:
+                    raise KafkaRefused(
+                        f"Kafka at {self._props['bootstrap.servers']} does not let this client read topic "
+                        f"{topic!r}: {info.error}. " + REFUSED_HINT  # type: ignore[union-attr]
+                    )
                 if code not in (None, KafkaError.UNKNOWN_TOPIC_OR_PART):
                     raise BrokerUnavailable(f"metadata for topic {topic!r} failed: {info.error}")  # type: ignore[union-attr]
                 raise TopicNotFound(
@@ -145,12 +177,12 @@ class KafkaSource:
         # (2.16 too) crashes the process with SIGSEGV when the broker answers that admin request
         # with NOT_COORDINATOR (librdkafka#5040; seen here on Apache Kafka 4.4 after a partition
         # was added), while a consumer handles that answer by looking for the coordinator again
-        consumer = Consumer({**self._props, "group.id": self._group_id, **EXACT_READ})
+        consumer = Consumer({**self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error})
         try:
             found = consumer.committed([KafkaTP(tp.topic, tp.partition) for tp in view.partitions], self.timeout_s)
             stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in found}
         except KafkaException as error:
-            raise BrokerUnavailable(f"reading consumer group {self._group_id!r} failed: {error}") from None
+            raise self._failed(f"reading consumer group {self._group_id!r} failed", error) from None
         finally:
             consumer.close()
         return sum(
@@ -169,7 +201,7 @@ class KafkaSource:
             )
             found = {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
         except KafkaException as error:
-            raise BrokerUnavailable(f"listing offsets failed on {self._props['bootstrap.servers']}: {error}") from None
+            raise self._failed(f"listing offsets failed on {self._props['bootstrap.servers']}", error) from None
         # a partition without a reachable leader can come back as OFFSET_INVALID (-1001) rather than
         # as an error; taken for an offset it would look like a recreated topic or lost data
         unknown = sorted(str(tp) for tp, offset in found.items() if offset < 0)
@@ -230,9 +262,9 @@ class KafkaSource:
                     pending_bytes += sum(map(len, messages))  # len(): the value's size, counted in C
                 elif time.monotonic() - last_progress > self.timeout_s:
                     stuck = ", ".join(f"{tp} (reading up to {stops.end[tp]})" for tp in sorted(reading))
-                    raise BrokerUnavailable(
-                        f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}; nothing was "
-                        "committed. Run again when the broker is healthy."
+                    raise self._failed(
+                        f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}",
+                        "nothing was committed. Run again when the broker is healthy.",
                     )
                 for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in reading]):
                     if position.offset >= 0:
@@ -253,6 +285,8 @@ class KafkaSource:
                 f"{where}: planned offsets were deleted by retention while the batch read them ({error.str()}). "
                 "Nothing was committed; the next run plans again and applies `on_data_loss`."
             )
+        if error.code() in TOPIC_REFUSALS:
+            raise KafkaRefused(f"{where}: Kafka does not let this client read it: {error.str()}. " + REFUSED_HINT)
         raise BrokerUnavailable(f"{where}: Kafka error while reading: {error.str()}")
 
     def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
@@ -264,7 +298,7 @@ class KafkaSource:
                 [KafkaTP(tp.topic, tp.partition, timestamp_ms) for tp in tps], timeout=self.timeout_s
             )
         except KafkaException as error:
-            raise BrokerUnavailable(f"looking up offsets for timestamp {timestamp_ms} failed: {error}") from None
+            raise self._failed(f"looking up offsets for timestamp {timestamp_ms} failed", error) from None
         finally:
             consumer.close()
         return {TopicPartition(str(t.topic), t.partition): t.offset for t in found}

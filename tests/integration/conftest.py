@@ -118,7 +118,8 @@ class Env:
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "ingest", *args]
-        if args and args[0] in ("run", "status", "history", "verify", "reset", "replay", "maintain"):
+        name = next((arg for arg in args if not arg.startswith("-")), None)  # after global options (-v)
+        if name in ("run", "status", "history", "verify", "reset", "replay", "maintain"):
             command += ["-c", str(self.config_path)]
         return subprocess.run(
             command,

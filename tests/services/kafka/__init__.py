@@ -81,22 +81,48 @@ class _Node:
     node_id: int
     port: int
     controller_port: int
+    secure_port: int
     directory: Path
     process: subprocess.Popen[bytes] | None = None
 
 
 class KafkaCluster:
-    """``nodes`` Apache Kafka processes, each broker and controller, on 127.0.0.1 and free ports."""
+    """``nodes`` Apache Kafka processes, each broker and controller, on 127.0.0.1 and free ports.
 
-    def __init__(self, workdir: Path, nodes: int = 1, settings: dict[str, str] | None = None) -> None:
+    Every node has a PLAINTEXT listener (``bootstrap_servers``: the tests' own admin and producers).
+    Given ``scram_users`` (name → password), every node also has a SASL_SSL listener
+    (``secure_bootstrap_servers``) taking SCRAM-SHA-512 logins of those users over TLS, its
+    certificate self-signed for 127.0.0.1 by ``keytool`` (the CA for clients: ``ca_location``).
+    """
+
+    MECHANISM = "SCRAM-SHA-512"
+
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: int = 1,
+        settings: dict[str, str] | None = None,
+        scram_users: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.cluster_id = ""
         self.settings = settings or {}
-        self.nodes = [_Node(i + 1, free_port(), free_port(), workdir / f"node-{i + 1}") for i in range(nodes)]
+        self.scram_users = scram_users or {}
+        self.nodes = [
+            _Node(i + 1, free_port(), free_port(), free_port(), workdir / f"node-{i + 1}") for i in range(nodes)
+        ]
+        self.keystore = workdir / "broker.p12"
+        self.ca_location = workdir / "ca.pem"
+        self._store_password = uuid.uuid4().hex
 
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    @property
+    def secure_bootstrap_servers(self) -> str:
+        assert self.scram_users, "no SASL_SSL listener: start the cluster with scram_users"
+        return ",".join(f"127.0.0.1:{node.secure_port}" for node in self.nodes)
 
     def pid(self, node: int = 1) -> int:
         process = self.nodes[node - 1].process
@@ -113,6 +139,7 @@ class KafkaCluster:
             "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(node.directory / "data"),
             "auto.create.topics.enable": "false",
@@ -127,6 +154,21 @@ class KafkaCluster:
             "log.cleaner.backoff.ms": "250",  # compacted-topic tests wait for the cleaner
             **self.settings,
         }
+        if self.scram_users:
+            secure = f"SASL_SSL://127.0.0.1:{node.secure_port}"
+            settings["listeners"] += f",{secure}"
+            settings["advertised.listeners"] += f",{secure}"
+            settings["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            settings |= {
+                "sasl.enabled.mechanisms": self.MECHANISM,
+                f"listener.name.sasl_ssl.{self.MECHANISM.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(self.keystore),
+                "ssl.keystore.password": self._store_password,
+                "ssl.key.password": self._store_password,
+            }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
     def _java(self, *args: str, log: Path | None = None) -> list[str]:
@@ -137,13 +179,20 @@ class KafkaCluster:
 
     def start(self, timeout_s: float = 90.0) -> KafkaCluster:
         self.cluster_id = self.cluster_id or _cluster_id()
+        if self.scram_users:
+            certificate(self.keystore, self.ca_location, self._store_password)
+        users = [
+            arg
+            for name, password in self.scram_users.items()
+            for arg in ("--add-scram", f"{self.MECHANISM}=[name={name},password={password}]")
+        ]
         for node in self.nodes:
             node.directory.mkdir(parents=True, exist_ok=True)
             config = node.directory / "server.properties"
             config.write_text(self._properties(node))
             (node.directory / "log4j2.properties").write_text(LOG4J.format(log=node.directory / "server.log"))
             formatted = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config)),
+                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config), *users),
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -212,6 +261,26 @@ class KafkaCluster:
 
     def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
         self.stop()
+
+
+def certificate(keystore: Path, ca_location: Path, password: str) -> None:
+    """A PKCS12 ``keystore`` with a key pair and a certificate self-signed for 127.0.0.1 (a broker's),
+    and that certificate as PEM in ``ca_location`` (what its clients trust)."""
+    if shutil.which("keytool") is None:
+        raise KafkaUnavailable("keytool (the JDK's) is not on PATH: it makes the SASL_SSL listener's certificate")
+    keystore.parent.mkdir(parents=True, exist_ok=True)
+    keystore.unlink(missing_ok=True)
+    store = ["-keystore", str(keystore), "-storetype", "PKCS12", "-storepass", password]
+    for step in (
+        [
+            *("-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "7"),
+            *("-dname", "CN=127.0.0.1", "-ext", "SAN=ip:127.0.0.1,dns:localhost", "-keypass", password),
+        ],
+        ["-exportcert", "-rfc", "-alias", "broker", "-file", str(ca_location)],
+    ):
+        done = subprocess.run(["keytool", *step, *store], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise KafkaUnavailable(f"keytool {step[0]} failed: {done.stdout}{done.stderr}")
 
 
 def _cluster_id() -> str:
