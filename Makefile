@@ -36,8 +36,8 @@ test-fast: setup ## only the pure-core unit tests
 test-spark: setup ## only the Spark engine tests (local[2]; the interop test needs `make iceberg-spark`)
 	$(BIN)/pytest tests/spark
 
-iceberg-spark: setup ## build Iceberg's Spark runtime into .cache/ for the interop test (needs libjarjar-java)
-	$(BIN)/python tests/spark/iceberg_runtime.py
+iceberg-spark: setup ## Iceberg's Spark runtime and the PostgreSQL JDBC driver from Maven Central into .cache/ (the interop tests)
+	$(BIN)/python -m tests.spark.iceberg_runtime
 
 lint: setup ## ruff (lint, format, each library imported in its one home), strict mypy, the layers of ingest/
 	$(BIN)/ruff check ingest tests jobs

@@ -31,11 +31,11 @@ EXTENSIONS = {"spark.sql.extensions": "org.apache.iceberg.spark.extensions.Icebe
 
 @pytest.fixture(scope="session", name="iceberg_jars")
 def iceberg_jars_fixture() -> list[Path]:
-    """Iceberg's Spark runtime and the Jackson it expects (built once by ``make iceberg-spark``)."""
+    """Iceberg's Spark runtime (from Maven Central, once: ``make iceberg-spark``)."""
     try:
         return build()
     except Unavailable as error:
-        pytest.skip(f"the Iceberg Spark runtime cannot be built here: {error}")
+        pytest.skip(f"the Iceberg Spark runtime cannot be resolved here: {error}")
 
 
 def jdbc_catalog(catalog: Mapping[str, str]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """A standard Iceberg reader on Spark reads what both engines wrote: rows, dead letters, the snapshot
 summaries carrying the ledger, and every snapshot by time travel.
 
-The reader is Iceberg's own Spark runtime (built by ``tests/spark/iceberg_runtime.py``) in a
+The reader is Iceberg's own Spark runtime (from Maven Central: ``tests/spark/iceberg_runtime.py``) in a
 spark-submit process of its own: through Iceberg's JDBC catalog on the PostgreSQL catalog (the same
 ``iceberg_tables`` that pyiceberg's SQL catalog writes), and by metadata file on the SQLite catalog
 (a JVM must not open the SQLite file that pyiceberg writes).

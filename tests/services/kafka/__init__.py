@@ -1,9 +1,10 @@
 """Apache Kafka for the test suite: resolved from Maven Central, run in KRaft mode on free ports.
 
 ``resolve()`` copies the broker's jars (``pom.xml`` beside this file) into
-``.cache/kafka-<version>/lib`` with Maven, once; :class:`KafkaCluster` formats storage for one or
-more combined broker/controller nodes in a directory of its own, starts one JVM per node, is ready
-when a metadata request lists every node, and stops them. Nothing here is used by the pipeline.
+``.cache/kafka-<version>/lib`` with Maven, once (:mod:`tests.services.maven`);
+:class:`KafkaCluster` formats storage for one or more combined broker/controller nodes in a
+directory of its own, starts one JVM per node, is ready when a metadata request lists every node,
+and stops them. Nothing here is used by the pipeline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ingest.kafka.embedded import free_port
+from tests.services import maven
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -27,7 +29,6 @@ POM = HERE / "pom.xml"
 VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
 CACHE = REPO / ".cache" / f"kafka-{VERSION}"
 LIB = CACHE / "lib"
-_COMPLETE = CACHE / ".complete"
 LOG4J = """\
 appender.file.type = File
 appender.file.name = file
@@ -44,36 +45,20 @@ logger.state.level = WARN
 
 
 class KafkaUnavailable(Exception):
-    """Java or Maven is missing, or Maven could not resolve the broker."""
+    """Java or Maven is missing, Maven could not resolve the broker, or a node would not start."""
 
 
 def unavailable() -> str | None:
     """Why Apache Kafka cannot run here (None: it can)."""
-    if _COMPLETE.exists():
-        return None if shutil.which("java") else "java is not on PATH"
-    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
-    return f"{' and '.join(missing)} not on PATH" if missing else None
+    return maven.unavailable(LIB)
 
 
 def resolve() -> Path:
     """The broker's classpath directory, resolving it from Maven Central the first time."""
-    if _COMPLETE.exists():
-        return LIB
-    reason = unavailable()
-    if reason:
-        raise KafkaUnavailable(reason)
-    staging = CACHE / "lib.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    command = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise KafkaUnavailable(
-            f"mvn could not resolve Apache Kafka {VERSION}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    shutil.rmtree(LIB, ignore_errors=True)
-    staging.rename(LIB)
-    _COMPLETE.touch()
-    return LIB
+    try:
+        return maven.resolve(POM, LIB, f"Apache Kafka {VERSION}")
+    except maven.MavenUnavailable as error:
+        raise KafkaUnavailable(str(error)) from None
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""Jars from Maven Central for the test suite's real components (Apache Kafka, Iceberg's Spark runtime).
+
+``resolve(pom, lib)`` copies the dependencies a small pom declares into ``lib`` with Maven
+(``dependency:copy-dependencies``), once: a ``.complete`` marker beside ``lib`` says it finished,
+and a second call only checks for it. Nothing is built; the jars go on a classpath.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class MavenUnavailable(Exception):
+    """Java or Maven is missing, or Maven could not resolve the pom's dependencies."""
+
+
+def _complete(lib: Path) -> Path:
+    return lib.parent / ".complete"
+
+
+def unavailable(lib: Path) -> str | None:
+    """Why the jars in ``lib`` cannot be run here (None: they can, or Maven can fetch them)."""
+    if _complete(lib).exists():
+        return None if shutil.which("java") else "java is not on PATH"
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    return f"{' and '.join(missing)} not on PATH" if missing else None
+
+
+def resolve(pom: Path, lib: Path, what: str) -> Path:
+    """``lib``, holding the jars ``pom`` depends on, resolved from Maven Central the first time."""
+    if _complete(lib).exists():
+        return lib
+    reason = unavailable(lib)
+    if reason:
+        raise MavenUnavailable(reason)
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    staging = lib.with_name(lib.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    command = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise MavenUnavailable(f"mvn could not resolve {what}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)
+    _complete(lib).touch()
+    return lib
