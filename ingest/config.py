@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
 from ingest.records import RESERVED_COLUMNS, TYPE_NAME, parse_transform
@@ -125,7 +126,9 @@ class PipelineConfig(_Strict):
     pipeline: str
     kafka: dict[str, str | int | float | bool]
     topics: Annotated[list[str], Field(min_length=1)]
-    start: Literal["earliest", "latest"] = "earliest"
+    #: where the first batch starts: ``earliest``, ``latest``, or an ISO-8601 timestamp with a zone
+    #: (the first offsets at or after it); partitions added later always start at earliest
+    start: Literal["earliest", "latest"] | AwareDatetime = "earliest"
     on_data_loss: Literal["fail", "skip"] = "fail"
     catalog: dict[str, str]
     table: str
@@ -145,6 +148,24 @@ class PipelineConfig(_Strict):
                 "'ingest.<pipeline>.*'), never a run id or host name"
             )
         return value
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _start(cls, value: Any) -> Any:
+        if value in ("earliest", "latest"):
+            return value
+        moment = value
+        if isinstance(value, str):
+            try:
+                moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                moment = None
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise ValueError(
+                f"{value!r} is not a start position: use 'earliest', 'latest', or an ISO-8601 timestamp "
+                "with a time zone such as 2026-12-01T00:00:00Z (the first offsets at or after it)"
+            )
+        return moment
 
     @field_validator("table", "dead_letter_table")
     @classmethod

@@ -70,9 +70,8 @@ class Pipeline:
         self.source = source
         self.rows = rows
         self.dead = dead
-        self.policy = PlanPolicy(
-            start=config.start, on_data_loss=config.on_data_loss, max_records=config.batch.max_records
-        )
+        start = config.start if isinstance(config.start, str) else int(config.start.timestamp() * 1000)
+        self.policy = PlanPolicy(start=start, on_data_loss=config.on_data_loss, max_records=config.batch.max_records)
 
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
@@ -98,7 +97,11 @@ class Pipeline:
         # metadata loaded a moment ago (opening the table) is current enough to plan from: if
         # another writer moved the head since, the commit conflicts and observes again
         found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
-        return plan_batch(found.ledger if found else None, view or self.source.describe(), self.policy)
+        view = view or self.source.describe()
+        from_time = None
+        if found is None and isinstance(self.policy.start, int):  # the first batch starts at a time
+            from_time = self.source.offsets_for_time(sorted(view.partitions), self.policy.start)
+        return plan_batch(found.ledger if found else None, view, self.policy, from_time)
 
     def run_batch(self, engine: Engine) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""

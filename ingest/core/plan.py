@@ -13,7 +13,9 @@ from typing import Literal
 from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried
 from ingest.errors import DataLoss, TopicRecreated
 
-StartPosition = Literal["earliest", "latest"]
+#: where a pipeline's first batch starts: the earliest or latest offsets, or (a timestamp in
+#: milliseconds) the first offsets at or after that time, looked up in Kafka's time index
+StartPosition = Literal["earliest", "latest"] | int
 DataLossPolicy = Literal["fail", "skip"]
 
 
@@ -110,8 +112,18 @@ def fair_caps(available: Mapping[TopicPartition, int], limit: int) -> dict[Topic
     return caps
 
 
-def plan_batch(ledger: Ledger | None, kafka: KafkaView, policy: PlanPolicy) -> Batch:
-    """Plan the next batch, failing on data loss (unless ``skip``) and on recreated topics."""
+def plan_batch(
+    ledger: Ledger | None,
+    kafka: KafkaView,
+    policy: PlanPolicy,
+    from_time: Mapping[TopicPartition, int] | None = None,
+) -> Batch:
+    """Plan the next batch, failing on data loss (unless ``skip``) and on recreated topics.
+
+    ``from_time``: for a first batch whose ``policy.start`` is a timestamp, the offsets Kafka's time
+    index gives for it (the end offset where no record is that recent)."""
+    if ledger is None and isinstance(policy.start, int) and from_time is None:
+        raise ValueError("a first batch starting at a timestamp needs the offsets for that time")
     if ledger is not None and ledger.cluster_id and kafka.cluster_id and ledger.cluster_id != kafka.cluster_id:
         raise TopicRecreated(
             f"Kafka cluster id changed: the ledger was written against cluster {ledger.cluster_id!r}, "
@@ -134,7 +146,10 @@ def plan_batch(ledger: Ledger | None, kafka: KafkaView, policy: PlanPolicy) -> B
         if tp not in known:
             # the pipeline's first batch uses the configured position; partitions added later
             # start at earliest so nothing written to them is missed
-            start[tp] = wm.high if (ledger is None and policy.start == "latest") else wm.low
+            if ledger is None and from_time is not None:
+                start[tp] = min(max(from_time.get(tp, wm.high), wm.low), wm.high)
+            else:
+                start[tp] = wm.high if (ledger is None and policy.start == "latest") else wm.low
             continue
         offset = known[tp]
         if offset > wm.high:

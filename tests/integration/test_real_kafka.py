@@ -113,16 +113,22 @@ def test_retention_deleting_unread_records(make_env, policy: str) -> None:
     env.verify()
 
 
-def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
-    env = make_env(partitions=1)
+def _one_a_minute(env: Env, count: int, partitions: int = 1) -> None:
+    """Records ``0..count``, one a minute in record time; record 30 of each partition is the first at
+    or after 2026-12-01T00:00:00Z."""
     producer = Producer({"bootstrap.servers": env.bootstrap})
     cut = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
-    base = cut - 30 * 60_000  # record 30 is the first at or after the cut
-    for i in range(100):  # one record a minute
-        partition, key, value, _ = record(i, 1, None)
-        producer.produce(env.topic, value, key, partition=partition, timestamp=base + i * 60_000)
+    for i in range(count):
+        partition, key, value, _ = record(i, partitions, None)
+        minute = i // partitions
+        producer.produce(env.topic, value, key, partition=partition, timestamp=cut + (minute - 30) * 60_000)
     producer.flush(30)
-    env.produced = 100
+    env.produced = count
+
+
+def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
+    env = make_env(partitions=1)
+    _one_a_minute(env, 100)
     assert env.cli("run", "--until-caught-up").returncode == 0
 
     reset = env.cli("reset", "--to-timestamp", "2026-12-01T00:00:00Z", "--reason", "re-read by time", "--json")
@@ -131,6 +137,24 @@ def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
     assert json.loads(reset.stdout)["offsets"][0]["to"] == 30
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (100 + 70, 0)  # offsets 30..99 once more: a backward reset re-reads on purpose
+    env.verify()
+
+
+def test_a_pipeline_starting_at_a_timestamp_uses_kafkas_time_index(make_env) -> None:
+    env = make_env(partitions=2, start="2026-12-01T00:00:00Z", batch={"max_records": 50})
+    _one_a_minute(env, 200, partitions=2)  # per partition: 100 records, offsets 30..99 at or after the start
+
+    caught_up = env.cli("run", "--until-caught-up", "--json")
+
+    assert caught_up.returncode == 0, caught_up.stderr
+    first = json.loads(caught_up.stdout.splitlines()[0])
+    assert sorted((r["partition"], r["start"]) for r in first["ranges"]) == [(0, 30), (1, 30)]
+    assert env.counts() == (140, 0)
+    assert _order_ids(env) == {i for i in range(200) if i // 2 >= 30}
+    env.verify()
+    env.produce(10)  # the start applies to the first batch only: what follows is read from the ledger
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (150, 0)
     env.verify()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,8 @@ def test_a_missing_required_key_is_named(key: str) -> None:
         ("batch/workers", 0, "batch.workers: expected a number of processes from 1 to 256, or 'auto'"),
         ("batch/workers", "all", "batch.workers: expected a number of processes from 1 to 256, or 'auto'"),
         ("commit/max_attempts", 0, "commit.max_attempts: Input should be greater than 0"),
-        ("start", "beginning", "start: Input should be 'earliest' or 'latest'"),
+        ("start", "beginning", "start: 'beginning' is not a start position: use 'earliest', 'latest', or an ISO-8601"),
+        ("start", "2026-12-01T00:00:00", "start: '2026-12-01T00:00:00' is not a start position"),  # no zone
         ("on_data_loss", "ignore", "on_data_loss: Input should be 'fail' or 'skip'"),
         ("topics", [], "topics: List should have at least 1 item"),
         ("dead_letter_table", "analytics.orders", "dead_letter_table must differ from table"),
@@ -399,3 +401,13 @@ def test_compaction_target_below_the_small_file_size_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"target_file_mb must be at least small_file_mb"):
         parse(data)
+
+
+@pytest.mark.parametrize("text", ["2026-12-01T00:00:00Z", "2026-12-01T01:00:00+01:00"])
+def test_start_at_a_timestamp(text: str) -> None:
+    data = minimal()
+    data["start"] = text
+
+    start = parse(data).start
+
+    assert isinstance(start, datetime) and start.timestamp() == datetime(2026, 12, 1, tzinfo=UTC).timestamp()

@@ -113,6 +113,28 @@ def test_first_batch_from_latest_reads_nothing_but_pins_the_position() -> None:
     assert batch.moves_ledger  # the first commit records where "latest" was
 
 
+def test_first_batch_from_a_timestamp_starts_at_the_offsets_kafka_gave_for_it() -> None:
+    # p0: records from offset 12 on are that recent; p1: none is (Kafka answers the end offset);
+    # p2: the offset found was since deleted by retention
+    found = {P0: 12, P1: 3, P2: 1}
+    batch = plan_batch(
+        None, view(p0=(5, 20), p1=(0, 3), p2=(4, 6)), PlanPolicy(start=1_764_547_200_000), from_time=found
+    )
+
+    assert batch.start == {P0: 12, P1: 3, P2: 4}
+    assert batch.ranges() == [(P0, 12, 20), (P2, 4, 6)]
+
+
+def test_a_timestamp_start_matters_only_for_the_first_batch() -> None:
+    policy = PlanPolicy(start=1_764_547_200_000)
+    with pytest.raises(ValueError, match="needs the offsets for that time"):
+        plan_batch(None, view(p0=(0, 20)), policy)
+
+    batch = plan_batch(ledger(p0=10), view(p0=(0, 20), p1=(2, 9)), policy)  # no lookup once committed
+
+    assert batch.start == {P0: 10, P1: 2}  # and a partition added later starts at earliest
+
+
 def test_resumes_at_the_ledger() -> None:
     batch = plan_batch(ledger(p0=12, p1=3), view(p0=(0, 20), p1=(0, 3)), PlanPolicy())
 
