@@ -228,7 +228,7 @@ class PipelineConfig(_Strict):
 
     def redacted(self) -> dict[str, Any]:
         """The config as a dict, with credentials masked, for display."""
-        data = self.model_dump(by_alias=True)
+        data = self.model_dump(by_alias=True, mode="json")
         for section in ("kafka", "catalog"):
             data[section] = {
                 k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in data[section].items()
