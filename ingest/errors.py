@@ -96,6 +96,10 @@ class WorkerLost(RetryableError):
     """A worker process died or stopped answering during a batch; nothing was committed."""
 
 
+class SchemaMoved(RetryableError):
+    """The table's schema changed while a batch's files were written for an evolved one."""
+
+
 class SparkUnavailable(RetryableError):
     """No Spark session could be started, or the Spark job failed for a reason outside the task code
     (executors lost, worker processes killed, the job cancelled)."""

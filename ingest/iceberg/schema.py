@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.exceptions import ResolveError, ValidationError
 from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _pyarrow_to_schema_without_ids
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table import Table
+from pyiceberg.table import Transaction
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -70,11 +71,52 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
     return PartitionSpec(*fields)
 
 
-def check_compatible(identifier: str, table: Table, schema: Schema) -> None:
+def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -> bool:
+    """Stage in ``transaction`` what makes its table's schema take records of ``wanted``; True if
+    that changes the schema.
+
+    Allowed, as Iceberg allows them without rewriting data: new optional columns (nested ones
+    too), widening (int→long, float→double, decimal precision), required→optional. Columns are
+    matched by name to their field ids; a new column gets the next id, so two writers evolving the
+    same table the same way assign the same ids. A column the table has and ``wanted`` lacks stays
+    (optional ones are written as nulls). Anything else (a narrower or different type, a new
+    required column, a required column missing) raises :class:`TableMismatch`: the table is left
+    as it is."""
+    update = transaction.update_schema()
+    current = transaction.table_metadata.schema()
     try:
-        _check_pyarrow_schema_compatible(table.schema(), schema.as_arrow())
+        update.union_by_name(wanted)
+        evolved = update._apply()
+    except (ValueError, ValidationError, ResolveError) as error:
+        raise TableMismatch(
+            f"table {identifier} cannot take the configured schema: {error}. Only new optional columns, "
+            "widened types (int→long, float→double, larger decimal precision) and required→optional evolve "
+            "with a batch; fix `schema:`, or change the table with your engine's ALTER TABLE first."
+        ) from None
+    try:
+        _check_pyarrow_schema_compatible(evolved, wanted.as_arrow())
     except ValueError as error:
         raise TableMismatch(
             f"table {identifier} exists with a schema that does not fit the configured one: {error}\n"
             "Fix `schema:` to match the table, or evolve the table's schema first."
         ) from None
+    if evolved == current:
+        return False
+    update.commit()  # staged in the transaction: committed with whatever else it holds
+    return True
+
+
+def describe_change(before: Schema, after: Schema) -> str:
+    """What an evolution changes, for the log: ``added note (string); amount: required→optional``."""
+    old = {f.field_id: f for f in before.fields}
+    parts = []
+    for field in after.fields:
+        was = old.get(field.field_id)
+        if was is None:
+            parts.append(f"added {field.name} ({field.field_type})")
+        elif was != field:
+            if was.required and not field.required:
+                parts.append(f"{field.name}: required→optional")
+            if was.field_type != field.field_type:
+                parts.append(f"{field.name}: {was.field_type}→{field.field_type}")
+    return "; ".join(parts) or "nested columns"

@@ -55,8 +55,8 @@ from ingest import nogc, records
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, TableMismatch
-from ingest.iceberg.schema import check_compatible
+from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, SchemaMoved, TableMismatch
+from ingest.iceberg.schema import describe_change, stage_evolution
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
 
@@ -91,16 +91,63 @@ class IcebergTable:
         #: handle resets it: a handle that keeps committing (``run --every``, a run loop) while
         #: another writer commits too must not plan from its own last commit and redo their batch
         self._loaded_at = loaded_at
+        #: the schema records are written in, when the table's must evolve to take it: every commit
+        #: through this handle carries that evolution (see :meth:`evolve_to`)
+        self._wanted: Schema | None = None
+        #: the schema data files were last written with while evolving (held metadata, evolved)
+        self._written_with: Schema | None = None
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
-        return IcebergTable(self.catalog, self.identifier, self._table, branch)
+        handle = IcebergTable(self.catalog, self.identifier, self._table, branch)
+        handle._wanted = self._wanted
+        return handle
+
+    def evolve_to(self, schema: Schema) -> None:
+        """Write records of ``schema`` from now on, evolving the table's schema to take them in the
+        same commit as the first data written so (never alone: a crash leaves neither a schema
+        without its data nor data without its schema). Raises :class:`TableMismatch` where the
+        table cannot evolve so."""
+        transaction = self._table.transaction()
+        before = transaction.table_metadata.schema()
+        if stage_evolution(transaction, self.identifier, schema):
+            change = describe_change(before, transaction.table_metadata.schema())
+            log.info("%s: the next commit evolves the schema: %s", self.identifier, change)
+            self._wanted = schema
+        else:
+            self._wanted = None
+
+    def _metadata_for_writes(self) -> TableMetadata:
+        """The held metadata, with the schema evolved to the wanted one if it must be."""
+        if self._wanted is None:
+            return self._table.metadata
+        transaction = self._table.transaction()
+        stage_evolution(transaction, self.identifier, self._wanted)
+        metadata = transaction.table_metadata
+        self._written_with = metadata.schema()
+        return metadata
+
+    def _transaction(self, metadata: TableMetadata | None = None) -> Transaction:
+        """A transaction for one commit on ``metadata`` (default: what the handle holds), with the
+        library's retries off and the schema evolution staged first. Raises :class:`SchemaMoved`
+        if files were written with an evolved schema this commit would not give the table."""
+        transaction = _no_library_retry(self._table, metadata).transaction()
+        if self._wanted is not None:
+            stage_evolution(transaction, self.identifier, self._wanted)
+            if self._written_with is not None and transaction.table_metadata.schema() != self._written_with:
+                raise SchemaMoved(
+                    f"the schema of {self.identifier} changed while this batch's files were written with an "
+                    "evolved one (another writer changed the table); nothing was committed. Run again: the "
+                    "next batch is written for the table's new schema."
+                )
+        return transaction
 
     def detached(self) -> IcebergTable:
         """A copy that only writes data files, for worker processes and Spark executors: no catalog
         connection, and a file IO that holds only the storage properties (``s3.*``, ``gcs.*``,
         ``adls.*``, ``client.*``…), never the catalog's (its URI, user, password, token)."""
         table = copy.copy(self._table)
+        table.metadata = self._metadata_for_writes()
         table.catalog = None  # type: ignore[assignment]
         io = table.io
         table.io = type(io)(properties={k: v for k, v in io.properties.items() if k.startswith(STORAGE_PROPERTIES)})
@@ -125,8 +172,9 @@ class IcebergTable:
             raise
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
-        check_compatible(identifier, table, schema)
-        return cls(catalog, identifier, table, loaded_at=time.monotonic())
+        handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
+        handle.evolve_to(schema)
+        return handle
 
     @property
     def table(self) -> Table:
@@ -180,7 +228,7 @@ class IcebergTable:
         """Parquet files under unique names in the table location; invisible until committed."""
         if data.num_rows == 0:
             return []
-        metadata = self._table.metadata
+        metadata = self._metadata_for_writes()
         if target_file_bytes is not None:
             properties = {**metadata.properties, "write.target-file-size-bytes": str(target_file_bytes)}
             metadata = metadata.model_copy(update={"properties": properties})
@@ -198,7 +246,7 @@ class IcebergTable:
         :class:`CommitUnknown` for any failure that leaves the outcome open.
         """
         with nogc.paused():  # the catalog loads, deep-copies and writes the whole metadata
-            transaction = _no_library_retry(self._table, self._head_only()).transaction()
+            transaction = self._transaction(self._head_only())
             if properties:
                 transaction.set_properties(dict(properties))
             snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
@@ -315,7 +363,7 @@ class IcebergTable:
 
     def rewrite(self, remove: Sequence[DataFile], add: Sequence[WrittenFile], summary: Mapping[str, str]) -> int:
         """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
-        transaction = _no_library_retry(self._table).transaction()
+        transaction = self._transaction()
         with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
             for removed in remove:
                 ow.delete_data_file(removed)
@@ -347,7 +395,7 @@ class IcebergTable:
         if doomed == 0:
             return self.try_commit([], summary, {})
         with nogc.paused():
-            transaction = _no_library_retry(self._table).transaction()
+            transaction = self._transaction()
             transaction.delete(condition, snapshot_properties=dict(summary), branch=self.branch)
             self._commit(transaction)
         return self.branch_head(self.branch)

@@ -1,0 +1,170 @@
+"""Schema evolution from the config, committed with the batch: a column added to ``schema:``, a
+required field relaxed, a type widened. The evolution goes into the same snapshot as the batch's
+data and ledger, never alone; a change the table cannot take stops the run before anything moves.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest.failpoints import POINTS
+from ingest.iceberg.catalog import connect
+from ingest.kafka.admin import produce
+
+pytestmark = pytest.mark.integration
+
+
+def _schema(env, *fields: dict[str, Any], relax: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Add ``fields`` to the config's ``schema:``, and make ``relax`` optional."""
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [dict(f, required=False) if f["name"] == relax else f for f in data["schema"]] + list(fields)
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def _orders(env, count: int, **extra: Any) -> None:  # type: ignore[no-untyped-def]
+    """Orders ``env.produced..+count`` with ``extra`` fields (a callable gets the order id)."""
+    start = env.produced
+    records = []
+    for i in range(start, start + count):
+        value = {"order_id": i, "amount": f"{i}.50", "created_at": "2026-12-01T10:00:00Z"}
+        value |= {k: (v(i) if callable(v) else v) for k, v in extra.items()}
+        records.append((i % env.partitions, f"k{i}".encode(), json.dumps(value).encode(), []))
+    produce(env.bootstrap, env.topic, records)
+    env.produced += count
+
+
+def _table(env):  # type: ignore[no-untyped-def]
+    """The rows table as the catalog has it (opening a pipeline would evolve nothing, but may refuse)."""
+    config = env.config
+    return connect(config.catalog).load_table(config.table)
+
+
+def test_columns_added_relaxed_and_widened_evolve_in_the_batchs_own_snapshot(make_env) -> None:
+    env = make_env(partitions=2, batch={"chunk_records": 10, "workers": 2})  # a worker process writes too
+    _orders(env, 100, note="ignored while the schema lacks it")
+    assert env.cli("run").returncode == 0
+    before = _table(env)
+    assert [f.name for f in before.schema().fields][-1] == "created_at"
+
+    _schema(env, {"name": "note", "type": "string"}, {"name": "qty", "type": "int"})
+    _orders(env, 50, note=lambda i: f"n{i}", qty=lambda i: i)
+    first = env.cli("run", "--json")
+
+    assert first.returncode == 0, first.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == len(before.metadata.snapshots) + 1  # data, ledger and schema: one
+    head = table.current_snapshot()
+    assert head is not None and head.schema_id == table.schema().schema_id != before.schema().schema_id
+    note, qty = table.schema().find_field("note"), table.schema().find_field("qty")
+    assert (str(note.field_type), note.required, str(qty.field_type)) == ("string", False, "int")
+    rows = table.scan(selected_fields=("order_id", "note", "qty")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["note"] for r in rows[:100]] == [None] * 100  # written before the column existed
+    assert rows[100:] == [{"order_id": i, "note": f"n{i}", "qty": i} for i in range(100, 150)]
+    env.verify()
+
+    _schema(env, {"name": "qty", "type": "long"}, relax="order_id")  # int→long, required→optional
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [f for i, f in enumerate(data["schema"]) if f["name"] != "qty" or i == len(data["schema"]) - 1]
+    env.config_path.write_text(yaml.safe_dump(data))
+    _orders(env, 50, note="big", qty=lambda i: i + 2**40)
+
+    assert env.cli("run").returncode == 0
+
+    table = _table(env)
+    widened = table.schema()
+    assert str(widened.find_field("qty").field_type) == "long" and widened.find_field("qty").field_id == qty.field_id
+    assert not widened.find_field("order_id").required
+    quantities = table.scan(selected_fields=("order_id", "qty")).to_arrow().sort_by("order_id")["qty"].to_pylist()
+    assert quantities == [None] * 100 + list(range(100, 150)) + [i + 2**40 for i in range(150, 200)]
+    assert env.counts() == (200, 0)
+    env.verify()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"name": "order_id", "type": "string", "required": True},
+            "Cannot change column type: order_id: long -> string",
+        ),
+        ({"name": "region", "type": "string", "required": True}, "cannot add required column: region"),
+    ],
+)
+def test_a_change_the_table_cannot_take_stops_before_anything_moves(make_env, change, says) -> None:
+    env = make_env(partitions=1)
+    _orders(env, 20)
+    assert env.cli("run").returncode == 0
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [f for f in data["schema"] if f["name"] != change["name"]] + [change]
+    env.config_path.write_text(yaml.safe_dump(data))
+    before = _table(env).metadata
+    _orders(env, 20)
+
+    result = env.cli("run")
+
+    assert result.returncode == 65, result.stderr
+    assert says in result.stderr and "fix `schema:`" in result.stderr, result.stderr
+    after = _table(env).metadata
+    assert (after.current_schema_id, len(after.snapshots)) == (before.current_schema_id, len(before.snapshots))
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_at_each_step_of_an_evolving_batch_leaves_schema_and_data_together(make_env, point) -> None:
+    env = make_env(partitions=2)
+    _orders(env, 100)
+    assert env.cli("run").returncode == 0
+    old = _table(env).schema()
+    _schema(env, {"name": "note", "type": "string"})
+    _orders(env, 100, note=lambda i: f"n{i}")
+
+    killed = env.cli("run", env={"INGEST_FAILPOINT": point})
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    table = _table(env)
+    committed = point == "after-commit"
+    assert len(table.metadata.snapshots) == 1 + committed
+    assert (table.schema() == old) is not committed  # the new column came with the batch, or not at all
+    rerun = env.cli("run", "--until-caught-up")
+    assert rerun.returncode == 0, rerun.stderr
+    notes = _table(env).scan(selected_fields=("order_id", "note")).to_arrow().sort_by("order_id")["note"].to_pylist()
+    assert notes == [None] * 100 + [f"n{i}" for i in range(100, 200)]
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_files_written_for_an_evolution_another_writer_overtook_are_never_committed(make_env) -> None:
+    import pyarrow as pa
+    from pyiceberg.types import StringType
+
+    from ingest.errors import SchemaMoved
+    from ingest.pipeline import Pipeline
+
+    env = make_env(partitions=1)
+    _orders(env, 10)
+    assert env.cli("run").returncode == 0
+    _schema(env, {"name": "note", "type": "string"})
+    rows = Pipeline.open(env.config).rows  # will add `note` with the next commit
+    written = rows.detached().table.schema()
+    files = rows.write(pa.Table.from_pylist([{}], schema=written.as_arrow()).drop_null())  # shape only
+    assert written.find_field("note").field_id == 1 + _table(env).metadata.last_column_id
+    other = _table(env)  # another tool adds a different column first: it takes the id `note` was written with
+    with other.update_schema() as update:
+        update.add_column("region", StringType())
+    rows.refresh()
+
+    with pytest.raises(SchemaMoved, match="changed while this batch's files were written"):
+        rows.try_commit(files, {}, {})
+
+    assert _table(env).schema().find_field("region").field_id == written.find_field("note").field_id
+    _orders(env, 10, note=lambda i: f"n{i}")
+    assert env.cli("run").returncode == 0  # the next run evolves from the table as it now is
+    schema = _table(env).schema()
+    assert schema.find_field("note").field_id == schema.find_field("region").field_id + 1
+    assert env.counts() == (20, 0)
+    env.verify()
