@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +14,11 @@ from tests.runs import one_batch
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
-from ingest.config import BatchSpec
+from ingest.config import BatchSpec, FieldSpec
 from ingest.core.plan import Batch
 from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 from ingest.errors import ConfigError
+from ingest.kafka.admin import produce
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 
@@ -171,3 +173,29 @@ def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> 
     spark_conf.set(MIN_PARTITIONS, "zero")
     with pytest.raises(ConfigError, match=re.escape("spark.ingest.minPartitions='zero': expected a positive integer")):
         engine.tasks(batch)
+
+
+def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds_it(make_env, spark) -> None:
+    env = make_env(batch={"max_records": 1_000})
+    env.produce(1_000)
+    assert one_batch(Pipeline.open(env.config)).status == "committed"
+    wider = env.config.model_copy(update={"schema_": [*env.config.schema_, FieldSpec(name="channel", type="string")]})
+    pipeline = Pipeline.open(wider)
+    before = pipeline.rows.table.metadata
+    engine = SparkEngine.create(wider, pipeline.rows, spark)
+    values = [json.dumps({"order_id": i, "channel": f"c{i % 3}"}).encode() for i in range(1_000, 2_000)]
+    produce(env.bootstrap, env.topic, [(i % env.partitions, None, v, []) for i, v in enumerate(values)])
+
+    result = pipeline.run_batch(engine)
+
+    assert result.status == "committed"
+    table = pipeline.rows.refresh() and pipeline.rows.table
+    assert len(table.metadata.snapshots) == len(before.snapshots) + 1
+    head = table.current_snapshot()
+    assert head is not None and head.schema_id == table.schema().schema_id != before.current_schema_id
+    channel = table.schema().find_field("channel")
+    assert channel.field_id == before.last_column_id + 1 and not channel.required
+    # the executors' files carry the new column's id: Iceberg reads it by id, null in the older files
+    channels = table.scan(selected_fields=("order_id", "channel")).to_arrow().sort_by("order_id")["channel"]
+    assert channels.to_pylist() == [None] * 1_000 + [f"c{i % 3}" for i in range(1_000, 2_000)]
+    env.verify()
