@@ -177,7 +177,9 @@ class KafkaCluster:
             config.write_text(self._properties(node))
             (node.directory / "log4j2.properties").write_text(LOG4J.format(log=node.directory / "server.log"))
             formatted = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(config), *users),
+                self._java(
+                    "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}", "-c", str(config), *users
+                ),
                 capture_output=True,
                 text=True,
                 timeout=120,
