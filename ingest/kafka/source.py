@@ -118,15 +118,17 @@ class KafkaSource:
         if error.code() in REFUSALS:
             self._refusals.append(error)
 
-    def _failed(self, what: str, error: KafkaException | str) -> IngestError:
-        """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable."""
+    def _failed(self, what: str, error: KafkaException | None = None) -> IngestError:
+        """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable
+        (then nothing of the batch was committed, and running again is the fix)."""
         self._admin.poll(0)  # serves error_cb: the reason behind a failed request comes this way
         if self._refusals:
             return KafkaRefused(
                 f"Kafka at {self._props['bootstrap.servers']} refused this client: {self._refusals[-1].str()}. "
                 + REFUSED_HINT
             )
-        return BrokerUnavailable(f"{what}: {error}")
+        cause = f": {error}" if error is not None else ""
+        return BrokerUnavailable(f"{what}{cause}. Nothing was committed; run again when the broker is healthy.")
 
     def _consumer(self, sized_for: int | None = None) -> Consumer:
         """A consumer for exact reads; ``sized_for`` (records in the largest range) caps the
@@ -262,10 +264,7 @@ class KafkaSource:
                     pending_bytes += sum(map(len, messages))  # len(): the value's size, counted in C
                 elif time.monotonic() - last_progress > self.timeout_s:
                     stuck = ", ".join(f"{tp} (reading up to {stops.end[tp]})" for tp in sorted(reading))
-                    raise self._failed(
-                        f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}",
-                        "nothing was committed. Run again when the broker is healthy.",
-                    )
+                    raise self._failed(f"no progress from Kafka for {self.timeout_s:.0f}s while reading {stuck}")
                 for position in consumer.position([KafkaTP(tp.topic, tp.partition) for tp in reading]):
                     if position.offset >= 0:
                         stops.position[TopicPartition(position.topic, position.partition)] = position.offset
