@@ -12,11 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import pyarrow as pa
 import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
-from ingest.records import RESERVED_COLUMNS, TYPE_NAME, parse_transform
+from ingest.records import RESERVED_COLUMNS, arrow_type, parse_transform, type_name
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -30,6 +31,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+def _has_map(arrow: Any) -> bool:
+    if isinstance(arrow, pa.MapType):
+        return True
+    if isinstance(arrow, pa.StructType):
+        return any(_has_map(field.type) for field in arrow)
+    return isinstance(arrow, pa.ListType) and _has_map(arrow.value_type)
+
+
 class FieldSpec(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
     type: str
@@ -39,18 +48,13 @@ class FieldSpec(_Strict):
     @field_validator("type")
     @classmethod
     def _known_type(cls, value: str) -> str:
-        normalized = value.strip().lower()
-        if not TYPE_NAME.match(normalized):
+        arrow = arrow_type(value)  # ValueError names what is wrong
+        if _has_map(arrow):
             raise ValueError(
-                f"unknown Iceberg type {value!r}; use one of boolean, int, long, float, double, "
-                "decimal(P,S), date, timestamp, timestamptz, string"
+                f"{value!r}: map types cannot be read from JSON values (Arrow's JSON reader reads objects "
+                "only into a struct<…> of known fields); declare a struct<…> of the keys you expect"
             )
-        normalized = re.sub(r"\s+", "", normalized)
-        if normalized.startswith("decimal("):
-            precision, scale = (int(x) for x in normalized[len("decimal(") : -1].split(","))
-            if not 1 <= precision <= 38 or scale > precision:
-                raise ValueError(f"{value!r}: decimal precision must be 1 to 38 and scale at most the precision")
-        return normalized
+        return type_name(arrow)
 
     @field_validator("name")
     @classmethod

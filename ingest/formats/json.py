@@ -23,17 +23,25 @@ from ingest.records import DEAD_LETTER_SCHEMA, Decoded, RawChunk, arrow_type, ro
 _SINGLES = 16
 
 
-def _json_type(type_name: str) -> pa.DataType:
-    """What Arrow's JSON reader parses the field as, before the final (checked) cast."""
-    if type_name == "date":
+def _json_type(target: pa.DataType) -> pa.DataType:
+    """What Arrow's JSON reader parses a field of ``target`` type as, before the final (checked)
+    cast; nested types field by field."""
+    if pa.types.is_date(target):
         return pa.string()
-    if type_name == "float":
+    if pa.types.is_float32(target):
         return pa.float64()
-    target = arrow_type(type_name)
     if pa.types.is_decimal(target):
         # the reader checks precision before rescaling; parse wide, then cast with checks
         return pa.decimal128(38, target.scale)
+    if pa.types.is_struct(target):
+        return pa.struct([field.with_type(_json_type(field.type)) for field in target])
+    if pa.types.is_list(target):
+        return pa.list_(target.value_field.with_type(_json_type(target.value_type)))
     return target
+
+
+def _nested(target: pa.DataType) -> bool:
+    return pa.types.is_struct(target) or pa.types.is_list(target)
 
 
 _JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}
@@ -69,7 +77,7 @@ class Decoder:
 
     def __init__(self, fields: Sequence[FieldSpec]) -> None:
         self.fields = list(fields)
-        self._parse_schema = pa.schema([pa.field(f.name, _json_type(f.type)) for f in fields])
+        self._parse_schema = pa.schema([pa.field(f.name, _json_type(arrow_type(f.type))) for f in fields])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
         self._schema = rows_schema(fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
@@ -165,7 +173,7 @@ class Decoder:
                     ):
                         raise _Bad(f"field {spec.name!r}: value out of range for float")
                     column = converted
-                elif pa.types.is_string(target):
+                if pa.types.is_string(target) or _nested(target):
                     column.validate(full=True)  # the reader does not check UTF-8 inside strings
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
                 raise _Bad(f"field {spec.name!r}: cannot convert to {spec.type}: {error}") from None

@@ -93,8 +93,8 @@ def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -
             "widened types (int→long, float→double, larger decimal precision) and required→optional evolve "
             "with a batch; fix `schema:`, or change the table with your engine's ALTER TABLE first."
         ) from None
-    try:
-        _check_pyarrow_schema_compatible(evolved, wanted.as_arrow())
+    try:  # by name, as writes are matched (the ids in ``wanted`` are its own, fresh ones)
+        _check_pyarrow_schema_compatible(evolved, _without_ids(wanted.as_arrow()))
     except ValueError as error:
         raise TableMismatch(
             f"table {identifier} exists with a schema that does not fit the configured one: {error}\n"
@@ -104,6 +104,25 @@ def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -
         return False
     update.commit()  # staged in the transaction: committed with whatever else it holds
     return True
+
+
+def _without_ids(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with no field metadata (so no field ids) at any depth."""
+
+    def plain(kind: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(kind):
+            return pa.struct([pa.field(f.name, plain(f.type), f.nullable) for f in kind])
+        if pa.types.is_map(kind):
+            item = kind.item_field
+            return pa.map_(
+                pa.field("key", plain(kind.key_type), False), pa.field("value", plain(item.type), item.nullable)
+            )
+        if pa.types.is_list(kind):
+            element = kind.value_field
+            return pa.list_(pa.field(element.name, plain(element.type), element.nullable))
+        return kind
+
+    return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
 
 
 def describe_change(before: Schema, after: Schema) -> str:

@@ -168,3 +168,32 @@ def test_files_written_for_an_evolution_another_writer_overtook_are_never_commit
     assert schema.find_field("note").field_id == schema.find_field("region").field_id + 1
     assert env.counts() == (20, 0)
     env.verify()
+
+
+def test_nested_fields_land_in_iceberg_and_a_field_added_inside_a_struct_evolves(make_env) -> None:
+    env = make_env(partitions=1)
+    _schema(env, {"name": "addr", "type": "struct<city: string>"}, {"name": "tags", "type": "list<string>"})
+    _orders(env, 10, addr=lambda i: {"city": f"c{i}", "zip": i}, tags=lambda i: [f"t{i}"] * (i % 3))
+    assert env.cli("run").returncode == 0
+    city = _table(env).schema().find_field("addr.city")
+
+    _schema(env)  # addr gains zip: a new optional field inside the struct
+    data = yaml.safe_load(env.config_path.read_text())
+    for field in data["schema"]:
+        if field["name"] == "addr":
+            field["type"] = "struct<city: string, zip: int>"
+    env.config_path.write_text(yaml.safe_dump(data))
+    _orders(env, 10, addr=lambda i: {"city": f"c{i}", "zip": i}, tags=lambda i: [f"t{i}"])
+
+    assert env.cli("run").returncode == 0
+
+    table = _table(env)
+    assert table.schema().find_field("addr.city").field_id == city.field_id  # identity by id, not position
+    assert str(table.schema().find_field("addr.zip").field_type) == "int"
+    rows = table.scan(selected_fields=("order_id", "addr", "tags")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["addr"] for r in rows] == [{"city": f"c{i}", "zip": None} for i in range(10)] + [
+        {"city": f"c{i}", "zip": i} for i in range(10, 20)
+    ]
+    assert [r["tags"] for r in rows[:3]] == [[], ["t1"], ["t2", "t2"]]
+    assert env.counts() == (20, 0)
+    env.verify()

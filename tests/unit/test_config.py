@@ -411,3 +411,35 @@ def test_start_at_a_timestamp(text: str) -> None:
     start = parse(data).start
 
     assert isinstance(start, datetime) and start.timestamp() == datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("declared", "canonical"),
+    [
+        ("LONG", "long"),
+        ("decimal( 12 , 2 )", "decimal(12,2)"),
+        ("struct<City:string,zip : int>", "struct<City: string, zip: int>"),
+        ("list< struct<a: list<long>> >", "list<struct<a: list<long>>>"),
+    ],
+)
+def test_nested_types_are_parsed_and_kept_in_canonical_form(declared: str, canonical: str) -> None:
+    data = minimal()
+    data["schema"][1]["type"] = declared
+
+    assert parse(data).schema_[1].type == canonical
+
+
+@pytest.mark.parametrize(
+    ("declared", "says"),
+    [
+        ("map<string, long>", "map types cannot be read from JSON values"),
+        ("struct<a: long, a: int>", "appears twice"),
+        ("struct<a long>", "expected ':'"),
+        ("list<strng>", "unknown Iceberg type 'strng'"),
+    ],
+)
+def test_a_bad_nested_type_is_refused_naming_the_field(declared: str, says: str) -> None:
+    data = minimal()
+    data["schema"][1]["type"] = declared
+
+    assert says in error_of(data) and "schema.1.type" in error_of(data)

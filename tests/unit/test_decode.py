@@ -478,3 +478,60 @@ def test_the_fast_path_refuses_any_chunk_arrow_could_misalign(values) -> None:
 def test_the_fast_path_takes_one_object_per_line() -> None:
     values = [b"{}", b'{"a":"x\\ny"}', b'{"b":[1,{"c":2}]}']  # an escaped newline is one line
     assert _one_object_per_line(values) == b"\n".join(values)
+
+
+# --- nested fields ------------------------------------------------------------------------------
+
+NESTED = [
+    FieldSpec(name="id", type="long", required=True),
+    FieldSpec(name="addr", type="struct<city: string, zip: int, since: date>"),
+    FieldSpec(name="tags", type="list<string>"),
+    FieldSpec(name="items", type="list<struct<sku: string, price: decimal(10, 2), qty: int>>"),
+]
+
+
+def test_nested_objects_and_arrays_decode_into_structs_and_lists() -> None:
+    values = [
+        {"id": 1, "addr": {"city": "Oslo", "zip": 150, "since": "2020-01-02"}, "tags": ["a", "b"]},
+        {"id": 2, "addr": None, "tags": [], "items": [{"sku": "x", "price": "1.50", "qty": 2}, {"sku": "y"}]},
+        {"id": 3, "addr": {"city": "Bergen", "unknown": True}},  # a nested field not declared is ignored
+    ]
+    decoded = decode([json.dumps(v).encode() for v in values], fields=NESTED)
+
+    assert decoded.dead_letters.num_rows == 0
+    assert decoded.rows.schema.field("addr").type == pa.struct(
+        [("city", pa.string()), ("zip", pa.int32()), ("since", pa.date32())]
+    )
+    assert decoded.rows.select(["addr", "tags", "items"]).to_pylist() == [
+        {"addr": {"city": "Oslo", "zip": 150, "since": dt.date(2020, 1, 2)}, "tags": ["a", "b"], "items": None},
+        {
+            "addr": None,
+            "tags": [],
+            "items": [
+                {"sku": "x", "price": Decimal("1.50"), "qty": 2},
+                {"sku": "y", "price": None, "qty": None},
+            ],
+        },
+        {"addr": {"city": "Bergen", "zip": None, "since": None}, "tags": None, "items": None},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (
+            {"addr": {"zip": "ten"}},
+            "field 'addr': expected struct<city: string, zip: int, since: date>, got a JSON object",
+        ),
+        ({"addr": {"since": "yesterday"}}, "field 'addr': cannot convert"),
+        ({"tags": "a"}, "field 'tags': expected list<string>, got a JSON string"),
+        ({"tags": [1]}, "field 'tags': expected list<string>"),
+        ({"items": [{"price": "123456789.99"}]}, "Decimal value does not fit in precision 10"),
+    ],
+)
+def test_a_nested_value_of_the_wrong_shape_is_a_dead_letter_naming_the_field(value, reason) -> None:
+    decoded = decode([json.dumps({"id": 1}).encode(), json.dumps({"id": 2, **value}).encode()], fields=NESTED)
+
+    assert_exactly_once(decoded, [100, 101])
+    assert decoded.dead_letters.column("offset").to_pylist() == [101]
+    assert reason in decoded.dead_letters.column("error")[0].as_py()
