@@ -41,7 +41,7 @@ def _json_type(target: pa.DataType) -> pa.DataType:
 
 
 def _nested(target: pa.DataType) -> bool:
-    return pa.types.is_struct(target) or pa.types.is_list(target)
+    return bool(pa.types.is_struct(target) or pa.types.is_list(target))
 
 
 _JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}
