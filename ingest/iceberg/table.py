@@ -96,6 +96,8 @@ class IcebergTable:
         self._wanted: Schema | None = None
         #: the schema data files were last written with while evolving (held metadata, evolved)
         self._written_with: Schema | None = None
+        #: the held metadata the evolved one for writes was derived from, and that evolved metadata
+        self._for_writes: tuple[TableMetadata, TableMetadata] | None = None
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
@@ -118,13 +120,23 @@ class IcebergTable:
             self._wanted = None
 
     def _metadata_for_writes(self) -> TableMetadata:
-        """The held metadata, with the schema evolved to the wanted one if it must be."""
+        """The held metadata, with the schema evolved to the wanted one if it must be.
+
+        Derived once per held metadata (a transaction copies the whole metadata to stage the
+        change; files are written chunk by chunk). Once the held schema already takes the wanted
+        one (this handle's commit carried the evolution, or another writer's did), the handle
+        writes and commits as if it never had to evolve."""
+        held = self._table.metadata
         if self._wanted is None:
-            return self._table.metadata
+            return held
+        if self._for_writes is not None and self._for_writes[0] is held:
+            return self._for_writes[1]
         transaction = self._table.transaction()
-        stage_evolution(transaction, self.identifier, self._wanted)
+        if not stage_evolution(transaction, self.identifier, self._wanted):
+            self._wanted = self._written_with = self._for_writes = None
+            return held
         metadata = transaction.table_metadata
-        self._written_with = metadata.schema()
+        self._written_with, self._for_writes = metadata.schema(), (held, metadata)
         return metadata
 
     def _transaction(self, metadata: TableMetadata | None = None) -> Transaction:

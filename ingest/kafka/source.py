@@ -208,10 +208,8 @@ class KafkaSource:
         # as an error; taken for an offset it would look like a recreated topic or lost data
         unknown = sorted(str(tp) for tp, offset in found.items() if offset < 0)
         if unknown:
-            raise BrokerUnavailable(
-                f"Kafka at {self._props['bootstrap.servers']} returned no offset for {', '.join(unknown)} "
-                "(no leader reachable?); nothing was planned or committed. Run again when the broker is healthy."
-            )
+            where = self._props["bootstrap.servers"]
+            raise self._failed(f"Kafka at {where} returned no offset for {', '.join(unknown)} (no leader reachable?)")
         return found
 
     def read(
