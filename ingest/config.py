@@ -22,7 +22,9 @@ from ingest.records import RESERVED_COLUMNS, arrow_type, parse_transform, type_n
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
-SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas")
+SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.info")
+#: value formats read through a Schema Registry (the Confluent wire format: magic byte, schema id)
+REGISTRY_FORMATS = ("avro",)
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
 ORPHAN_AGE_FLOOR_HOURS = 1.0
 
@@ -48,13 +50,7 @@ class FieldSpec(_Strict):
     @field_validator("type")
     @classmethod
     def _known_type(cls, value: str) -> str:
-        arrow = arrow_type(value)  # ValueError names what is wrong
-        if _has_map(arrow):
-            raise ValueError(
-                f"{value!r}: map types cannot be read from JSON values (Arrow's JSON reader reads objects "
-                "only into a struct<…> of known fields); declare a struct<…> of the keys you expect"
-            )
-        return type_name(arrow)
+        return type_name(arrow_type(value))  # ValueError names what is wrong
 
     @field_validator("name")
     @classmethod
@@ -62,6 +58,22 @@ class FieldSpec(_Strict):
         if value in RESERVED_COLUMNS:
             raise ValueError(f"{value!r} is a column the pipeline adds itself; rename the field")
         return value
+
+
+class TopicSpec(_Strict):
+    """A topic and how its record values are encoded (a plain name in ``topics:`` is a JSON topic)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
+    #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
+    format: Literal["json", "avro"] = "json"
+    #: the registry subject the table's schema is derived from when ``schema:`` is omitted
+    #: (default: ``<topic>-value``, the topic-name strategy)
+    subject: str | None = None
+
+    @property
+    def value_subject(self) -> str:
+        return self.subject or f"{self.name}-value"
 
 
 class BatchSpec(_Strict):
@@ -129,19 +141,39 @@ class MaintenanceSpec(_Strict):
 class PipelineConfig(_Strict):
     pipeline: str
     kafka: dict[str, str | int | float | bool]
-    topics: Annotated[list[str], Field(min_length=1)]
+    topic_specs: Annotated[list[TopicSpec], Field(alias="topics", min_length=1)]
+    #: confluent-kafka ``SchemaRegistryClient`` properties (``url``, ``basic.auth.user.info``, ...)
+    schema_registry: dict[str, str | int | float | bool] | None = None
     #: where the first batch starts: ``earliest``, ``latest``, or an ISO-8601 timestamp with a zone
     #: (the first offsets at or after it); partitions added later always start at earliest
     start: Literal["earliest", "latest"] | AwareDatetime = "earliest"
     on_data_loss: Literal["fail", "skip"] = "fail"
     catalog: dict[str, str]
     table: str
-    schema_: Annotated[list[FieldSpec], Field(alias="schema", min_length=1)]
+    #: the rows table's fields; omitted, they are derived from the registry subject of the topic(s)
+    schema_: Annotated[list[FieldSpec] | None, Field(alias="schema", min_length=1)] = None
+    #: what a batch does with records whose writer schema the table does not have: ``evolve`` the
+    #: table with the batch's commit, ``fail`` (exit 65, nothing committed), or ``dead_letter`` them
+    on_schema_change: Literal["evolve", "fail", "dead_letter"] = "evolve"
     partition_by: list[str] = []
     dead_letter_table: str | None = None
     batch: BatchSpec = BatchSpec()
     commit: CommitSpec = CommitSpec()
     maintenance: MaintenanceSpec = MaintenanceSpec()
+
+    @field_validator("topic_specs", mode="before")
+    @classmethod
+    def _plain_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("schema_registry")
+    @classmethod
+    def _registry_url(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and "url" not in value:
+            raise ValueError("needs 'url' (the rest are confluent-kafka SchemaRegistryClient properties)")
+        return value
 
     @field_validator("pipeline")
     @classmethod
@@ -208,18 +240,50 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
-        names = [f.name for f in self.schema_]
+        topics = [t.name for t in self.topic_specs]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"topics: a topic is listed twice: {sorted({t for t in topics if topics.count(t) > 1})}")
+        formats = {t.format for t in self.topic_specs}
+        if len(formats) > 1:
+            raise ValueError(
+                f"topics: one pipeline reads one value format for now, got {sorted(formats)}; run a pipeline per format"
+            )
+        registry = formats <= set(REGISTRY_FORMATS)
+        if registry and self.schema_registry is None:
+            raise ValueError(f"topics: format {self.format!r} needs `schema_registry:` (at least its url)")
+        if self.schema_ is None:
+            if not registry:
+                raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
+            return self._common_checks([])
+        for field in self.schema_ if self.format == "json" else []:
+            if _has_map(arrow_type(field.type)):
+                raise ValueError(
+                    f"schema: field {field.name!r}: map types cannot be read from JSON values (Arrow's JSON reader "
+                    "reads objects only into a struct<…> of known fields); declare a struct<…> of the keys you expect"
+                )
+        return self._common_checks([f.name for f in self.schema_])
+
+    def _common_checks(self, names: list[str]) -> PipelineConfig:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"schema: duplicate field names {dupes}")
         for item in self.partition_by:
             transform = parse_transform(item)
             column = transform.column if transform is not None else None
-            if column not in names:
+            if names and column not in names:
                 raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
         return self
+
+    @property
+    def topics(self) -> list[str]:
+        return [t.name for t in self.topic_specs]
+
+    @property
+    def format(self) -> str:
+        """The topics' value format (one per pipeline)."""
+        return self.topic_specs[0].format
 
     @property
     def dead_letters(self) -> str:
@@ -233,7 +297,9 @@ class PipelineConfig(_Strict):
     def redacted(self) -> dict[str, Any]:
         """The config as a dict, with credentials masked, for display."""
         data = self.model_dump(by_alias=True, mode="json")
-        for section in ("kafka", "catalog"):
+        for section in ("kafka", "catalog", "schema_registry"):
+            if data.get(section) is None:
+                continue
             data[section] = {
                 k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in data[section].items()
             }

@@ -11,6 +11,7 @@ Anything that is not an ``IngestError`` is a bug and is never treated as retryab
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -100,6 +101,23 @@ class SchemaMoved(RetryableError):
     """The table's schema changed while a batch's files were written for an evolved one."""
 
 
+class RegistryUnavailable(RetryableError):
+    """The Schema Registry did not answer (down, unreachable, or an error on its side)."""
+
+
+class SchemaAhead(RetryableError):
+    """Records of a batch were written with a schema the table must evolve to take, and the batch
+    was produced for the table's schema before it. ``schema_ids`` are those schemas' registry ids."""
+
+    def __init__(self, message: str, schema_ids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        #: parsed back from the message when only the text crossed a process (Spark rebuilds errors from it)
+        self.schema_ids = schema_ids or tuple(int(i) for i in re.findall(r"schema id (\d+)", message))
+
+    def __reduce__(self) -> tuple[type[SchemaAhead], tuple[str, tuple[int, ...]]]:
+        return (SchemaAhead, (str(self), self.schema_ids))
+
+
 class SparkUnavailable(RetryableError):
     """No Spark session could be started, or the Spark job failed for a reason outside the task code
     (executors lost, worker processes killed, the job cancelled)."""
@@ -148,6 +166,11 @@ class TableMismatch(FatalError):
     """An existing table does not fit the configured schema."""
 
 
+class SchemaChangeRefused(FatalError):
+    """Records were written with a schema the table cannot (or, by ``on_schema_change: fail``, may
+    not) evolve to; nothing of the batch was committed."""
+
+
 class VerificationFailed(FatalError):
     """``ingest verify`` found offsets missing or duplicated."""
 
@@ -171,3 +194,7 @@ class PublishRefused(FatalError):
 class KafkaRefused(ConfigError):
     """Kafka turned this client away: a failed SASL login, a TLS certificate it cannot verify, or no
     permission on a topic. Retrying with the same configuration cannot help."""
+
+
+class RegistryRefused(ConfigError):
+    """The Schema Registry turned this client away (401/403), or a configured subject does not exist."""

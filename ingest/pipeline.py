@@ -9,28 +9,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ingest import failpoints
+from ingest import failpoints, formats
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.config import PipelineConfig
+from ingest.config import REGISTRY_FORMATS, PipelineConfig
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.dead_letters import settle
-from ingest.errors import Fenced
+from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.kafka.source import KafkaSource
-from ingest.ports import Engine
+from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
+from ingest.records import Declared, Field, Merged, merge
 
 log = logging.getLogger(__name__)
 
 #: planning uses the rows table's metadata as held if it was loaded this recently
 PLAN_FROM_HELD_S = 1.0
+#: how often one batch is produced again for a schema its records turned out to need
+MAX_SCHEMA_CATCH_UPS = 5
 
 
 #: what became of a batch: committed now, found already landed (an earlier attempt whose
@@ -65,22 +68,41 @@ class BatchResult:
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, source: KafkaSource, rows: IcebergTable, dead: IcebergTable) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        source: KafkaSource,
+        rows: IcebergTable,
+        dead: IcebergTable,
+        fields: Sequence[Declared] | None = None,
+        registry: SchemaRegistry | None = None,
+    ) -> None:
         self.config = config
         self.source = source
         self.rows = rows
         self.dead = dead
+        self.registry = registry
+        #: the rows table's fields records are decoded into (``schema:``, or the registry subject's,
+        #: evolved as the records' writer schemas require)
+        self.fields: list[Declared] = list(fields if fields is not None else config.schema_ or [])
         start = config.start if isinstance(config.start, str) else int(config.start.timestamp() * 1000)
         self.policy = PlanPolicy(start=start, on_data_loss=config.on_data_loss, max_records=config.batch.max_records)
 
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
+        registry = None
+        if config.format in REGISTRY_FORMATS:
+            from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
+
+            registry = Registry(config.schema_registry or {})
         catalog = connect(config.catalog)
-        schema = rows_schema(config.schema_)
+        # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
+        fields = config.schema_ or IcebergTable.fields_of(catalog, config.table) or _from_subjects(config, registry)
+        schema = rows_schema(fields)
         rows = IcebergTable.open(catalog, config.table, schema, partition_spec(schema, config.partition_by))
         dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
         source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-        return cls(config, source, rows, dead)
+        return cls(config, source, rows, dead, fields, registry)
 
     def on_branch(self, branch: str) -> Pipeline:
         """This pipeline committing rows to ``branch``, and dead letters to the dead-letter table's
@@ -88,7 +110,7 @@ class Pipeline:
         rows branch, and its dead letters stay on main)."""
         self.dead.refresh()
         dead = self.dead.on_branch(branch) if self.dead.branch_head(branch) is not None else self.dead
-        return Pipeline(self.config, self.source, self.rows.on_branch(branch), dead)
+        return Pipeline(self.config, self.source, self.rows.on_branch(branch), dead, self.fields, self.registry)
 
     def ledger(self, max_age_s: float = 0.0) -> Found | None:
         return observe(self.rows, self.config.pipeline, max_age_s)
@@ -132,7 +154,7 @@ class Pipeline:
             settle(self.dead, self.config.pipeline, self.config.topics, batch.base, self.config.commit.max_attempts)
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
-        produced = engine.produce(batch)
+        produced = self._produce(batch, engine)
         config = self.config
         dead = commit_dead_letters(
             self.dead, DeadLettersCommit(config.pipeline, batch, produced.dead_letters, config.commit.max_attempts)
@@ -162,6 +184,42 @@ class Pipeline:
             ranges=ranges,
         )
 
+    def _produce(self, batch: Batch, engine: Engine) -> Produced:
+        """``batch``'s data files, decoded into the table's fields, evolved first to the registry
+        subjects' latest schemas (``on_schema_change: evolve``), and again, with the batch produced
+        anew, for writer schemas its records turn out to need beyond those."""
+        if self.registry is not None and self.config.on_schema_change == "evolve":
+            self._evolve([self.registry.latest(t.value_subject) for t in self.config.topic_specs])
+        for _ in range(MAX_SCHEMA_CATCH_UPS):
+            try:
+                return engine.produce(batch, self.fields)
+            except SchemaAhead as ahead:
+                if self.registry is None:
+                    raise
+                log.info("batch %d: %s", batch.number, ahead)
+                writers = [self.registry.by_id(i) for i in ahead.schema_ids]
+                self._evolve([w for w in writers if w is not None])
+        return engine.produce(batch, self.fields)
+
+    def _evolve(self, writers: Sequence[WriterSchema]) -> None:
+        """Make the table's fields (and, with the batch's commit, its schema) take ``writers``' records."""
+        fields = self.fields
+        for writer in writers:
+            try:
+                merged = merge(fields, formats.fields_of(writer))
+            except ValueError as error:
+                raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be a table's schema: {error}") from None
+            if merged.problems:
+                raise SchemaChangeRefused(
+                    f"schema id {writer.schema_id} changes a column's type in a way Iceberg cannot follow: "
+                    f"{'; '.join(merged.problems)}. Nothing was committed. Set `on_schema_change: dead_letter` to set "
+                    "such records aside, or write the topic into a new table."
+                )
+            fields = list(merged.fields)
+        if [(f.name, f.type, f.required) for f in fields] != [(f.name, f.type, f.required) for f in self.fields]:
+            self.rows.evolve_to(fields)
+            self.fields = fields
+
     def run(self, engine: Engine, *, until_caught_up: bool, max_batches: int | None) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``), each
         produced by ``engine``."""
@@ -176,3 +234,29 @@ class Pipeline:
             found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
+
+
+def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> list[Field]:
+    """The rows table's fields when ``schema:`` is omitted: the latest schemas of the topics'
+    subjects, merged (in the order of ``topics:``)."""
+    assert registry is not None  # config requires a registry format then
+    fields: list[Field] = []
+    for topic in config.topic_specs:
+        writer = registry.latest(topic.value_subject)
+        try:
+            own = formats.fields_of(writer)
+            merged = merge(fields, own) if fields else Merged(tuple(own), ())
+        except ValueError as error:
+            raise ConfigError(
+                f"the latest schema of subject {topic.value_subject!r} (id {writer.schema_id}) cannot be a table's "
+                f"schema: {error}. Declare `schema:` for the fields you want, or fix the subject."
+            ) from None
+        if merged.problems:
+            raise ConfigError(f"the subjects of `topics:` disagree: {'; '.join(merged.problems)}")
+        fields = list(merged.fields)
+    names = {f.name for f in fields}
+    for item in config.partition_by:
+        column = item.split("(")[-1].rstrip(")").split(",")[-1].strip()
+        if column not in names:
+            raise ConfigError(f"partition_by: {item!r} refers to {column!r}, which the registry's schema does not have")
+    return fields

@@ -7,8 +7,9 @@ never on a concrete adapter. The adapters that satisfy them:
   :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements and foreign commits,
   for tests and for anyone checking their own integration);
 * :class:`Engine`: :class:`ingest.engines.local.LocalEngine` and :class:`ingest.engines.spark.SparkEngine`;
-* :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema), the
-  seam record formats plug into.
+* :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema) and
+  :class:`ingest.formats.avro.AvroDecoder` (the Confluent wire format), the seam record formats plug into;
+* :class:`SchemaRegistry`: :class:`ingest.kafka.registry.Registry` (any Confluent-compatible registry).
 
 Nothing here imports an adapter's library: this module sits below every adapter.
 """
@@ -23,7 +24,7 @@ import pyarrow as pa
 
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch
-from ingest.records import Decoded, RawChunk
+from ingest.records import Declared, Decoded, RawChunk
 
 
 class DataFile(Protocol):
@@ -72,6 +73,13 @@ class LedgerTable(Protocol):
         """Snapshots from the head (or ``start``) back through parent links, until the chain ends."""
         ...
 
+    def evolve_to(self, fields: Sequence[Declared]) -> None:
+        """Write rows of ``fields`` from now on: the table's schema takes them (new columns, matched
+        by name) in the next commit through this handle, together with its data, never alone.
+        Raises :class:`ingest.errors.SchemaMoved` from ``try_commit`` if another writer changed the
+        schema after files were written for the evolved one (nothing is applied)."""
+        ...
+
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
         """``data`` as data files in the table's location, invisible until committed."""
         ...
@@ -97,7 +105,9 @@ class Produced:
 class Engine(Protocol):
     """Turns a planned batch's ranges into data files (read, decode, write); never commits."""
 
-    def produce(self, batch: Batch) -> Produced: ...
+    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+        """Data files of ``batch``'s records, decoded into the table's ``fields``."""
+        ...
 
     def close(self) -> None:
         """Release what the engine holds (worker processes, a Spark session it started)."""
@@ -109,3 +119,26 @@ class ValueDecoder(Protocol):
     The seam a format (JSON today; Avro, Protobuf, JSON Schema through a registry) plugs into."""
 
     def decode(self, chunk: RawChunk) -> Decoded: ...
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    """A schema records were written with, as a Schema Registry holds it."""
+
+    schema_id: int
+    #: ``AVRO``, ``PROTOBUF`` or ``JSON`` (the registry's schema types)
+    kind: str
+    text: str
+
+
+class SchemaRegistry(Protocol):
+    """Writer schemas by id, and a subject's latest (:class:`ingest.kafka.registry.Registry`)."""
+
+    def by_id(self, schema_id: int) -> WriterSchema | None:
+        """The schema registered under ``schema_id``; None if the registry has none (a poison record's
+        id). Raises :class:`ingest.errors.RegistryUnavailable` if the registry does not answer."""
+        ...
+
+    def latest(self, subject: str) -> WriterSchema:
+        """The latest version registered under ``subject``."""
+        ...

@@ -38,7 +38,13 @@ _ARROW_TYPES = {
     "timestamp": pa.timestamp("us"),
     "timestamptz": pa.timestamp("us", tz="UTC"),
     "string": pa.string(),
+    "binary": pa.binary(),
+    "time": pa.time64("us"),
 }
+
+
+#: the primitive type names ``schema:`` accepts
+PRIMITIVE_TYPES = frozenset(_ARROW_TYPES)
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,7 @@ class _TypeParser:
                 self._next(",")
         raise ValueError(
             f"unknown Iceberg type {word!r} in {self.text!r}; use boolean, int, long, float, double, decimal(P,S), "
-            "date, timestamp, timestamptz, string, struct<name: type, ...>, list<type> or map<key, value>"
+            "date, time, timestamp, timestamptz, string, binary, struct<name: type, ...>, list<type> or map<key, value>"
         )
 
 
@@ -247,6 +253,81 @@ def rows_schema(fields: Sequence[Declared], *, docs: bool = False) -> pa.Schema:
         for f in fields
     ]
     return pa.schema([*KAFKA_COLUMNS, *declared])
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field of the rows table as a record format describes it (what :class:`Declared` declares)."""
+
+    name: str
+    type: str
+    required: bool = False
+    doc: str | None = None
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What a table of ``fields`` becomes to take records of another schema (:func:`merge`)."""
+
+    fields: tuple[Field, ...]
+    #: why records of the other schema cannot be represented, however the table evolves (empty if they can)
+    problems: tuple[str, ...]
+
+    def changes(self, before: Sequence[Declared]) -> bool:
+        return [(f.name, f.type, f.required) for f in self.fields] != [(f.name, f.type, f.required) for f in before]
+
+
+def _merge_type(path: str, table: pa.DataType, writer: pa.DataType, problems: list[str]) -> pa.DataType:
+    """The type a column of ``table`` type evolves to, to take values of ``writer`` type, as Iceberg
+    evolves types without rewriting data (widening only; new nested fields optional)."""
+    if table == writer:
+        return table
+    pairs = {(pa.int32(), pa.int64()): pa.int64(), (pa.float32(), pa.float64()): pa.float64()}
+    for (narrow, wide), result in pairs.items():
+        if (table, writer) in ((narrow, wide), (wide, narrow)):
+            return result
+    if pa.types.is_decimal(table) and pa.types.is_decimal(writer) and table.scale == writer.scale:
+        return pa.decimal128(max(table.precision, writer.precision), table.scale)
+    if pa.types.is_struct(table) and pa.types.is_struct(writer):
+        have = {f.name: f for f in writer}
+        fields = [
+            pa.field(f.name, _merge_type(f"{path}.{f.name}", f.type, have[f.name].type, problems))
+            if f.name in have
+            else f
+            for f in table
+        ]
+        fields += [f.with_nullable(True) for f in writer if f.name not in {t.name for t in table}]
+        return pa.struct(fields)
+    if pa.types.is_map(table) and pa.types.is_map(writer):
+        key = _merge_type(f"{path}.key", table.key_type, writer.key_type, problems)
+        value = _merge_type(f"{path}.value", table.item_type, writer.item_type, problems)
+        return pa.map_(pa.field("key", key, nullable=False), pa.field("value", value))
+    if pa.types.is_list(table) and pa.types.is_list(writer):
+        element = _merge_type(f"{path}.element", table.value_type, writer.value_type, problems)
+        return pa.list_(pa.field("element", element))
+    problems.append(f"{path}: the table has {type_name(table)}, the records {type_name(writer)}")
+    return table
+
+
+def merge(table: Sequence[Declared], writer: Sequence[Declared]) -> Merged:
+    """The table's fields evolved to take records written with ``writer``'s: fields matched by
+    name, the table's order kept and new fields appended as optional, types widened where Iceberg
+    widens them (int→long, float→double, decimal precision; nested fields likewise), and a required
+    field the writer lacks or has optional made optional. ``problems`` lists what cannot evolve so
+    (a different or narrower type)."""
+    problems: list[str] = []
+    have = {f.name: f for f in writer}
+    fields: list[Field] = []
+    for f in table:
+        other = have.get(f.name)
+        if other is None:
+            fields.append(Field(f.name, f.type, False, f.doc))
+            continue
+        kind = _merge_type(f.name, arrow_type(f.type), arrow_type(other.type), problems)
+        fields.append(Field(f.name, type_name(kind), f.required and other.required, f.doc or other.doc))
+    names = {f.name for f in table}
+    fields += [Field(f.name, f.type, False, f.doc) for f in writer if f.name not in names]
+    return Merged(tuple(fields), tuple(problems))
 
 
 @dataclass(frozen=True)

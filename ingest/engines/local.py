@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import IngestError, WorkerLost
 from ingest.kafka.source import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.ports import Produced
+from ingest.records import Declared
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
     from ingest.iceberg.table import IcebergTable
@@ -103,12 +105,12 @@ class LocalEngine:
         """How many processes work on a batch of ``records``: one per full chunk, at most ``workers``."""
         return processes(self.config, records)
 
-    def produce(self, batch: Batch) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
         failpoints.reach("before-read")
         records = sum(end - start for _, start, end in batch.ranges())
         helpers = self.processes_for(records) - 1
         stops = Stops(batch.ranges())
-        spec = TaskSpec.of(self.config)
+        spec = TaskSpec.of(self.config, fields)
         reached: set[str] = set()
 
         def reach(point: str) -> None:  # each failpoint once, whichever process gets there first

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +48,7 @@ from ingest.engines.tasks import TaskOutput, TaskSpec, combine, run_task
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced
+from ingest.records import Declared
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -146,10 +147,10 @@ class SparkEngine:
             self._spark, self._owns = _start_session(), True
         return self._spark
 
-    def produce(self, batch: Batch) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
-        outputs = self._run(tasks, batch) if tasks else []
+        outputs = self._run(tasks, batch, fields) if tasks else []
         failpoints.reach("files-written")
         return combine(batch.ranges(), outputs, lambda problem: SparkUnavailable(f"the Spark job {problem}"))
 
@@ -160,10 +161,10 @@ class SparkEngine:
         min_partitions = _positive(self.spark, MIN_PARTITIONS) or self.spark.sparkContext.defaultParallelism
         return split_ranges(batch.ranges(), min_partitions, _positive(self.spark, MAX_RECORDS_PER_PARTITION))
 
-    def _run(self, tasks: list[TaskRange], batch: Batch) -> list[TaskOutput]:
+    def _run(self, tasks: list[TaskRange], batch: Batch, fields: Sequence[Declared]) -> list[TaskOutput]:
         """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
         sc = self.spark.sparkContext
-        job = _Job(TaskSpec.of(self.config), self.rows.detached())
+        job = _Job(TaskSpec.of(self.config, fields), self.rows.detached())
         group = f"ingest-{self.config.pipeline}-{batch.number}-{uuid.uuid4().hex[:8]}"
 
         def collect() -> list[TaskOutput]:

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
-from ingest.config import FieldSpec, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
 from ingest.kafka.source import KafkaSource, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, Declared, Field, RawChunk
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
     from ingest.iceberg.table import IcebergTable
@@ -183,20 +183,41 @@ class TaskSpec:
     topics: tuple[str, ...]
     group_id: str
     read_timeout_s: float
-    fields: tuple[FieldSpec, ...]
+    #: the rows table's fields the values are decoded into (the table's schema, evolved for the batch)
+    fields: tuple[Field, ...]
     #: decoded rows written together (see ``batch.chunk_records``)
     chunk_records: int
+    #: the values' format (``format:`` of the topics)
+    format: str = "json"
+    #: Schema Registry client properties, for the registry formats
+    registry: Mapping[str, str | int | float | bool] | None = None
+    on_schema_change: str = "evolve"
 
     @classmethod
-    def of(cls, config: PipelineConfig) -> TaskSpec:
+    def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
         return cls(
             dict(config.kafka),
             tuple(config.topics),
             config.group_id,
             config.batch.read_timeout_s,
-            tuple(config.schema_),
+            tuple(Field(f.name, f.type, f.required, f.doc) for f in fields),
             config.batch.chunk_records,
+            config.format,
+            dict(config.schema_registry) if config.schema_registry else None,
+            config.on_schema_change,
         )
+
+    def decoder(self) -> ValueDecoder:
+        """The decoder of this task's values."""
+        if self.format == "json":
+            return Decoder(self.fields)
+        assert self.registry is not None  # checked in config
+        # imported here: polars and the registry client cost a JSON pipeline's workers ~200 ms at start
+        from ingest.formats.avro import AvroDecoder
+        from ingest.kafka.registry import Registry
+
+        assert self.format == "avro", self.format  # the formats config accepts
+        return AvroDecoder(self.fields, Registry(self.registry), self.on_schema_change)  # type: ignore[arg-type]
 
 
 def produce_ranges(
@@ -214,7 +235,7 @@ def produce_ranges(
     source = KafkaSource(spec.kafka, spec.topics, spec.group_id, spec.read_timeout_s)
     with nogc.paused():
         chunks = prefetched(source.read(stops))
-        return decode_and_write(chunks, Decoder(spec.fields), rows, spec.chunk_records, reach)
+        return decode_and_write(chunks, spec.decoder(), rows, spec.chunk_records, reach)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.config import FieldSpec
-from ingest.records import DEAD_LETTER_SCHEMA, Decoded, RawChunk, arrow_type, rows_schema
+from ingest.formats.rows import assemble, dead_letters
+from ingest.records import Declared, Decoded, RawChunk, arrow_type, rows_schema
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
@@ -75,7 +76,7 @@ def _one_object_per_line(values: list[bytes | None]) -> bytes | None:
 class Decoder:
     """Decodes :class:`RawChunk` values against the declared fields."""
 
-    def __init__(self, fields: Sequence[FieldSpec]) -> None:
+    def __init__(self, fields: Sequence[Declared]) -> None:
         self.fields = list(fields)
         self._parse_schema = pa.schema([pa.field(f.name, _json_type(arrow_type(f.type))) for f in fields])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
@@ -102,8 +103,8 @@ class Decoder:
         else:
             good = [i for indices, _ in parts for i in indices]
         fields = pa.concat_tables([t for _, t in parts]).combine_chunks() if parts else self._field_schema.empty_table()
-        rows = self._assemble(chunk, good, fields)
-        return Decoded(rows=rows, dead_letters=self._dead_letters(chunk, bad))
+        rows = assemble(chunk, good, fields, self._schema)
+        return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad))
 
     def _screen(self, values: list[bytes | None], bad: dict[int, str]) -> tuple[list[bytes], Sequence[int]]:
         """The values Arrow's reader may see: those that start like a JSON object.
@@ -264,30 +265,3 @@ class Decoder:
                 reason = str(error).removeprefix("JSON parse error: ")
                 return f"field {spec.name!r}: cannot convert {got} to {spec.type}: {reason}"
         return arrow_message
-
-    def _assemble(self, chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table) -> pa.Table:
-        kafka = [chunk.topic, chunk.partition, chunk.offset, chunk.timestamp, chunk.key]
-        if good is not None:
-            take = pa.array(good, type=pa.int64())
-            kafka = [column.take(take) for column in kafka]
-        columns = [*kafka, *fields.columns]
-        return pa.Table.from_arrays(columns, schema=self._schema)
-
-    def _dead_letters(self, chunk: RawChunk, bad: dict[int, str]) -> pa.Table:
-        order = sorted(bad)
-        take = pa.array(order, type=pa.int64())
-        headers = []
-        for i in order:
-            raw = chunk.headers(i)
-            headers.append([{"key": k, "value": v} for k, v in raw] if raw else [])
-        columns = [
-            chunk.topic.take(take),
-            chunk.partition.take(take),
-            chunk.offset.take(take),
-            chunk.timestamp.take(take),
-            chunk.key.take(take),
-            pa.array([chunk.values[i] for i in order], type=pa.binary()),
-            pa.array(headers, type=DEAD_LETTER_SCHEMA.field("headers").type),
-            pa.array([bad[i] for i in order], type=pa.string()),
-        ]
-        return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)

@@ -21,9 +21,9 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
+from pyiceberg.types import DecimalType, FixedType, IcebergType, ListType, MapType, StructType
 
 from ingest import records
-from ingest.config import FieldSpec
 from ingest.errors import TableMismatch
 
 
@@ -33,8 +33,35 @@ def _iceberg_schema(arrow: pa.Schema) -> Schema:
     return assign_fresh_schema_ids(_pyarrow_to_schema_without_ids(arrow))
 
 
-def rows_schema(fields: Sequence[FieldSpec]) -> Schema:
+def rows_schema(fields: Sequence[records.Declared]) -> Schema:
     return _iceberg_schema(records.rows_schema(fields, docs=True))
+
+
+def _type_name(kind: IcebergType) -> str:
+    """An Iceberg type as the type string ``schema:`` declares it with."""
+    if isinstance(kind, DecimalType):
+        return f"decimal({kind.precision},{kind.scale})"
+    if isinstance(kind, StructType):
+        return "struct<" + ", ".join(f"{f.name}: {_type_name(f.field_type)}" for f in kind.fields) + ">"
+    if isinstance(kind, ListType):
+        return f"list<{_type_name(kind.element_type)}>"
+    if isinstance(kind, MapType):
+        return f"map<{_type_name(kind.key_type)}, {_type_name(kind.value_type)}>"
+    if isinstance(kind, FixedType):
+        return "binary"
+    name = str(kind)
+    if name not in records.PRIMITIVE_TYPES:
+        raise TableMismatch(f"the table has a column of type {name}, which this version does not write")
+    return name
+
+
+def declared_fields(schema: Schema) -> list[records.Field]:
+    """The rows table's fields as ``schema:`` would declare them (the Kafka columns left out)."""
+    return [
+        records.Field(f.name, _type_name(f.field_type), f.required, f.doc)
+        for f in schema.fields
+        if f.name not in records.RESERVED_COLUMNS
+    ]
 
 
 def dead_letter_schema() -> Schema:

@@ -56,9 +56,10 @@ from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, SchemaMoved, TableMismatch
-from ingest.iceberg.schema import describe_change, stage_evolution
+from ingest.iceberg.schema import declared_fields, describe_change, rows_schema, stage_evolution
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
+from ingest.records import Declared, Field
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +106,14 @@ class IcebergTable:
         handle._wanted = self._wanted
         return handle
 
-    def evolve_to(self, schema: Schema) -> None:
-        """Write records of ``schema`` from now on, evolving the table's schema to take them in the
-        same commit as the first data written so (never alone: a crash leaves neither a schema
-        without its data nor data without its schema). Raises :class:`TableMismatch` where the
-        table cannot evolve so."""
+    def evolve_to(self, fields: Sequence[Declared]) -> None:
+        """Write records of the rows table's ``fields`` from now on, evolving the table's schema to
+        take them in the same commit as the first data written so (never alone: a crash leaves
+        neither a schema without its data nor data without its schema). Raises
+        :class:`TableMismatch` where the table cannot evolve so."""
+        self._evolve_to(rows_schema(fields))
+
+    def _evolve_to(self, schema: Schema) -> None:
         transaction = self._table.transaction()
         before = transaction.table_metadata.schema()
         if stage_evolution(transaction, self.identifier, schema):
@@ -185,8 +189,20 @@ class IcebergTable:
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
         handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
-        handle.evolve_to(schema)
+        handle._evolve_to(schema)
         return handle
+
+    @staticmethod
+    def fields_of(catalog: Catalog, identifier: str) -> list[Field] | None:
+        """The declared fields of the rows table ``identifier``; None if there is no such table."""
+        try:
+            return declared_fields(catalog.load_table(identifier).schema())
+        except NoSuchTableError:
+            return None
+        except TableMismatch:
+            raise
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot load table {identifier}: {error}") from None
 
     @property
     def table(self) -> Table:

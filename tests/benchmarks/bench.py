@@ -10,6 +10,7 @@ written as JSON to stdout with ``--json``, and appended to ``tests/benchmarks/re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,42 @@ SCHEMA = [
     {"name": "amount", "type": "double"},
     {"name": "created_at", "type": "timestamptz"},
 ]
+
+
+#: the same order events as Avro (what the JSON payloads hold, typed)
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "Order",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "customer_id", "type": ["null", "long"]},
+        {"name": "status", "type": ["null", "string"]},
+        {"name": "amount", "type": ["null", "double"]},
+        {"name": "created_at", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+    ],
+}
+AVRO_TOPIC = "-avro"
+
+
+def avro_payloads(schema_id: int, n: int) -> list[bytes]:
+    """The orders of :func:`payload` in the Confluent wire format, as confluent-kafka's
+    AvroSerializer writes them (fastavro's encoder behind a zero byte and the schema id)."""
+    import io
+    import struct
+
+    import fastavro
+
+    parsed = fastavro.parse_schema(AVRO_SCHEMA)
+    prefix = struct.pack(">bI", 0, schema_id)
+    out = []
+    for i in range(n):
+        buffer = io.BytesIO()
+        buffer.write(prefix)
+        record = json.loads(payload(i))
+        record["created_at"] = datetime.fromisoformat(record["created_at"])
+        fastavro.schemaless_writer(buffer, parsed, record)
+        out.append(buffer.getvalue())
+    return out
 
 
 def payload(i: int) -> bytes:
@@ -188,6 +226,93 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": len(records), "bytes": nbytes, "seconds": seconds}
 
 
+def stage_avro_decode(args: argparse.Namespace) -> dict[str, Any]:
+    """The project's Avro decoder alone, on the same orders as Avro values, in chunks as the engine uses."""
+    import pyarrow as pa
+
+    from ingest.formats.avro import AvroDecoder, fields_of
+    from ingest.kafka.registry import Registry
+    from ingest.records import RawChunk
+
+    registry = Registry({"url": args.registry})
+    writer = registry.latest(args.topic + AVRO_TOPIC + "-value")
+    decoder = AvroDecoder(fields_of(writer.text), registry, "evolve")
+    values = avro_payloads(writer.schema_id, args.records)
+    chunk = 200_000
+    started = time.perf_counter()
+    rows = 0
+    for lo in range(0, len(values), chunk):
+        part: list[bytes | None] = list(values[lo : lo + chunk])
+        n = len(part)
+        raw = RawChunk(
+            topic=pa.array(["bench"] * n),
+            partition=pa.array([0] * n, pa.int32()),
+            offset=pa.array(range(lo, lo + n), pa.int64()),
+            timestamp=pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            key=pa.nulls(n, pa.binary()),
+            values=part,
+            headers=lambda i: None,
+            nbytes=0,
+        )
+        rows += decoder.decode(raw).rows.num_rows
+    seconds = time.perf_counter() - started
+    return {"records": rows, "bytes": sum(map(len, values)), "seconds": seconds}
+
+
+def stage_avro_naive(args: argparse.Namespace) -> dict[str, Any]:
+    """The hand-written Avro loop: confluent-kafka's AvroDeserializer per record (schemas from the
+    registry), Table.from_pylist, pyiceberg append."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    topic = args.topic + AVRO_TOPIC
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
+    context = SerializationContext(topic, MessageField.VALUE)
+    schema = pa.schema(
+        [
+            pa.field("order_id", pa.int64(), nullable=False),
+            ("customer_id", pa.int64()),
+            ("status", pa.string()),
+            ("amount", pa.float64()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        catalog = SqlCatalog("naive", uri=f"sqlite:///{tmp}/c.db", warehouse=f"file://{tmp}")
+        catalog.create_namespace("bench")
+        table = catalog.create_table("bench.naive", schema=schema)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": args.bootstrap,
+                "group.id": "bench-avro-naive",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(args.partitions)])
+        started = time.perf_counter()
+        records: list[dict[str, Any]] = []
+        nbytes = eof = 0
+        while eof < args.partitions:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            if message.error() is not None:
+                eof += 1
+                continue
+            value = message.value()
+            nbytes += len(value)
+            records.append(deserializer(value, context))
+        table.append(pa.Table.from_pylist(records, schema=schema))
+        seconds = time.perf_counter() - started
+        consumer.close()
+    return {"records": len(records), "bytes": nbytes, "seconds": seconds}
+
+
 def _workers_peak_rss_mb(processes: int) -> float:
     """Peak RSS of the local engine's workers (ended children), each counted as large as the
     largest: an upper bound of their simultaneous peak."""
@@ -200,12 +325,31 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     batch is reported apart (``open_s``), as ``ingest run`` does it: asking Kafka for the backlog,
     starting the worker, importing pyiceberg and opening the catalog while the worker imports, and
     creating the tables. Peak RSS counts the workers too."""
+    return _ingest(args, {})
+
+
+def stage_avro_ingest(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage, on the same orders as Avro values through the registry,
+    the table's schema derived from the subject."""
+    return _ingest(args, _avro(args))
+
+
+def _avro(args: argparse.Namespace) -> dict[str, Any]:
+    topic = args.topic + AVRO_TOPIC
+    return {
+        "topics": [{"name": topic, "format": "avro"}],
+        "schema_registry": {"url": args.registry},
+        "schema": None,
+    }
+
+
+def _ingest(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
     from ingest import config as config_module
     from ingest.engines.local import processes as local_processes
     from ingest.runner import opened  # imports no pyiceberg
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = config_module.parse(_config(args, tmp))
+        config = config_module.parse({k: v for k, v in (_config(args, tmp) | overrides).items() if v is not None})
         started = time.perf_counter()
         with opened(config) as run:
             open_s = time.perf_counter() - started
@@ -378,6 +522,9 @@ STAGES = {
     "ingest": stage_ingest,
     "catchup": stage_catchup,
     "spark": stage_spark,
+    "avro_decode": stage_avro_decode,
+    "avro_naive": stage_avro_naive,
+    "avro_ingest": stage_avro_ingest,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
 }
@@ -398,6 +545,7 @@ def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.records),
         "--partitions",
         str(args.partitions),
+        *(["--registry", args.registry] if args.registry else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
     if done.returncode != 0:
@@ -416,6 +564,7 @@ def main() -> None:
     parser.add_argument("--stage", choices=sorted(STAGES))
     parser.add_argument("--bootstrap")
     parser.add_argument("--topic", default="bench")
+    parser.add_argument("--registry", help="the Schema Registry's URL (the Avro stages)")
     args = parser.parse_args()
     if args.stage:
         result = STAGES[args.stage](args)
@@ -434,7 +583,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     from ingest.kafka.embedded import EmbeddedBroker
 
     console = Console(stderr=True)
-    with EmbeddedBroker() as broker:
+    with EmbeddedBroker() as broker, _registry(console) as registry:
         args.bootstrap = broker.bootstrap_servers
         create_topic(args.bootstrap, args.topic, args.partitions)
         started = time.perf_counter()
@@ -450,6 +599,18 @@ def orchestrate(args: argparse.Namespace) -> None:
             produce(args.bootstrap, args.topic + "-warmup", ((i % 4, None, payload(i), None) for i in range(20_000)))
         else:
             console.print("Spark engine not measured: pip install 'lakehouse-ingest[spark]'")
+        if registry is not None:
+            args.registry = registry
+            schema_id = _register(registry, args.topic + AVRO_TOPIC + "-value")
+            create_topic(args.bootstrap, args.topic + AVRO_TOPIC, args.partitions)
+            values = avro_payloads(schema_id, args.records)
+            produce(
+                args.bootstrap,
+                args.topic + AVRO_TOPIC,
+                ((i % args.partitions, None, value, None) for i, value in enumerate(values)),
+            )
+            del values
+            stages += ["avro_decode", "avro_naive", "avro_ingest"]
         results = {}
         for name in stages:
             results[name] = _run_stage(name, args)
@@ -474,6 +635,12 @@ def orchestrate(args: argparse.Namespace) -> None:
             "catchup_vs_naive": results["catchup"]["records_per_s"] / results["naive"]["records_per_s"],
         },
     }
+    if "avro_ingest" in results:
+        report["ratios"] |= {
+            "avro_ingest_vs_ingest": results["avro_ingest"]["records_per_s"] / results["ingest"]["records_per_s"],
+            "avro_ingest_vs_avro_naive": results["avro_ingest"]["records_per_s"]
+            / results["avro_naive"]["records_per_s"],
+        }
     if "spark" in results:
         report["ratios"] |= {
             "spark_vs_raw": results["spark"]["records_per_s"] / results["raw"]["records_per_s"],
@@ -486,6 +653,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         label = {
             "ingest": f"ingest ({r.get('processes')} processes, started by the run)",
             "catchup": f"ingest, 2nd batch of a catch-up ({r.get('processes')} processes, running)",
+            "avro_ingest": f"ingest, Avro values ({r.get('processes')} processes, started by the run)",
         }.get(name, name)
         table.add_row(label, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
     console.print(table)
@@ -507,6 +675,13 @@ def orchestrate(args: argparse.Namespace) -> None:
             f"spark / naive = {ratios['spark_vs_naive']:.1f}×; session start {spark['session_start_s']:.1f}s, "
             f"warm-up batch {spark['warmup_batch_s']:.1f}s"
         )
+    if "avro_ingest" in results:
+        console.print(
+            f"Avro: ingest (Avro) / ingest (JSON) = {ratios['avro_ingest_vs_ingest']:.2f} (target ≥ 0.70); "
+            f"ingest (Avro) / naive Avro loop = {ratios['avro_ingest_vs_avro_naive']:.1f}× (target ≥ 5)"
+        )
+    else:
+        console.print("Avro not measured: no Schema Registry could run (see above)")
     console.print(
         "per-batch fixed cost by snapshots in the table: "
         + ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in fixed.items())
@@ -517,6 +692,30 @@ def orchestrate(args: argparse.Namespace) -> None:
         out.write(json.dumps(report) + "\n")
     if args.json:
         print(json.dumps(report, indent=2))
+
+
+@contextlib.contextmanager
+def _registry(console: Any) -> Iterator[str | None]:
+    """Apicurio Registry for the Avro stages (its URL), or None where it cannot run (said why)."""
+    from tests.services.apicurio import Apicurio, RegistryUnavailable
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            server = Apicurio(Path(tmp)).start()
+        except RegistryUnavailable as error:
+            console.print(f"Apicurio Registry cannot run here: {error}")
+            yield None
+            return
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+def _register(url: str, subject: str) -> int:
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url}).register_schema(subject, Schema(json.dumps(AVRO_SCHEMA), "AVRO"))
 
 
 if __name__ == "__main__":

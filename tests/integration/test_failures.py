@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker, free_port
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from ingest.records import Declared
 from tests.runs import one_batch
 
 from .conftest import REPO, Env
@@ -114,9 +116,9 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
         assert broker.pid is not None
 
         class Hang(LocalEngine):
-            def produce(self, batch: Batch) -> Produced:
+            def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
                 os.kill(broker.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-                return super().produce(batch)
+                return super().produce(batch, fields)
 
         try:
             with pytest.raises(BrokerUnavailable) as caught:

@@ -7,6 +7,7 @@ injected at the adapter boundary: the Kafka adapter reports the watermarks a rea
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from ingest.engines.local import LocalEngine
 from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from ingest.records import Declared
 from tests.runs import catch_up, one_batch
 
 pytestmark = pytest.mark.integration
@@ -72,8 +74,8 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
     other = Pipeline.open(env.config)
 
     class ForeignWriterMidBatch(LocalEngine):
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             table = other.rows.table.refresh()
             foreign = pa.Table.from_pylist(
                 [
@@ -111,8 +113,8 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 assert one_batch(fast).status == "committed"  # same offsets, commits first
@@ -139,8 +141,8 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 env.produce(400, bad_every=9)
@@ -162,8 +164,8 @@ def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
     fast = Pipeline.open(env.config)
 
     class AlwaysRaced(LocalEngine):
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             env.produce(10)
             one_batch(fast)
             return produced

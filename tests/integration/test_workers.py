@@ -141,7 +141,9 @@ def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env) -> None:
     rows = Pipeline.open(config).rows
     assert rows.table.io.properties.get("token") == "catalog-s3cr3t"  # the committing process holds it
 
-    shipped = pickle.dumps(Task(TaskSpec.of(config), rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)]))
+    shipped = pickle.dumps(
+        Task(TaskSpec.of(config, config.schema_ or []), rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
+    )
 
     assert b"catalog-s3cr3t" not in shipped
     assert str(config.catalog["uri"]).encode() not in shipped
@@ -155,7 +157,9 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
     pipeline = Pipeline.open(env.config)
     unreachable = env.config.model_copy(update={"kafka": {"bootstrap.servers": "127.0.0.1:9"}})
     pool = WorkerPool(1)
-    task = Task(TaskSpec.of(unreachable), pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)])
+    task = Task(
+        TaskSpec.of(unreachable, pipeline.fields), pipeline.rows.detached(), 1, [(TopicPartition(env.topic, 0), 0, 10)]
+    )
     handed = threading.Event()
 
     def hand_off(parts: int) -> list[Task]:
@@ -191,7 +195,7 @@ def meanwhile():
     time.sleep(600)
 
 share = [(TopicPartition(sys.argv[2], 0), 0, 100)]
-WorkerPool(1).run(1, lambda parts: [Task(TaskSpec.of(cfg), rows, 1, share)], print, meanwhile)
+WorkerPool(1).run(1, lambda parts: [Task(TaskSpec.of(cfg, cfg.schema_ or []), rows, 1, share)], print, meanwhile)
 """
 
 

@@ -1,7 +1,9 @@
-"""Jars from Maven Central for the test suite's real components (Apache Kafka, Iceberg's Spark runtime).
+"""Jars from Maven Central for the test suite's real components (Apache Kafka, Iceberg's Spark
+runtime, Apicurio Registry).
 
 ``resolve(pom, lib)`` copies the dependencies a small pom declares into ``lib`` with Maven
-(``dependency:copy-dependencies``), once: a ``.complete`` marker beside ``lib`` says it finished,
+(``dependency:copy-dependencies``), or with ``unpack`` unpacks the archive the pom's
+``dependency:unpack`` names there, once: a ``.complete`` marker beside ``lib`` says it finished,
 and a second call only checks for it. Nothing is built; the jars go on a classpath.
 """
 
@@ -28,7 +30,7 @@ def unavailable(lib: Path) -> str | None:
     return f"{' and '.join(missing)} not on PATH" if missing else None
 
 
-def resolve(pom: Path, lib: Path, what: str) -> Path:
+def resolve(pom: Path, lib: Path, what: str, *, unpack: bool = False) -> Path:
     """``lib``, holding the jars ``pom`` depends on, resolved from Maven Central the first time."""
     if _complete(lib).exists():
         return lib
@@ -38,7 +40,12 @@ def resolve(pom: Path, lib: Path, what: str) -> Path:
     lib.parent.mkdir(parents=True, exist_ok=True)
     staging = lib.with_name(lib.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    command = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
+    goal = (
+        ["dependency:unpack", f"-DunpackTo={staging}"]
+        if unpack
+        else ["dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
+    )
+    command = ["mvn", "-q", "-B", "-f", str(pom), *goal]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise MavenUnavailable(f"mvn could not resolve {what}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")

@@ -432,7 +432,6 @@ def test_nested_types_are_parsed_and_kept_in_canonical_form(declared: str, canon
 @pytest.mark.parametrize(
     ("declared", "says"),
     [
-        ("map<string, long>", "map types cannot be read from JSON values"),
         ("struct<a: long, a: int>", "appears twice"),
         ("struct<a long>", "expected ':'"),
         ("list<strng>", "unknown Iceberg type 'strng'"),
@@ -443,3 +442,37 @@ def test_a_bad_nested_type_is_refused_naming_the_field(declared: str, says: str)
     data["schema"][1]["type"] = declared
 
     assert says in error_of(data) and "schema.1.type" in error_of(data)
+
+
+def test_a_map_is_refused_for_json_values_only() -> None:
+    data = minimal()
+    data["schema"][1]["type"] = "map<string, long>"
+    name = data["schema"][1]["name"]
+
+    assert f"schema: field {name!r}: map types cannot be read from JSON values" in error_of(data)
+    data["topics"] = [{"name": "orders", "format": "avro"}]
+    data["schema_registry"] = {"url": "http://127.0.0.1:8081"}
+    assert parse(data).schema_[1].type == "map<string, long>"
+
+
+def test_registry_formats_need_a_registry_and_may_omit_the_schema() -> None:
+    data = minimal()
+    data["topics"] = [{"name": "orders", "format": "avro"}]
+    assert "needs `schema_registry:`" in error_of(data)
+    data["schema_registry"] = {"url": "http://127.0.0.1:8081", "basic.auth.user.info": "me:secret"}
+    del data["schema"]
+    config = parse(data)
+    assert config.schema_ is None and config.topics == ["orders"] and config.format == "avro"
+    assert config.topic_specs[0].value_subject == "orders-value"
+    assert config.on_schema_change == "evolve"
+    assert config.redacted()["schema_registry"]["basic.auth.user.info"] == "***"
+
+
+def test_json_topics_need_a_schema_and_formats_do_not_mix() -> None:
+    data = minimal()
+    del data["schema"]
+    assert "JSON topics have no schema of their own" in error_of(data)
+    data = minimal()
+    data["topics"] = ["orders", {"name": "payments", "format": "avro"}]
+    data["schema_registry"] = {"url": "http://127.0.0.1:8081"}
+    assert "one pipeline reads one value format" in error_of(data)

@@ -1,0 +1,507 @@
+"""Avro values in the Confluent wire format (a zero magic byte, the writer schema's 4-byte registry
+id, the Avro binary body), decoded a chunk at a time into Arrow.
+
+The fast path relies on a property of Avro's encoding: records of one writer schema, concatenated,
+are the body of an object-container block. Each value is kept whole, its 5-byte prefix read as an
+Avro ``fixed(5)`` field of an envelope record around the writer schema, so the values of a schema id
+are joined as they are and decoded by polars' native Avro reader, with no Python object per record.
+Every envelope's prefix must come back as the bytes it was written with: a record that is
+truncated or longer than its schema shifts the ones after it, the check fails, and the block is
+bisected until the record stands alone, as the JSON decoder does, and goes to the dead letters
+with the reader's complaint.
+
+The decoded columns are then conformed to the table's fields by name (the writer's enums to
+strings, maps to Arrow maps, narrower numbers widened); a field the writer lacks is null. Which
+writer schemas may be conformed at all is decided once per schema id (:func:`resolve`), by
+``on_schema_change``. The mapping from Avro to the table's types is :func:`fields_of`'s.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.errors import SchemaAhead, SchemaChangeRefused
+from ingest.formats.rows import assemble, dead_letters
+from ingest.ports import SchemaRegistry, WriterSchema
+from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, merge, rows_schema
+
+OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
+#: Avro's primitives, as the table's types
+_PRIMITIVES = {
+    "boolean": "boolean",
+    "int": "int",
+    "long": "long",
+    "float": "float",
+    "double": "double",
+    "bytes": "binary",
+    "string": "string",
+}
+_LOGICAL = {
+    "date": "date",
+    "time-millis": "time",
+    "time-micros": "time",
+    "timestamp-millis": "timestamptz",
+    "timestamp-micros": "timestamptz",
+    "local-timestamp-millis": "timestamp",
+    "local-timestamp-micros": "timestamp",
+    "uuid": "string",
+}
+#: the synchronisation marker of the object-container blocks built here (any 16 bytes do)
+_SYNC = b"lakehouse-ingest"
+_WIRE_PREFIX = 5
+#: below this many records a failing slice is decoded one record at a time
+_SINGLES = 8
+
+
+class Refused(ValueError):
+    """An Avro schema no Iceberg table can hold (the message says which part and why)."""
+
+
+# --- the writer's schema, resolved -------------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    """A writer schema's type with named references resolved: what decoding and conforming need."""
+
+    kind: str  # a primitive's table type, or record | array | map | enum
+    optional: bool = False
+    fields: list[tuple[str, _Node]] = field(default_factory=list)  # record
+    items: _Node | None = None  # array elements, map values
+    symbols: list[str] = field(default_factory=list)  # enum
+    decimal: tuple[int, int] | None = None
+    #: the Avro schema polars decodes this type with (enums as their index, maps as key/value arrays)
+    avro: Any = None
+
+    def type_name(self) -> str:
+        if self.kind == "record":
+            return "struct<" + ", ".join(f"{name}: {node.type_name()}" for name, node in self.fields) + ">"
+        if self.kind == "array":
+            assert self.items is not None
+            return f"list<{self.items.type_name()}>"
+        if self.kind == "map":
+            assert self.items is not None
+            return f"map<string, {self.items.type_name()}>"
+        if self.kind == "enum":
+            return "string"
+        if self.decimal is not None:
+            return f"decimal({self.decimal[0]},{self.decimal[1]})"
+        return self.kind
+
+
+class _Resolver:
+    """Walks an Avro schema (JSON) into :class:`_Node` s, resolving named types."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}
+        self.open: set[str] = set()  # records being resolved (a reference to one is recursion)
+        self.count = 0
+
+    def _fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"__{prefix}{self.count}"
+
+    def node(self, schema: Any, where: str, namespace: str = "") -> _Node:
+        if isinstance(schema, list):
+            return self._union(schema, where, namespace)
+        if isinstance(schema, str):
+            if schema in _PRIMITIVES:
+                return _Node(_PRIMITIVES[schema], avro=schema)
+            if schema == "null":
+                raise Refused(f"{where}: a field that is always null has no Iceberg type")
+            return self._reference(schema, where, namespace)
+        if not isinstance(schema, dict) or "type" not in schema:
+            raise Refused(f"{where}: {json.dumps(schema)[:80]} is not an Avro schema")
+        kind = schema["type"]
+        logical = schema.get("logicalType")
+        if logical == "decimal" and kind in ("bytes", "fixed"):
+            precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
+            if not 1 <= precision <= 38:
+                raise Refused(f"{where}: decimal precision {precision} is beyond Iceberg's 38 digits")
+            self._name(schema, namespace)
+            return _Node(
+                "decimal",
+                decimal=(precision, scale),
+                avro={**schema, "name": self._fresh("d")} if kind == "fixed" else schema,
+            )
+        if isinstance(kind, str) and logical in _LOGICAL and kind in ("int", "long", "string"):
+            return _Node(_LOGICAL[logical], avro=schema)
+        if kind == "record":
+            return self._record(schema, where, namespace)
+        if kind == "enum":
+            self._name(schema, namespace)
+            return _Node("enum", symbols=list(schema["symbols"]), avro="int")
+        if kind == "fixed":
+            self._name(schema, namespace)
+            return _Node("binary", avro={"type": "fixed", "name": self._fresh("f"), "size": schema["size"]})
+        if kind == "array":
+            items = self.node(schema["items"], f"{where}[]", namespace)
+            return _Node("array", items=items, avro={"type": "array", "items": items.avro})
+        if kind == "map":
+            values = self.node(schema["values"], f"{where}{{}}", namespace)
+            entry = {
+                "type": "record",
+                "name": self._fresh("m"),
+                "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": values.avro}],
+            }
+            return _Node("map", items=values, avro={"type": "array", "items": entry})
+        return self.node(kind, where, namespace)  # {"type": "string"} and the like
+
+    def _name(self, schema: dict[str, Any], namespace: str) -> str:
+        name = str(schema.get("name", ""))
+        space = schema.get("namespace", namespace)
+        full = name if "." in name or not space else f"{space}.{name}"
+        self.named[full] = schema
+        return full
+
+    def _reference(self, name: str, where: str, namespace: str) -> _Node:
+        full = name if "." in name or not namespace else f"{namespace}.{name}"
+        schema = self.named.get(full, self.named.get(name))
+        if schema is None:
+            raise Refused(f"{where}: unknown type {name!r}")
+        if full in self.open or name in self.open:
+            raise Refused(f"{where}: record {name!r} contains itself; recursive types have no Iceberg form")
+        return self.node(schema, where, namespace)
+
+    def _union(self, branches: list[Any], where: str, namespace: str) -> _Node:
+        others = [b for b in branches if b != "null"]
+        if len(others) != 1:
+            shown = ", ".join(b if isinstance(b, str) else str(b.get("type")) for b in others)
+            raise Refused(
+                f"{where}: a union of several types ({shown}) has no Iceberg column type; only a union of null "
+                "and one type (an optional field) maps to a column"
+            )
+        node = self.node(others[0], where, namespace)
+        node.optional = len(branches) > 1
+        node.avro = [b if b == "null" else node.avro for b in branches]
+        return node
+
+    def _record(self, schema: dict[str, Any], where: str, namespace: str) -> _Node:
+        full = self._name(schema, namespace)
+        space = full.rpartition(".")[0]
+        self.open.add(full)
+        fields: list[tuple[str, _Node]] = []
+        for item in schema.get("fields", []):
+            name = item["name"]
+            fields.append((name, self.node(item["type"], f"{where}.{name}" if where else name, space)))
+        self.open.discard(full)
+        avro = {
+            "type": "record",
+            "name": self._fresh("r"),
+            "fields": [{"name": name, "type": node.avro} for name, node in fields],
+        }
+        return _Node("record", fields=fields, avro=avro)
+
+
+def _resolve(text: str) -> _Node:
+    try:
+        schema = json.loads(text)
+    except ValueError as error:
+        raise Refused(f"the schema is not JSON: {error}") from None
+    node = _Resolver().node(schema, "")
+    if node.kind != "record" or node.optional:
+        raise Refused(f"the schema is a {node.type_name()}, not a record: a table needs named fields")
+    return node
+
+
+def fields_of(text: str) -> list[Field]:
+    """The table fields an Avro record schema maps to (raises :class:`Refused` saying what does not
+    map): primitives as themselves (``bytes`` and ``fixed`` as binary), logical types as Iceberg's
+    (decimal, date, time, timestamp(tz), uuid as string), a union with null as an optional field,
+    records as structs, arrays as lists, maps as ``map<string, …>``, enums as strings."""
+    node = _resolve(text)
+    for name, _ in node.fields:
+        if name in RESERVED_COLUMNS:
+            raise Refused(f"{name}: the pipeline adds a column of that name itself")
+    return [Field(name, child.type_name(), not child.optional) for name, child in node.fields]
+
+
+# --- conforming decoded columns to the table's types ------------------------------------------
+
+
+class _Bad(Exception):
+    pass
+
+
+def _conform(array: pa.Array, node: _Node, target: pa.DataType) -> pa.Array:
+    """``array`` (as polars decoded ``node``) as an array of ``target`` type."""
+    if node.kind == "record":
+        assert isinstance(array, pa.StructArray)
+        have = {name: (i, child) for i, (name, child) in enumerate(node.fields)}
+        children = []
+        for target_field in target:
+            found = have.get(target_field.name)
+            if found is None:
+                children.append(pa.nulls(len(array), target_field.type))
+            else:
+                children.append(_conform(array.field(found[0]), found[1], target_field.type))
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=_nulls(array))
+    if node.kind in ("array", "map"):
+        assert node.items is not None
+        offsets = pc.cast(array.offsets, pa.int32())
+        if node.kind == "array":
+            values = _conform(array.values, node.items, target.value_type)
+            return pa.ListArray.from_arrays(offsets, values, type=target, mask=_nulls(array))
+        entries = array.values
+        keys = pc.cast(entries.field(0), target.key_type)
+        values = _conform(entries.field(1), node.items, target.item_type)
+        return pa.MapArray.from_arrays(offsets, keys, values, type=target, mask=_nulls(array))
+    if node.kind == "enum":
+        indices = pc.cast(array, pa.int32())
+        if pc.any(pc.greater_equal(indices, len(node.symbols))).as_py() or pc.any(pc.less(indices, 0)).as_py():
+            raise _Bad(f"an enum index outside the writer schema's {len(node.symbols)} symbols")
+        return pc.cast(pa.array(node.symbols, pa.string()).take(indices), target)
+    try:
+        return pc.cast(array, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise _Bad(f"cannot convert {node.type_name()} to {target}: {error}") from None
+
+
+def _nulls(array: pa.Array) -> pa.Array | None:
+    return pc.is_null(array) if array.null_count else None
+
+
+# --- the decoder ---------------------------------------------------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    value = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while value & ~0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _container(schema: bytes, values: Sequence[bytes]) -> bytes:
+    """An Avro object-container file of one uncompressed block holding ``values`` as its records."""
+    body = b"".join(values)
+    meta = [(b"avro.schema", schema), (b"avro.codec", b"null")]
+    header = b"Obj\x01" + _varint(len(meta))
+    for key, value in meta:
+        header += _varint(len(key)) + key + _varint(len(value)) + value
+    return b"".join([header, _varint(0), _SYNC, _varint(len(values)), _varint(len(body)), body, _SYNC])
+
+
+@dataclass
+class _Reading:
+    """How records of one writer schema id are read: decoded, or all dead letters for ``reason``."""
+
+    schema_id: int
+    node: _Node | None = None
+    envelope: bytes = b""
+    reason: str | None = None
+    #: the table's schema evolved to take this writer's records (evolve: the batch must be produced again)
+    ahead: bool = False
+
+
+class AvroDecoder:
+    """Decodes Confluent-framed Avro :class:`RawChunk` values into rows of the table's ``fields``."""
+
+    kind = "AVRO"
+    label = "Avro"
+
+    def __init__(self, fields: Sequence[Declared], registry: SchemaRegistry, on_change: OnSchemaChange) -> None:
+        self.fields = list(fields)
+        self.registry = registry
+        self.on_change = on_change
+        self._schema = rows_schema(self.fields)
+        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
+        self._readings: dict[int, _Reading] = {}
+
+    # -- per schema id
+
+    def _reading(self, schema_id: int) -> _Reading:
+        reading = self._readings.get(schema_id)
+        if reading is None:
+            reading = self._readings[schema_id] = self._resolve(schema_id)
+        return reading
+
+    def _resolve(self, schema_id: int) -> _Reading:
+        writer = self.registry.by_id(schema_id)
+        if writer is None:
+            return _Reading(schema_id, reason=f"unknown schema id {schema_id}: the Schema Registry has no such schema")
+        if writer.kind != self.kind:
+            return _Reading(
+                schema_id,
+                reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
+            )
+        try:
+            node = _resolve(writer.text)
+            writer_fields = fields_of(writer.text)
+        except Refused as error:
+            return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
+        merged = merge(self.fields, writer_fields)
+        if merged.problems:
+            problems = "; ".join(merged.problems)
+            return self._changed(
+                schema_id,
+                f"schema id {schema_id} changes a column's type in a way Iceberg cannot follow: {problems}",
+                fatal=True,
+            )
+        if merged.changes(self.fields):
+            added = [f.name for f in merged.fields if f.name not in {g.name for g in self.fields}]
+            what = f"adds {', '.join(added)}" if added else "widens or relaxes columns"
+            return self._changed(schema_id, f"schema id {schema_id} {what}, which the table does not have", fatal=False)
+        envelope = {
+            "type": "record",
+            "name": "__envelope",
+            "fields": [
+                {"name": "prefix", "type": {"type": "fixed", "name": "__prefix", "size": _WIRE_PREFIX}},
+                {"name": "value", "type": node.avro},
+            ],
+        }
+        return _Reading(schema_id, node, json.dumps(envelope).encode())
+
+    def _changed(self, schema_id: int, reason: str, *, fatal: bool) -> _Reading:
+        if self.on_change == "dead_letter":
+            return _Reading(schema_id, reason=f"{reason} (on_schema_change: dead_letter)")
+        if fatal or self.on_change == "fail":
+            advice = "Set `on_schema_change: dead_letter` to set such records aside"
+            advice += ", or `evolve` to let the table follow." if not fatal else ", or write it into a new table."
+            raise SchemaChangeRefused(f"{reason}. Nothing was committed. {advice}")
+        return _Reading(schema_id, ahead=True)
+
+    # -- per chunk
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        values = chunk.values
+        bad: dict[int, str] = {}
+        groups = self._group(values, bad)
+        ahead = [schema_id for schema_id in groups if self._reading(schema_id).ahead]
+        if ahead:
+            ids = ", ".join(f"schema id {i}" for i in sorted(ahead))
+            raise SchemaAhead(
+                f"records were written with {ids}, which the table's schema must evolve to take; the batch is "
+                "produced again for the evolved schema",
+                tuple(sorted(ahead)),
+            )
+        parts: list[tuple[Sequence[int], pa.Table]] = []
+        for schema_id, index in groups.items():
+            reading = self._reading(schema_id)
+            if reading.reason is not None:
+                bad.update(dict.fromkeys(index, reading.reason))
+            else:
+                self._decode(reading, values, index, 0, len(index), parts, bad)
+        if len(parts) == 1 and len(parts[0][0]) == len(values):
+            good: Sequence[int] | None = None
+        else:
+            good = [i for indices, _ in parts for i in indices]
+        fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
+        return Decoded(
+            rows=assemble(chunk, good, fields.combine_chunks(), self._schema), dead_letters=dead_letters(chunk, bad)
+        )
+
+    def _group(self, values: list[bytes | None], bad: dict[int, str]) -> dict[int, Sequence[int]]:
+        """The positions of the framed values by schema id; the rest go to ``bad``, with the reason.
+        Prefixes are read with numpy over the joined values, not a Python step per record."""
+        n = len(values)
+        if n and all(values):
+            lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
+            if int(lengths.min()) >= _WIRE_PREFIX:
+                data = np.frombuffer(b"".join(values), np.uint8)  # type: ignore[arg-type]
+                starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
+                magic = data[starts]
+                ids = (data[starts + 1].astype(np.int64) << 24) | (data[starts + 2].astype(np.int64) << 16)
+                ids |= (data[starts + 3].astype(np.int64) << 8) | data[starts + 4].astype(np.int64)
+                if not magic.any():
+                    unique = np.unique(ids)
+                    if len(unique) == 1:
+                        return {int(unique[0]): range(n)}
+                    return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
+        groups: dict[int, list[int]] = {}
+        for i, value in enumerate(values):
+            reason = _framing_problem(value)
+            if reason is not None:
+                bad[i] = reason
+            else:
+                assert value is not None
+                groups.setdefault(struct.unpack_from(">I", value, 1)[0], []).append(i)
+        return dict(groups)
+
+    def _decode(
+        self,
+        reading: _Reading,
+        values: list[bytes | None],
+        index: Sequence[int],
+        lo: int,
+        hi: int,
+        parts: list[tuple[Sequence[int], pa.Table]],
+        bad: dict[int, str],
+    ) -> None:
+        """Decode the records at ``index[lo:hi]`` into ``parts``, bisecting around failing ones."""
+        if hi <= lo:
+            return
+        try:
+            table = self._block(reading, [values[i] for i in index[lo:hi]])  # type: ignore[misc]
+        except _Bad as error:
+            if hi - lo == 1:
+                bad[index[lo]] = (
+                    f"does not decode as Avro with schema id {reading.schema_id} ({error}): truncated, corrupt, "
+                    "or written with another schema than its prefix names"
+                )
+                return
+            middle = (lo + hi) // 2 if hi - lo > _SINGLES else lo + 1
+            self._decode(reading, values, index, lo, middle, parts, bad)
+            self._decode(reading, values, index, middle, hi, parts, bad)
+            return
+        parts.append((index[lo:hi], table))
+
+    def _block(self, reading: _Reading, values: list[bytes]) -> pa.Table:
+        assert reading.node is not None
+        try:
+            decoded = pl.read_avro(io.BytesIO(_container(reading.envelope, values))).to_arrow()
+        except BaseException as error:
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+        if decoded.num_rows != len(values):
+            raise _Bad(f"{decoded.num_rows} records decoded from {len(values)} values")
+        prefix = struct.pack(">bI", 0, reading.schema_id)
+        prefixes = decoded.column("prefix")
+        if not pc.all(pc.equal(prefixes, pa.scalar(prefix, prefixes.type))).as_py():
+            raise _Bad("the values do not end where their schema says")
+        record = decoded.column("value").combine_chunks()
+        try:
+            conformed = _conform(record, reading.node, self._field_schema_struct)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise _Bad(str(error)) from None
+        assert isinstance(conformed, pa.StructArray)
+        return pa.Table.from_struct_array(conformed)
+
+    @property
+    def _field_schema_struct(self) -> pa.StructType:
+        return pa.struct(list(self._field_schema))
+
+
+def _framing_problem(value: bytes | None) -> str | None:
+    if value is None:
+        return "value is null (a tombstone); expected a record in the Confluent wire format"
+    if len(value) < _WIRE_PREFIX:
+        return (
+            f"value is {len(value)} bytes; the Confluent wire format starts with 5 (a zero magic byte and the "
+            "schema id)"
+        )
+    if value[0] != 0:
+        hint = " (it looks like JSON)" if value[:1] in (b"{", b"[") else ""
+        return f"wrong magic byte 0x{value[0]:02x}{hint}: not the Confluent wire format, which starts with 0x00"
+    return None
+
+
+def writer_fields(registry: SchemaRegistry, schema_ids: Sequence[int]) -> Iterator[tuple[WriterSchema, list[Field]]]:
+    """The table fields of each writer schema in ``schema_ids`` the registry knows."""
+    for schema_id in schema_ids:
+        writer = registry.by_id(schema_id)
+        if writer is not None:
+            yield writer, fields_of(writer.text)

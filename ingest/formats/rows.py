@@ -1,0 +1,41 @@
+"""What every decoder does with a chunk once its values are decoded: rows beside their Kafka
+coordinates, and poison records as dead letters naming the cause."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+
+from ingest.records import DEAD_LETTER_SCHEMA, RawChunk
+
+
+def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows of ``schema``: the coordinates of the records at ``good`` (all, if None), beside ``fields``
+    (their decoded values, in that order)."""
+    kafka = [chunk.topic, chunk.partition, chunk.offset, chunk.timestamp, chunk.key]
+    if good is not None:
+        take = pa.array(good, type=pa.int64())
+        kafka = [column.take(take) for column in kafka]
+    return pa.Table.from_arrays([*kafka, *fields.columns], schema=schema)
+
+
+def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
+    """The records at ``bad``'s positions as dead letters, each with its reason."""
+    order = sorted(bad)
+    take = pa.array(order, type=pa.int64())
+    headers = []
+    for i in order:
+        raw = chunk.headers(i)
+        headers.append([{"key": k, "value": v} for k, v in raw] if raw else [])
+    columns = [
+        chunk.topic.take(take),
+        chunk.partition.take(take),
+        chunk.offset.take(take),
+        chunk.timestamp.take(take),
+        chunk.key.take(take),
+        pa.array([chunk.values[i] for i in order], type=pa.binary()),
+        pa.array(headers, type=DEAD_LETTER_SCHEMA.field("headers").type),
+        pa.array([bad[i] for i in order], type=pa.string()),
+    ]
+    return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)

@@ -1,0 +1,76 @@
+"""The Schema Registry, through confluent-kafka's ``SchemaRegistryClient`` (any registry serving
+the Confluent REST API: Confluent's, Apicurio's ``/apis/ccompat/v7``, Redpanda's, Karapace).
+
+Its failures are sorted as the rest of the pipeline sorts them: a registry that does not answer is
+retryable (:class:`RegistryUnavailable`, never a dead letter: the records are fine), one that
+turns this client away is a configuration error (:class:`RegistryRefused`), and an id it does not
+know is the record's problem (``by_id`` returns None: a dead letter).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+from ingest.errors import RegistryRefused, RegistryUnavailable
+from ingest.ports import WriterSchema
+
+T = TypeVar("T")
+
+#: the Confluent API's error codes for an unknown subject, version or schema id
+_NOT_FOUND = {40401, 40402, 40403}
+
+
+class Registry:
+    """A :class:`ingest.ports.SchemaRegistry` at ``conf["url"]``; schemas by id are cached (they never change)."""
+
+    def __init__(self, conf: Mapping[str, str | int | float | bool]) -> None:
+        self.url = str(conf["url"])
+        settings: dict[str, Any] = {"timeout": 10, "max.retries": 2, **conf}
+        self._client = SchemaRegistryClient(settings)
+
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except SchemaRegistryError as error:
+            if error.http_status_code in (401, 403):
+                raise RegistryRefused(
+                    f"the Schema Registry at {self.url} refused this client ({error.http_status_code}: "
+                    f"{error.error_message}) while {what}. Check `schema_registry:` in the config "
+                    "(basic.auth.user.info or bearer.auth.* credentials, usually ${ENV} references). "
+                    "Retrying will not help."
+                ) from None
+            if error.http_status_code == 404 or error.error_code in _NOT_FOUND:
+                raise
+            raise RegistryUnavailable(
+                f"the Schema Registry at {self.url} failed while {what}: {error.http_status_code} "
+                f"{error.error_message}. Nothing was committed; run again."
+            ) from None
+        except Exception as error:  # the HTTP client's transport errors (refused, timed out, DNS)
+            raise RegistryUnavailable(
+                f"cannot reach the Schema Registry at {self.url} while {what}: {error}. Nothing was committed; "
+                "run again when it is reachable."
+            ) from None
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (one registry per run or task: bounded)
+    def by_id(self, schema_id: int) -> WriterSchema | None:
+        try:
+            schema = self._call(f"fetching schema id {schema_id}", lambda: self._client.get_schema(schema_id))
+        except SchemaRegistryError:
+            return None
+        return WriterSchema(schema_id, schema.schema_type or "AVRO", schema.schema_str or "")
+
+    def latest(self, subject: str) -> WriterSchema:
+        try:
+            found = self._call(f"reading subject {subject!r}", lambda: self._client.get_latest_version(subject))
+        except SchemaRegistryError:
+            raise RegistryRefused(
+                f"the Schema Registry at {self.url} has no subject {subject!r}, which the table's schema is derived "
+                "from. Register the topic's schema first, set `subject:` on the topic, or declare `schema:`."
+            ) from None
+        schema = found.schema
+        return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO", schema.schema_str or "")

@@ -1,0 +1,341 @@
+"""Avro topics in the Confluent wire format, on Apache Kafka and a real Schema Registry (Apicurio
+Registry, started for the module): the table's schema derived from the subject, nested types, a
+writer schema that adds fields mid-stream (evolved in the batch's own snapshot), ``on_schema_change``,
+poison records of each kind, and a registry that is down.
+
+Records are written by confluent-kafka's own ``AvroSerializer`` against the registry, as a
+producing service would write them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka.schema_registry import ConfigCompatibilityLevel, SchemaRegistryClient, ServerConfig
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from ingest.failpoints import POINTS
+from ingest.iceberg.catalog import connect
+from ingest.kafka.admin import produce
+from tests.services.apicurio import Apicurio, RegistryUnavailable
+
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"])]
+
+ADDRESS = {
+    "type": "record",
+    "name": "Address",
+    "fields": [{"name": "city", "type": "string"}, {"name": "street", "type": ["null", "string"], "default": None}],
+}
+V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+        {"name": "address", "type": ADDRESS},
+        {"name": "billing", "type": ["null", "Address"], "default": None},
+        {"name": "items", "type": {"type": "array", "items": "string"}},
+        {"name": "attributes", "type": {"type": "map", "values": ["null", "long"]}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "qty", "type": "int"},
+    ],
+}
+
+
+def v2() -> dict[str, Any]:
+    """V1 with a new optional field, a new nested field, and ``qty`` widened to long."""
+    schema = json.loads(json.dumps(V1))
+    schema["fields"].append({"name": "coupon", "type": ["null", "string"], "default": None})
+    address = schema["fields"][5]["type"]
+    address["fields"].append({"name": "zip", "type": ["null", "int"], "default": None})
+    schema["fields"][10]["type"] = "long"
+    return schema
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
+    try:
+        server = Apicurio(tmp_path_factory.mktemp("apicurio")).start()
+    except RegistryUnavailable as error:
+        pytest.fail(f"Apicurio Registry cannot run here: {error}")
+    yield server
+    server.stop()
+
+
+def order(i: int, version: int = 1) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "order_id": i,
+        "amount": Decimal(f"{i % 1000}.25"),
+        "created_at": dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC) + dt.timedelta(seconds=i),
+        "day": dt.date(2026, 12, 1 + i % 28),
+        "status": ["NEW", "PAID", "SHIPPED"][i % 3],
+        "address": {"city": f"city-{i % 7}", "street": None if i % 2 else f"street {i}"},
+        "billing": None if i % 3 else {"city": "billing", "street": None},
+        "items": [f"sku-{j}" for j in range(i % 4)],
+        "attributes": {"weight": i, "missing": None} if i % 5 else {},
+        "note": None if i % 4 else f"note {i}",
+        "qty": i % 100,
+    }
+    if version == 2:
+        value["coupon"] = f"c{i}"
+        value["address"]["zip"] = 10_000 + i
+        value["qty"] = 2**40 + i
+    return value
+
+
+class Avro:
+    """Writes orders as a producing service does: confluent-kafka's AvroSerializer, auto-registering."""
+
+    def __init__(self, env, registry: Apicurio, subject: str | None = None) -> None:  # type: ignore[no-untyped-def]
+        self.env = env
+        self.client = SchemaRegistryClient({"url": registry.url})
+        self.client.set_config(
+            subject_name=subject or f"{env.topic}-value",
+            config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE),
+        )
+        self.subject = subject
+        self.context = SerializationContext(env.topic, MessageField.VALUE)
+
+    def serializer(self, schema: dict[str, Any]) -> AvroSerializer:
+        conf: dict[str, Any] = {"auto.register.schemas": True}
+        if self.subject is not None:
+            conf["subject.name.strategy"] = lambda ctx, name: self.subject
+        return AvroSerializer(self.client, json.dumps(schema), conf=conf)
+
+    def produce(self, count: int, schema: dict[str, Any] = V1, version: int = 1) -> None:
+        serializer = self.serializer(schema)
+        start = self.env.produced
+        records = [
+            (i % self.env.partitions, f"k{i}".encode(), serializer(order(i, version), self.context), [])
+            for i in range(start, start + count)
+        ]
+        produce(self.env.bootstrap, self.env.topic, records)
+        self.env.produced += count
+
+    def raw(self, values: list[bytes | None]) -> None:
+        start = self.env.produced
+        records = [(0, f"k{start + n}".encode(), value, []) for n, value in enumerate(values)]
+        produce(self.env.bootstrap, self.env.topic, records)
+        self.env.produced += len(values)
+
+
+def avro_env(make_env, registry: Apicurio, **overrides: Any):  # type: ignore[no-untyped-def]
+    env = make_env(partitions=2, schema=None, partition_by=["day(created_at)"], **overrides)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["topics"] = [{"name": env.topic, "format": "avro"}]
+    data["schema_registry"] = {"url": registry.url}
+    data.pop("schema", None)
+    env.config_path.write_text(yaml.safe_dump(data))
+    return env
+
+
+def _set(env, **keys: Any) -> None:  # type: ignore[no-untyped-def]
+    data = yaml.safe_load(env.config_path.read_text())
+    data.update(keys)
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def _table(env):  # type: ignore[no-untyped-def]
+    config = env.config
+    return connect(config.catalog).load_table(config.table)
+
+
+def _dead_letters(env) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    config = env.config
+    table = connect(config.catalog).load_table(config.dead_letters)
+    return sorted(table.scan(selected_fields=("offset", "error")).to_arrow().to_pylist(), key=lambda r: r["offset"])
+
+
+def test_an_avro_topic_with_nested_types_lands_and_a_new_writer_schema_evolves_the_table_with_its_batch(
+    make_env, registry
+) -> None:
+    env = avro_env(make_env, registry, batch={"max_records": 1_000, "read_timeout_s": 20})
+    writer = Avro(env, registry)
+    writer.produce(1_500)
+
+    first = env.cli("run", "--until-caught-up", "--json")
+
+    assert first.returncode == 0, first.stderr
+    table = _table(env)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types["qty"] == "int" and types["status"] == "string" and types["amount"] == "decimal(12, 2)"
+    assert types["attributes"].startswith("map<string, long>") or "map" in types["attributes"]
+    assert table.schema().find_field("order_id").required and not table.schema().find_field("note").required
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(1_500))
+    expected = order(1_234)
+    got = next(r for r in rows if r["order_id"] == 1_234)
+    assert got["amount"] == expected["amount"] and got["created_at"] == expected["created_at"]
+    assert got["day"] == expected["day"] and got["status"] == expected["status"]
+    assert got["address"] == expected["address"] and got["billing"] == expected["billing"]
+    assert got["items"] == expected["items"] and dict(got["attributes"]) == expected["attributes"]
+    assert got["note"] == expected["note"] and got["qty"] == expected["qty"]
+    snapshots_before = len(table.metadata.snapshots)
+    schema_before = table.metadata.current_schema_id
+
+    writer.produce(700, v2(), version=2)  # the producing service deploys a new schema mid-stream
+    second = env.cli("run", "--until-caught-up", "--json")
+
+    assert second.returncode == 0, second.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == snapshots_before + 1  # one batch: data, ledger and schema together
+    snapshot = table.metadata.snapshots[-1]
+    assert snapshot.schema_id == table.metadata.current_schema_id != schema_before
+    assert any(key.startswith("ingest.orders.") for key in snapshot.summary.additional_properties)
+    schema = table.schema()
+    assert str(schema.find_field("qty").field_type) == "long" and not schema.find_field("coupon").required
+    assert schema.find_field("address.city").field_id == _field_id_before(env, schema_before, "address.city")
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(2_200))
+    assert {r["coupon"] for r in rows[:1_500]} == {None} and {r["address"]["zip"] for r in rows[:1_500]} == {None}
+    assert [r["coupon"] for r in rows[1_500:]] == [f"c{i}" for i in range(1_500, 2_200)]
+    assert [r["address"]["zip"] for r in rows[1_500:]] == [10_000 + i for i in range(1_500, 2_200)]
+    assert [r["qty"] for r in rows[1_500:]] == [2**40 + i for i in range(1_500, 2_200)]
+    assert rows[5]["qty"] == 5  # old rows read through the widened column
+    env.verify()
+
+
+def _field_id_before(env, schema_id: int, name: str) -> int:  # type: ignore[no-untyped-def]
+    schema = next(s for s in _table(env).metadata.schemas if s.schema_id == schema_id)
+    return schema.find_field(name).field_id
+
+
+def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them(make_env, registry) -> None:
+    """Records written with a schema the topic's subject never had (another subject: the record-name
+    strategy of one producer): the batch, produced for the subject's latest, is produced again
+    for the evolved schema, and commits once."""
+    env = avro_env(make_env, registry)
+    Avro(env, registry).produce(300)
+    Avro(env, registry, subject=f"{env.topic}-shop.Order").produce(200, v2(), version=2)
+
+    result = env.cli("-v", "run", "--until-caught-up")
+
+    assert result.returncode == 0, result.stderr
+    assert "must evolve to take" in result.stderr
+    rows = _table(env).scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(500))
+    assert [r["coupon"] for r in rows] == [None] * 300 + [f"c{i}" for i in range(300, 500)]
+    env.verify()
+
+
+def test_poison_records_of_each_kind_become_dead_letters_naming_the_cause(make_env, registry) -> None:
+    env = avro_env(make_env, registry)
+    writer = Avro(env, registry)
+    writer.produce(50)
+    good = writer.serializer(V1)(order(999), writer.context)
+    schema_id = int.from_bytes(good[1:5], "big")
+    unknown = b"\x00" + (schema_id + 10_000).to_bytes(4, "big") + good[5:]
+    writer.raw([None, b'{"order_id": 1}', b"\x00\x00", good[:-3], unknown, good + b"\x00\x00\x00\x00", good])
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    assert result.returncode == 0, result.stderr
+    dead = [r["error"] for r in _dead_letters(env)]
+    assert len(dead) == 5, dead
+    assert "tombstone" in dead[0]
+    assert "wrong magic byte 0x7b (it looks like JSON)" in dead[1]
+    assert "value is 2 bytes" in dead[2]
+    assert f"does not decode as Avro with schema id {schema_id}" in dead[3]
+    assert f"unknown schema id {schema_id + 10_000}" in dead[4]
+    offsets = _table(env).scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
+    assert offsets == 50 + 2  # the value with trailing bytes decodes, as confluent-kafka's deserializer reads it
+    env.verify()
+
+
+def test_a_schema_registry_that_is_down_is_retryable_and_loses_nothing(make_env, registry) -> None:
+    env = avro_env(make_env, registry)
+    Avro(env, registry).produce(100)
+    assert env.cli("run").returncode == 0
+    Avro(env, registry).produce(100)
+    _set(env, schema_registry={"url": "http://127.0.0.1:9/apis/ccompat/v7", "max.retries": 0})
+
+    down = env.cli("run", "--json")
+
+    assert down.returncode == 75, down.stderr
+    assert "cannot reach the Schema Registry at http://127.0.0.1:9" in down.stderr
+    assert _table(env).scan().to_arrow().num_rows == 100 and not _dead_letters(env)
+    _set(env, schema_registry={"url": registry.url})
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert _table(env).scan().to_arrow().num_rows == 200
+    env.verify()
+
+
+def test_on_schema_change_fail_stops_and_dead_letter_sets_the_records_aside(make_env, registry) -> None:
+    env = avro_env(make_env, registry)
+    writer = Avro(env, registry)
+    writer.produce(100)
+    assert env.cli("run").returncode == 0
+    writer.produce(40, v2(), version=2)
+    snapshots = len(_table(env).metadata.snapshots)
+    _set(env, on_schema_change="fail")
+
+    failed = env.cli("run", "--json")
+
+    assert failed.returncode == 65, failed.stderr
+    assert "adds" in failed.stderr and "coupon" in failed.stderr and "on_schema_change" in failed.stderr
+    assert len(_table(env).metadata.snapshots) == snapshots
+
+    _set(env, on_schema_change="dead_letter")
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    table = _table(env)
+    assert "coupon" not in {f.name for f in table.schema().fields}
+    dead = _dead_letters(env)
+    assert len(dead) == 40 and all("on_schema_change: dead_letter" in r["error"] for r in dead)
+    assert table.scan().to_arrow().num_rows == 100
+    env.verify()
+
+
+def test_a_type_change_iceberg_cannot_follow_stops_the_run(make_env, registry) -> None:
+    env = avro_env(make_env, registry)
+    writer = Avro(env, registry)
+    writer.produce(20)
+    assert env.cli("run").returncode == 0
+    changed = json.loads(json.dumps(V1))
+    changed["fields"][10]["type"] = "string"  # qty: int -> string (the subject's compatibility is NONE)
+    serializer = writer.serializer(changed)
+    value = order(20)
+    value["qty"] = "twenty"
+    writer.raw([serializer(value, writer.context)])
+
+    result = env.cli("run", "--json")
+
+    assert result.returncode == 65, result.stderr
+    assert "qty: the table has int, the records string" in result.stderr
+    assert _table(env).scan().to_arrow().num_rows == 20
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_at_each_step_of_a_batch_evolving_for_a_writer_schema_leaves_schema_and_data_together(
+    make_env, registry, point: str
+) -> None:
+    env = avro_env(make_env, registry)
+    writer = Avro(env, registry)
+    writer.produce(100)
+    assert env.cli("run").returncode == 0
+    old = _table(env).schema()
+    writer.produce(100, v2(), version=2)
+
+    killed = env.cli("run", env={"INGEST_FAILPOINT": point})
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    table = _table(env)
+    committed = point == "after-commit"
+    assert len(table.metadata.snapshots) == 1 + committed
+    assert (table.schema() == old) is not committed  # the new columns came with the batch, or not at all
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    rows = _table(env).scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["coupon"] for r in rows] == [None] * 100 + [f"c{i}" for i in range(100, 200)]
+    env.verify()
