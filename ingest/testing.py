@@ -10,7 +10,12 @@ does; :class:`MemoryTable` is one writer's handle on it and satisfies
 * a successful commit leaves the handle holding the state it committed;
 * snapshots carry their whole file list (what a manifest list references), so expiry removes a
   snapshot's metadata, never the rows of a later snapshot, and the walk back from a head stops at
-  the first expired parent, as Iceberg's does.
+  the first expired parent, as Iceberg's does;
+* the schema is its column names in field-id order: :meth:`MemoryTable.evolve_to` appends the
+  missing ones with the handle's next commit (which then also requires the schema it held, as
+  Iceberg's ``AssertCurrentSchemaId``), and files written for an evolved schema are committed only
+  under that same schema (else :class:`~ingest.errors.SchemaMoved`); another tool's ``ALTER TABLE``
+  is :meth:`MemoryCatalog.alter_schema`.
 
 Faults are injected per commit attempt: :attr:`MemoryCatalog.on_commit` is asked, before each
 attempt, what befalls it (:data:`Fault`); it may also do other work first (another writer's
@@ -31,8 +36,12 @@ import pyarrow as pa
 
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView
-from ingest.errors import CommitConflict, CommitUnknown
+from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved
 from ingest.ports import DataFile, Head
+from ingest.records import Declared
+
+#: a table's schema: its columns' names, in the order of their field ids
+Columns = tuple[str, ...]
 
 #: what befalls one commit attempt:
 #: ``ok`` applied and acknowledged; ``ack-lost`` applied, but the writer sees an error that leaves
@@ -54,6 +63,8 @@ class MemoryFile:
     file_path: str
     record_count: int
     data: pa.Table
+    #: the schema the file was written with (its columns' field ids are their positions here)
+    schema: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,8 @@ class MemorySnapshot:
     #: every file the snapshot references (its parent's and the ones it added)
     files: tuple[MemoryFile, ...]
     operation: str = "append"
+    #: the table's schema when the snapshot was committed
+    schema: Columns = ()
 
 
 @dataclass
@@ -72,9 +85,10 @@ class _State:
     snapshots: dict[int, MemorySnapshot] = field(default_factory=dict)
     refs: dict[str, int] = field(default_factory=dict)
     properties: dict[str, str] = field(default_factory=dict)
+    schema: Columns = ()
 
     def copy(self) -> _State:
-        return _State(dict(self.snapshots), dict(self.refs), dict(self.properties))
+        return _State(dict(self.snapshots), dict(self.refs), dict(self.properties), self.schema)
 
 
 def _no_fault(table: MemoryTable) -> Fault:
@@ -112,6 +126,10 @@ class MemoryCatalog:
         it reads and commits at once)."""
         return self._apply(self._state.refs.get(branch), branch, summary, files, properties or {}, operation)
 
+    def alter_schema(self, *columns: str) -> None:
+        """Another tool's ``ALTER TABLE … ADD COLUMN``: a new schema, and no snapshot."""
+        self._state.schema = _evolved(self._state.schema, columns)
+
     def expire(self, snapshot_ids: Sequence[int]) -> None:
         """Remove snapshots (their metadata: later snapshots keep referencing their files)."""
         for snapshot_id in snapshot_ids:
@@ -127,6 +145,10 @@ class MemoryCatalog:
     def properties(self) -> Mapping[str, str]:
         return dict(self._state.properties)
 
+    @property
+    def schema(self) -> Columns:
+        return self._state.schema
+
     def snapshots(self) -> list[MemorySnapshot]:
         """Every snapshot not expired, oldest first."""
         return sorted(self._state.snapshots.values(), key=lambda s: s.snapshot_id)
@@ -138,15 +160,17 @@ class MemoryCatalog:
     def scan(self, branch: str = MAIN) -> pa.Table | None:
         """The rows of the branch head (None: no files)."""
         files = self.live_files(branch)
-        return pa.concat_tables([f.data for f in files]) if files else None
+        # files written before a column was added read it as null, as a scan of an Iceberg table does
+        return pa.concat_tables([f.data for f in files], promote_options="permissive") if files else None
 
     # --- the handles' side --------------------------------------------------------------------
 
     def _load(self) -> _State:
         return self._state.copy()
 
-    def _new_file(self, data: pa.Table) -> MemoryFile:
-        return MemoryFile(f"memory://{self.identifier}/data/{next(self._files):08d}.parquet", data.num_rows, data)
+    def _new_file(self, data: pa.Table, schema: Columns = ()) -> MemoryFile:
+        path = f"memory://{self.identifier}/data/{next(self._files):08d}.parquet"
+        return MemoryFile(path, data.num_rows, data, schema)
 
     def _apply(
         self,
@@ -156,16 +180,24 @@ class MemoryCatalog:
         files: Sequence[DataFile],
         properties: Mapping[str, str],
         operation: str = "append",
+        schema: Columns | None = None,
     ) -> int:
         added = tuple(_memory_file(f) for f in files)
+        if schema is not None:
+            self._state.schema = schema
         inherited = self._state.snapshots[parent].files if parent is not None else ()
         snapshot_id = next(self._ids)
         self._state.snapshots[snapshot_id] = MemorySnapshot(
-            snapshot_id, parent, dict(summary), next(self._clock), inherited + added, operation
+            snapshot_id, parent, dict(summary), next(self._clock), inherited + added, operation, self._state.schema
         )
         self._state.refs[branch] = snapshot_id
         self._state.properties.update(properties)
         return snapshot_id
+
+
+def _evolved(schema: Columns, columns: Sequence[str]) -> Columns:
+    """``schema`` with the ``columns`` it lacks appended (each taking the next field id)."""
+    return schema + tuple(c for c in dict.fromkeys(columns) if c not in schema)
 
 
 def _memory_file(data_file: DataFile) -> MemoryFile:
@@ -182,6 +214,10 @@ class MemoryTable:
         self._branch = branch
         self._held = catalog._load()
         self._loaded_at = time.monotonic()
+        #: the columns rows are written with from now on, while the table's schema lacks some
+        self._wanted: Columns | None = None
+        #: the evolved schema files were last written with
+        self._written_with: Columns | None = None
 
     @property
     def identifier(self) -> str:
@@ -213,8 +249,18 @@ class MemoryTable:
         """Every snapshot the handle holds, oldest first."""
         return [view for i in sorted(self._held.snapshots) for view in itertools.islice(self.ancestry(i), 1)]
 
+    def evolve_to(self, fields: Sequence[Declared]) -> None:
+        wanted = tuple(f.name for f in fields)
+        self._wanted = wanted if _evolved(self._held.schema, wanted) != self._held.schema else None
+
+    def _staged(self) -> Columns:
+        """The schema this handle's next commit gives the table, from the schema it holds."""
+        return _evolved(self._held.schema, self._wanted) if self._wanted is not None else self._held.schema
+
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
-        return [self.catalog._new_file(data)] if data.num_rows else []
+        if self._wanted is not None:
+            self._written_with = self._staged()
+        return [self.catalog._new_file(data, self._staged())] if data.num_rows else []
 
     def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
         fault = self.catalog.on_commit(self)  # may let other writers commit first
@@ -222,14 +268,24 @@ class MemoryTable:
             raise Crashed("the writer died before its commit reached the catalog")
         if fault == "unknown":
             raise CommitUnknown("memory catalog: the request timed out before it was applied")
+        staged = self._staged()
+        if self._wanted is not None and self._written_with is not None and staged != self._written_with:
+            raise SchemaMoved(
+                f"{self.identifier}: the schema changed while this batch's files were written with an evolved one; "
+                "nothing was committed"
+            )
         held = self._held.refs.get(self._branch)
         current = self.catalog.head(self._branch)
         if current != held:
             raise CommitConflict(
                 f"{self.identifier}: branch {self._branch} is at {current}, the commit required {held}"
             )
-        snapshot_id = self.catalog._apply(held, self._branch, summary, files, properties)
+        if staged != self._held.schema and self.catalog.schema != self._held.schema:
+            raise CommitConflict(f"{self.identifier}: the schema changed since this handle loaded it")
+        snapshot_id = self.catalog._apply(held, self._branch, summary, files, properties, schema=staged)
         self._held = self.catalog._load()
+        if self._wanted is not None and _evolved(self._held.schema, self._wanted) == self._held.schema:
+            self._wanted = self._written_with = None  # the table took the evolution
         self._loaded_at = -math.inf  # like IcebergTable: a commit is not a fresh observation
         if fault == "crash-after":
             raise Crashed("the writer died after its commit was applied, before it heard so")

@@ -8,40 +8,66 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyiceberg.types import StringType
 
 from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, find_ledger
 from ingest.core.plan import Batch
-from ingest.errors import CommitConflict
+from ingest.errors import CommitConflict, SchemaMoved
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import LedgerTable
-from ingest.records import KAFKA_COLUMNS
+from ingest.records import KAFKA_COLUMNS, Field
 from ingest.testing import MemoryCatalog
 
 TP = TopicPartition("orders", 0)
 Handles = Callable[[], LedgerTable]
 
 
+@dataclass
+class Table:
+    """The table under test: new handles on it (new writers), its columns as a reader sees them,
+    and another tool's ``ALTER TABLE … ADD COLUMN``."""
+
+    handles: Handles
+    columns: Callable[[], list[str]]
+    alter: Callable[[str], None]
+
+
 @pytest.fixture(params=["memory", "iceberg"])
-def handles(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Handles]:
-    """A factory of new handles (new writers) on one empty table."""
+def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Table]:
     if request.param == "memory":
         memory = MemoryCatalog("contract.orders")
-        yield memory.table
+        yield Table(memory.table, lambda: list(memory.schema), lambda name: memory.alter_schema(name))
         return
     catalog = connect(
         {"name": "contract", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
     )
     schema = rows_schema([])
     IcebergTable.open(catalog, "contract.orders", schema)
-    yield lambda: IcebergTable.open(catalog, "contract.orders", schema)
+
+    def alter(name: str) -> None:
+        with catalog.load_table("contract.orders").update_schema() as update:
+            update.add_column(name, StringType())
+
+    yield Table(
+        lambda: IcebergTable.open(catalog, "contract.orders", schema),
+        lambda: [f.name for f in catalog.load_table("contract.orders").schema().fields],
+        alter,
+    )
+
+
+@pytest.fixture
+def handles(table_under_test: Table) -> Handles:
+    """A factory of new handles (new writers) on one empty table."""
+    return table_under_test.handles
 
 
 def rows(start: int, end: int) -> pa.Table:
@@ -130,3 +156,55 @@ def test_the_commit_loop_commits_once_finds_a_landed_batch_and_is_fenced_by_anot
         batch=1, offsets={TP: 10}, start_offsets={TP: 0}, cluster_id="c"
     )
     assert sum(1 for _ in reader.ancestry()) == 1
+
+
+NOTE = [Field("note", "string")]
+
+
+def with_note(start: int, end: int) -> pa.Table:
+    data = rows(start, end)
+    return data.append_column("note", pa.array([f"n{i}" for i in range(start, end)], pa.string()))
+
+
+def _batch(number: int, start: int, end: int, base: Ledger | None = None) -> Batch:
+    return Batch(number=number, base=base, start={TP: start}, end={TP: end}, cluster_id="c")
+
+
+def test_an_evolution_goes_into_the_next_commit_with_its_data_never_alone(table_under_test: Table) -> None:
+    table = table_under_test.handles()
+    table.refresh()
+    table.evolve_to(NOTE)
+    files = table.write(with_note(0, 5))
+    assert "note" not in table_under_test.columns()  # staged, not applied
+
+    batch = _batch(1, 0, 5)
+    request = RowsCommit("orders", batch, batch.ledger(), files, BatchCounts(records=5), 3)
+    assert commit_rows(table, request).decision is Decision.COMMIT
+    assert "note" in table_under_test.columns()
+    reader = table_under_test.handles()
+    reader.refresh()
+    assert sum(1 for _ in reader.ancestry()) == 1  # one snapshot: the data, the ledger and the schema
+
+    # a copy of the same config, which planned before the evolution landed, evolves to the same schema
+    copy = table_under_test.handles()
+    copy.evolve_to(NOTE)
+    second = _batch(2, 5, 9, batch.ledger())
+    files = copy.write(with_note(5, 9))
+    outcome = commit_rows(copy, RowsCommit("orders", second, second.ledger(), files, BatchCounts(records=4), 3))
+    assert outcome.decision is Decision.COMMIT
+    assert table_under_test.columns().count("note") == 1
+
+
+def test_files_written_for_an_evolution_another_tool_overtook_are_never_committed(table_under_test: Table) -> None:
+    table = table_under_test.handles()
+    table.refresh()
+    table.evolve_to(NOTE)
+    files = table.write(with_note(0, 5))
+    table_under_test.alter("other")  # takes the field id the files were written with
+
+    batch = _batch(1, 0, 5)
+    with pytest.raises(SchemaMoved):
+        commit_rows(table, RowsCommit("orders", batch, batch.ledger(), files, BatchCounts(records=5), 3))
+    reader = table_under_test.handles()
+    assert reader.refresh().snapshot_id is None
+    assert "note" not in table_under_test.columns() and "other" in table_under_test.columns()

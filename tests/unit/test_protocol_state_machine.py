@@ -22,11 +22,18 @@ What the machine varies:
   runs (planned by the real :mod:`ingest.core.expiry`). So another writer slips in between every
   observation and every commit.
 * Writers also crash between steps.
+* Schemas: the producing service deploys new writer schemas (each adds a column), so a batch may
+  read records the table's schema lacks columns for. Its writer evolves its table handle to take
+  them (:meth:`ingest.ports.LedgerTable.evolve_to`), as a run does before it writes: the evolution
+  goes into the batch's own commit. Another tool may add a column of its own at any time, also
+  between a writer's write and its commit (the files, written for the evolved schema, must then
+  never be committed: :class:`~ingest.errors.SchemaMoved` ends that writer's run).
 
 Invariant after every step: every offset below the rows ledger is in the rows table (good records)
 or the dead-letter table (poison records) exactly once, nothing at or above it is in the rows
-table; no dead letter is duplicated and the dead-letter floor holds. At the end a fault-free writer
-drains Kafka and the ledger reaches every high watermark: nothing stalls.
+table; no dead letter is duplicated and the dead-letter floor holds; every snapshot's schema has the
+columns of every row it holds, and the pipeline's columns change only in snapshots of its batches.
+At the end a fault-free writer drains Kafka and the ledger reaches every high watermark: nothing stalls.
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ from ingest.core.ledger import (
     registered_pipelines,
 )
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
-from ingest.errors import CommitGaveUp
+from ingest.errors import CommitGaveUp, SchemaMoved
+from ingest.records import Field
 from ingest.retry import without_backoff
 from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
 
@@ -72,7 +80,7 @@ MAX_PARTITIONS = 3
 MAX_ATTEMPTS = 4
 #: what happens at a commit attempt: a fault of the attempt itself, or work slipped in before it
 AT_COMMIT = st.sampled_from(
-    ["ok", "ok", "ack-lost", "unknown", "crash-before", "crash-after", "other-writer", "foreign", "expire"]
+    ["ok", "ok", "ack-lost", "unknown", "crash-before", "crash-after", "other-writer", "foreign", "expire", "alter"]
 )
 
 Record = tuple[TopicPartition, int]
@@ -98,8 +106,15 @@ def _coordinates(records: list[Record], names: tuple[str, str, str]) -> pa.Table
     )
 
 
-def rows_of(records: list[Record]) -> pa.Table:
-    return _coordinates(records, ("_kafka_topic", "_kafka_partition", "_kafka_offset"))
+def columns_of(version: int) -> list[str]:
+    """The columns writer schema ``version`` has beyond the Kafka ones: one more per version."""
+    return [f"c{v}" for v in range(1, version + 1)]
+
+
+def rows_of(records: list[Record], versions: list[int]) -> pa.Table:
+    """The rows of ``records``, each with the writer schema version it was written with."""
+    data = _coordinates(records, ("_kafka_topic", "_kafka_partition", "_kafka_offset"))
+    return data.append_column("_version", pa.array(versions, pa.int32()))
 
 
 def dead_letters_of(records: list[Record]) -> pa.Table:
@@ -124,12 +139,18 @@ class Writer:
     batch: Batch | None = None
     good: list[Record] = field(default_factory=list)
     bad: list[Record] = field(default_factory=list)
+    #: the writer schema version of each good record
+    versions: list[int] = field(default_factory=list)
 
 
 class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.high: dict[TopicPartition, int] = {}
+        #: per partition, from which offset on records carry which writer schema version
+        self.deployed: dict[TopicPartition, list[tuple[int, int]]] = {}
+        self.version = 0
+        self.alters = 0
         self.rows = MemoryCatalog("lake.orders")
         self.dead = MemoryCatalog("lake.orders_dead_letters")
         self.rows.on_commit = self.dead.on_commit = self.at_commit
@@ -143,6 +164,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     def new_writer(self) -> Writer:
         return Writer(self.rows.table(), self.dead.table())
 
+    def version_of(self, tp: TopicPartition, offset: int) -> int:
+        return max((v for start, v in self.deployed.get(tp, []) if start <= offset), default=0)
+
     def kafka(self) -> KafkaView:
         return KafkaView(CLUSTER, {tp: Watermarks(0, high) for tp, high in self.high.items()})
 
@@ -154,7 +178,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for tp, high in self.high.items():
             assert batch.start[tp] <= batch.end[tp] <= high
         assert batch.planned_records <= POLICIES[i].max_records
-        w.batch, w.good, w.bad = batch, [], []
+        w.batch, w.good, w.bad, w.versions = batch, [], [], []
         w.phase = "planned" if batch.moves_ledger else "idle"
 
     def read(self, w: Writer) -> None:
@@ -163,6 +187,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert end <= self.high[tp], "planned past the readable end"
             for offset in range(start, end):
                 {"good": w.good, "bad": w.bad, "marker": []}[kind(tp, offset)].append((tp, offset))
+        w.versions = [self.version_of(tp, offset) for tp, offset in w.good]
+        # the table's schema follows the records' (Pipeline._produce evolves before the files are written)
+        w.rows.evolve_to([Field(c, "string") for c in columns_of(max(w.versions, default=0))])
         w.phase = "read"
 
     def commit_dead_letters(self, w: Writer) -> None:
@@ -175,7 +202,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         w = self.writers[i]
         assert w.batch is not None
         counts = BatchCounts(records=len(w.good), dead_letters=len(w.bad))
-        files = w.rows.write(rows_of(w.good))
+        files = w.rows.write(rows_of(w.good, w.versions))
         outcome = commit_rows(w.rows, RowsCommit(PIPELINE, w.batch, w.batch.ledger(), files, counts, MAX_ATTEMPTS))
         event(f"rows: {outcome.decision.value}")
         if outcome.decision is Decision.FENCED:
@@ -201,6 +228,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         except CommitGaveUp:
             event("a commit gave up")
             self.writers[i] = self.new_writer()
+        except SchemaMoved:
+            event("the schema moved under a batch's files")
+            self.writers[i] = self.new_writer()
 
     def at_commit(self, table: MemoryTable) -> Fault:
         """Asked by the memory tables before every commit attempt: what befalls it."""
@@ -221,6 +251,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             return "ok"
         if what == "expire":
             self.expire_on(table.catalog, self.data.draw(st.integers(1, 3), label="keep last"))
+            return "ok"
+        if what == "alter":
+            self.alter_schema()
             return "ok"
         if what == "other-writer":
             return "ok"
@@ -244,6 +277,11 @@ class ProtocolMachine(RuleBasedStateMachine):
             columns = ("topic", "partition", "offset")
         data = _coordinates([(other, n)], columns)
         catalog.append(summary, [catalog.table().write(data)[0]])  # type: ignore[list-item]
+
+    def alter_schema(self) -> None:
+        """Another tool's ``ALTER TABLE … ADD COLUMN`` on the rows table."""
+        self.alters += 1
+        self.rows.alter_schema(f"x{self.alters}")
 
     def expire_on(self, catalog: MemoryCatalog, keep_last: int) -> None:
         """``ingest maintain``'s expiry with every snapshot past the retention, planned by the core."""
@@ -273,10 +311,24 @@ class ProtocolMachine(RuleBasedStateMachine):
         tp = TopicPartition(TOPIC, partition % len(self.high))
         self.high[tp] += n
 
+    @rule()
+    def deploy_writer_schema(self) -> None:
+        """The producing service deploys a writer schema with one more column: records produced from
+        now on carry it."""
+        self.version += 1
+        for tp, high in self.high.items():
+            self.deployed.setdefault(tp, []).append((high, self.version))
+
+    @rule()
+    def another_tool_adds_a_column(self) -> None:
+        self.alter_schema()
+
     @precondition(lambda self: len(self.high) < MAX_PARTITIONS)
     @rule(n=st.integers(0, 6))
     def add_partition(self, n: int) -> None:
-        self.high[TopicPartition(TOPIC, len(self.high))] = n
+        tp = TopicPartition(TOPIC, len(self.high))
+        self.high[tp] = n
+        self.deployed[tp] = [(0, self.version)]
 
     @rule(data=st.data(), writer=st.integers(0, WRITERS - 1), held=st.booleans())
     def advance(self, data: st.DataObject, writer: int, held: bool) -> None:
@@ -334,6 +386,29 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert all(dead[(tp, o)] == 1 for o in range(end) if kind(tp, o) == "bad"), f"floor of {tp}"
         if found is not None:
             assert PIPELINE in registered_pipelines(self.rows.properties)
+
+    @invariant()
+    def schema_and_data_land_together(self) -> None:
+        """No rows without the columns of their schema, and no schema change of the pipeline's own
+        without a batch of its: every file is written with the columns of its rows, every snapshot's
+        schema gives each file's columns the field ids the file has, and where the pipeline's
+        columns grow, the snapshot carries the pipeline's ledger."""
+        snapshots = {s.snapshot_id: s for s in self.rows.snapshots()}
+        for snapshot in snapshots.values():
+            for f in snapshot.files:
+                if "_version" in f.data.column_names and f.data.num_rows:
+                    needed = columns_of(max(f.data["_version"].to_pylist()))
+                    assert set(needed) <= set(f.schema), f"{f.file_path} was written without {needed}"
+                # column identity is the field id (the position): a file's columns are the table's
+                assert snapshot.schema[: len(f.schema)] == f.schema, f"{f.file_path}'s field ids are another's"
+            ours = [c for c in snapshot.schema if c.startswith("c")]
+            parent = snapshots.get(snapshot.parent_id) if snapshot.parent_id is not None else None
+            before = [c for c in parent.schema if c.startswith("c")] if parent is not None else None
+            if before is not None and ours != before:
+                assert decode(PIPELINE, snapshot.summary) is not None, "the schema changed in a snapshot of no batch"
+        head = self.rows.head()
+        at_head = [c for c in snapshots[head].schema if c.startswith("c")] if head in snapshots else []
+        assert [c for c in self.rows.schema if c.startswith("c")] == at_head, "the schema changed with no snapshot"
 
     def run_batch(self, i: int) -> bool:
         """One whole batch of writer ``i`` without faults; False if there was nothing to do."""
