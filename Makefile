@@ -23,8 +23,8 @@ services: ## install (Debian's postgresql) and start PostgreSQL for the tests; n
 kafka: setup ## resolve Apache Kafka's broker from Maven Central into .cache/ (the integration tests' broker; needs java, mvn)
 	$(BIN)/python -m tests.services.kafka resolve
 
-demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result
-	$(BIN)/ingest demo --config conf/orders.yaml
+demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result (and an Avro topic, with Apicurio Registry where Java 21+ is)
+	$(BIN)/python -m tests.services.apicurio run -- $(BIN)/ingest demo --config conf/orders.yaml
 
 test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests)
 	$(BIN)/pytest

@@ -8,6 +8,7 @@ import random
 import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from ingest import config as config_module
 from ingest import records
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
+from ingest.kafka.registry import avro_serializer
 from ingest.ops import report
 from ingest.pipeline import Pipeline
 from ingest.runner import opened
@@ -60,6 +62,57 @@ def order_events(count: int, first_id: int, seed: int, malformed_every: int = 2_
         yield partition, key, json.dumps(value, separators=(",", ":")).encode(), headers
 
 
+#: the demo's Avro order events; version 2 (deployed half-way) adds the optional ``coupon``
+AVRO_ORDER = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "customer_id", "type": "long"},
+        {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": list(STATUSES)}},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "Line",
+                    "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}],
+                },
+            },
+        },
+    ],
+}
+AVRO_ORDER_V2 = {
+    **AVRO_ORDER,
+    "fields": [*AVRO_ORDER["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}],  # type: ignore[list-item]
+}
+
+
+def avro_orders(count: int, first_id: int, seed: int, version: int) -> Iterator[tuple[int, bytes, dict[str, object]]]:
+    """Order events for the Avro topic, as (partition, key, value)."""
+    rng = random.Random(seed)
+    start = datetime(2026, 11, 30, tzinfo=UTC)
+    for i in range(count):
+        order_id = first_id + i
+        value: dict[str, object] = {
+            "order_id": order_id,
+            "customer_id": rng.randrange(1, 50_000),
+            "status": rng.choice(STATUSES),
+            "amount": Decimal(f"{rng.uniform(3, 900):.2f}"),
+            "created_at": start + timedelta(seconds=i * 86_400 * 2 / max(count, 1)),
+            "lines": [
+                {"sku": f"sku-{rng.randrange(100)}", "qty": rng.randrange(1, 4)} for _ in range(rng.randrange(1, 4))
+            ],
+        }
+        if version == 2:
+            value["coupon"] = rng.choice([None, "WINTER10", "FREESHIP"])
+        yield order_id % PARTITIONS, f"order-{order_id}".encode(), value
+
+
 def _fresh_warehouse(config_path: Path) -> None:
     raw = config_module.load(config_path, env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": "unused"})
     warehouse = raw.catalog.get("warehouse", "")
@@ -96,6 +149,47 @@ def main(records: int, config_path: Path, console: Console) -> None:
             result = run.batch()
             console.print(f"  one more batch with nothing new: {result.status} (no snapshot written)")
             _show(run.pipeline, console)
+        registry = os.environ.get("SCHEMA_REGISTRY_URL")
+        if registry:
+            _avro(broker.bootstrap_servers, registry, records, config_path.with_name("orders_avro.yaml"), console)
+        else:
+            console.rule("Avro topic: skipped")
+            console.print("no Schema Registry (SCHEMA_REGISTRY_URL unset; `make demo` starts Apicurio Registry)")
+
+
+def _avro(bootstrap: str, registry: str, records: int, config_path: Path, console: Console) -> None:
+    """An Avro topic whose producer deploys a new schema version half-way: the table follows."""
+    console.rule(f"Avro topic 'orders-avro', schemas in the registry at {registry}")
+    create_topic(bootstrap, "orders-avro", PARTITIONS)
+    config = config_module.load(config_path)
+    half = records // 4
+    for version, schema, first in ((1, AVRO_ORDER, 1), (2, AVRO_ORDER_V2, half + 1)):
+        serialize = avro_serializer(registry, json.dumps(schema), "orders-avro")
+        events = ((p, k, serialize(v)) for p, k, v in avro_orders(half, first, seed=version, version=version))
+        sent = produce(bootstrap, "orders-avro", ((p, k, v, None) for p, k, v in events))
+        console.print(f"produced {sent} Avro order events with writer schema v{version}")
+        with opened(config) as run:
+            for result in run.batches(until_caught_up=True):
+                console.print(
+                    f"  batch {result.batch}: {result.status}, {result.records} rows in {result.seconds:.2f}s"
+                )
+            pipeline = run.pipeline
+    _show_schemas(pipeline, console)
+
+
+def _show_schemas(pipeline: Pipeline, console: Console) -> None:
+    table = pipeline.rows.table.refresh()
+    history = Table("snapshot", "schema id", "columns", title=f"{pipeline.config.table}: schema history")
+    schemas = {s.schema_id: s for s in table.metadata.schemas}
+    for snapshot in table.metadata.snapshots:
+        fields = [f.name for f in schemas[snapshot.schema_id or 0].fields if not f.name.startswith("_kafka")]
+        history.add_row(str(snapshot.snapshot_id), str(snapshot.schema_id), ", ".join(fields))
+    console.print(history)
+    rows = (
+        table.scan(selected_fields=("order_id", "status", "amount", "lines", "coupon")).to_arrow().sort_by("order_id")
+    )
+    console.print("first rows (written before the coupon field existed: null):", rows.slice(0, 2).to_pylist())
+    console.print("last rows (written with schema v2):", rows.slice(rows.num_rows - 2).to_pylist())
 
 
 def _show(pipeline: Pipeline, console: Console) -> None:

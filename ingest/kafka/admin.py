@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -19,6 +20,10 @@ def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+#: how long producing waits for the broker to acknowledge what it sent
+FLUSH_TIMEOUT_S = 120.0
+
+
 def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 10.0) -> None:
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
@@ -26,7 +31,9 @@ def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s:
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout_s)
     for future in futures.values():
         try:
-            future.result()
+            future.result(timeout_s + 30)
+        except concurrent.futures.TimeoutError:
+            raise BrokerUnavailable(f"creating topic {topic!r} on {bootstrap_servers} got no answer") from None
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise BrokerUnavailable(f"cannot create topic {topic!r}: {error}") from None
@@ -58,12 +65,20 @@ def produce(
             _send(producer, topic, partition, *last[partition])
             count += 1
         last[partition] = (key, value, headers)
-    producer.flush()
+    _flush(producer, bootstrap_servers)
     for partition, (key, value, headers) in sorted(last.items()):
         _send(producer, topic, partition, key, value, headers)
-        producer.flush()
+        _flush(producer, bootstrap_servers)
         count += 1
     return count
+
+
+def _flush(producer: Producer, bootstrap_servers: str) -> None:
+    unsent = producer.flush(FLUSH_TIMEOUT_S)
+    if unsent:
+        raise BrokerUnavailable(
+            f"{unsent} records were not acknowledged by {bootstrap_servers} within {FLUSH_TIMEOUT_S:.0f}s"
+        )
 
 
 def _send(

@@ -21,6 +21,10 @@ from ingest.ports import WriterSchema
 
 T = TypeVar("T")
 
+#: seconds a request to the registry may take before it is retried: confluent-kafka's client waits
+#: forever by default, and a request stuck on a reused connection then hangs the run (seen with
+#: Apicurio 3.3.3, about once in a few hundred requests)
+REQUEST_TIMEOUT_S = 10
 #: the Confluent API's error codes for an unknown subject, version or schema id
 _NOT_FOUND = {40401, 40402, 40403}
 
@@ -30,7 +34,7 @@ class Registry:
 
     def __init__(self, conf: Mapping[str, str | int | float | bool]) -> None:
         self.url = str(conf["url"])
-        settings: dict[str, Any] = {"timeout": 10, "max.retries": 2, **conf}
+        settings: dict[str, Any] = {"timeout": REQUEST_TIMEOUT_S, "max.retries": 2, **conf}
         self._client = SchemaRegistryClient(settings)
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
@@ -74,3 +78,15 @@ class Registry:
             ) from None
         schema = found.schema
         return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO", schema.schema_str or "")
+
+
+def avro_serializer(url: str, schema: str, topic: str) -> Callable[[Mapping[str, Any]], bytes]:
+    """Values as a producing service writes them: confluent-kafka's ``AvroSerializer`` (Confluent wire
+    format), registering ``schema`` under ``<topic>-value`` (for the demo and the notebook)."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": url, "timeout": REQUEST_TIMEOUT_S})
+    serializer = AvroSerializer(client, schema, conf={"auto.register.schemas": True})
+    context = SerializationContext(topic, MessageField.VALUE)
+    return lambda value: serializer(dict(value), context)  # type: ignore[no-any-return]

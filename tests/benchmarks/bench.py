@@ -270,7 +270,7 @@ def stage_avro_naive(args: argparse.Namespace) -> dict[str, Any]:
     from pyiceberg.catalog.sql import SqlCatalog
 
     topic = args.topic + AVRO_TOPIC
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry, "timeout": 10}))
     context = SerializationContext(topic, MessageField.VALUE)
     schema = pa.schema(
         [
@@ -715,7 +715,9 @@ def _registry(console: Any) -> Iterator[str | None]:
 def _register(url: str, subject: str) -> int:
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    return SchemaRegistryClient({"url": url}).register_schema(subject, Schema(json.dumps(AVRO_SCHEMA), "AVRO"))
+    return SchemaRegistryClient({"url": url, "timeout": 10}).register_schema(
+        subject, Schema(json.dumps(AVRO_SCHEMA), "AVRO")
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from ingest.config import PipelineConfig
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from tests.services import kafka as kafka_service
+from tests.services.apicurio import Apicurio, RegistryUnavailable
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +68,17 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             warnings.warn(why, stacklevel=1)
         with EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log") as broker:
             yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
+    """Apicurio Registry (the Confluent Schema Registry API), for the session's registry formats."""
+    try:
+        server = Apicurio(tmp_path_factory.mktemp("apicurio")).start()
+    except RegistryUnavailable as error:
+        pytest.fail(f"Apicurio Registry cannot run here: {error}")
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

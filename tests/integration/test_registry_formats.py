@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -25,7 +24,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from ingest.failpoints import POINTS
 from ingest.iceberg.catalog import connect
 from ingest.kafka.admin import produce
-from tests.services.apicurio import Apicurio, RegistryUnavailable
+from ingest.kafka.registry import REQUEST_TIMEOUT_S
+from tests.services.apicurio import Apicurio
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"])]
 
@@ -64,16 +64,6 @@ def v2() -> dict[str, Any]:
     return schema
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
-    try:
-        server = Apicurio(tmp_path_factory.mktemp("apicurio")).start()
-    except RegistryUnavailable as error:
-        pytest.fail(f"Apicurio Registry cannot run here: {error}")
-    yield server
-    server.stop()
-
-
 def order(i: int, version: int = 1) -> dict[str, Any]:
     value: dict[str, Any] = {
         "order_id": i,
@@ -100,7 +90,7 @@ class Avro:
 
     def __init__(self, env, registry: Apicurio, subject: str | None = None) -> None:  # type: ignore[no-untyped-def]
         self.env = env
-        self.client = SchemaRegistryClient({"url": registry.url})
+        self.client = SchemaRegistryClient({"url": registry.url, "timeout": REQUEST_TIMEOUT_S})
         self.client.set_config(
             subject_name=subject or f"{env.topic}-value",
             config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE),

@@ -21,6 +21,7 @@ from ingest.errors import ConfigError
 from ingest.kafka.admin import produce
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -198,4 +199,28 @@ def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds
     # the executors' files carry the new column's id: Iceberg reads it by id, null in the older files
     channels = table.scan(selected_fields=("order_id", "channel")).to_arrow().sort_by("order_id")["channel"]
     assert channels.to_pylist() == [None] * 1_000 + [f"c{i % 3}" for i in range(1_000, 2_000)]
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_spark_executors_decode_avro_and_the_batch_evolves_for_a_writer_schema_they_meet(
+    make_env, registry, spark
+) -> None:
+    """Records of a writer schema the subject never had (registered under another subject) reach
+    an executor: its task fails with SchemaAhead, rebuilt on the driver from the task's error, and
+    the batch is produced again for the evolved table, committing once."""
+    env = avro_env(make_env, registry, batch={"max_records": 5_000})
+    Avro(env, registry).produce(600, V1)
+    Avro(env, registry, subject=f"{env.topic}-other").produce(400, v2(), version=2)
+    pipeline = Pipeline.open(env.config)
+    engine = SparkEngine.create(env.config, pipeline.rows, spark)
+
+    result = pipeline.run_batch(engine)
+
+    assert result.status == "committed" and result.records == 1_000
+    table = pipeline.rows.refresh() and pipeline.rows.table
+    assert len(table.metadata.snapshots) == 1
+    rows = table.scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(1_000))
+    assert [r["coupon"] for r in rows] == [None] * 600 + [f"c{i}" for i in range(600, 1_000)]
     env.verify()
