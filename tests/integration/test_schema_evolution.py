@@ -197,3 +197,32 @@ def test_nested_fields_land_in_iceberg_and_a_field_added_inside_a_struct_evolves
     assert [r["tags"] for r in rows[:3]] == [[], ["t1"], ["t2", "t2"]]
     assert env.counts() == (20, 0)
     env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_as_rows_exactly_once(make_env) -> None:
+    """Records with a null ``note`` are dead letters while ``note`` is required. The operator
+    relaxes it and rolls main back to before them: the re-read lands every one of them as a row,
+    once, and none stays a dead letter; the relaxation rides with the first batch after the rollback."""
+    env = make_env(partitions=2)
+    _schema(env, {"name": "note", "type": "string", "required": True})
+    _orders(env, 60, note=lambda i: f"n{i}")
+    assert env.cli("run").returncode == 0
+    snapshot_s = _table(env).current_snapshot().snapshot_id
+    _orders(env, 300, note=lambda i: None if i % 3 == 0 else f"n{i}")
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (260, 100)
+
+    _schema(env, relax="note")
+    rollback = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback", "--json")
+    assert rollback.returncode == 0, rollback.stderr
+    rerun = env.cli("run", "--until-caught-up")
+
+    assert rerun.returncode == 0, rerun.stderr
+    assert env.counts() == (360, 0)
+    table = _table(env)
+    assert not table.schema().find_field("note").required
+    rows = table.scan(selected_fields=("order_id", "note")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(360))
+    assert [r["note"] for r in rows] == [None if i >= 60 and i % 3 == 0 else f"n{i}" for i in range(360)]
+    env.verify()
