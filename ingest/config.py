@@ -23,8 +23,10 @@ PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.info")
+#: what a batch does with records whose writer schema the table does not have
+OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
 #: value formats read through a Schema Registry (the Confluent wire format: magic byte, schema id)
-REGISTRY_FORMATS = ("avro",)
+REGISTRY_FORMATS = ("avro", "json_schema")
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
 ORPHAN_AGE_FLOOR_HOURS = 1.0
 
@@ -66,7 +68,7 @@ class TopicSpec(_Strict):
     name: Annotated[str, Field(min_length=1)]
     #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
     #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
-    format: Literal["json", "avro"] = "json"
+    format: Literal["json", "avro", "json_schema"] = "json"
     #: the registry subject the table's schema is derived from when ``schema:`` is omitted
     #: (default: ``<topic>-value``, the topic-name strategy)
     subject: str | None = None
@@ -154,7 +156,7 @@ class PipelineConfig(_Strict):
     schema_: Annotated[list[FieldSpec] | None, Field(alias="schema", min_length=1)] = None
     #: what a batch does with records whose writer schema the table does not have: ``evolve`` the
     #: table with the batch's commit, ``fail`` (exit 65, nothing committed), or ``dead_letter`` them
-    on_schema_change: Literal["evolve", "fail", "dead_letter"] = "evolve"
+    on_schema_change: OnSchemaChange = "evolve"
     partition_by: list[str] = []
     dead_letter_table: str | None = None
     batch: BatchSpec = BatchSpec()

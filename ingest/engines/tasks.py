@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
-from ingest.config import PipelineConfig
+from ingest.config import OnSchemaChange, PipelineConfig
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
@@ -191,7 +191,7 @@ class TaskSpec:
     format: str = "json"
     #: Schema Registry client properties, for the registry formats
     registry: Mapping[str, str | int | float | bool] | None = None
-    on_schema_change: str = "evolve"
+    on_schema_change: OnSchemaChange = "evolve"
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -214,10 +214,12 @@ class TaskSpec:
         assert self.registry is not None  # checked in config
         # imported here: polars and the registry client cost a JSON pipeline's workers ~200 ms at start
         from ingest.formats.avro import AvroDecoder
+        from ingest.formats.json_schema import JsonSchemaDecoder
+        from ingest.formats.wire import RegistryDecoder
         from ingest.kafka.registry import Registry
 
-        assert self.format == "avro", self.format  # the formats config accepts
-        return AvroDecoder(self.fields, Registry(self.registry), self.on_schema_change)  # type: ignore[arg-type]
+        formats: dict[str, type[RegistryDecoder]] = {"avro": AvroDecoder, "json_schema": JsonSchemaDecoder}
+        return formats[self.format](self.fields, Registry(self.registry), self.on_schema_change)
 
 
 def produce_ranges(

@@ -13,4 +13,8 @@ def fields_of(writer: WriterSchema) -> list[Field]:
         from ingest.formats import avro  # polars is imported only where Avro is read (~90 ms)
 
         return avro.fields_of(writer.text)
+    if writer.kind == "JSON":
+        from ingest.formats import json_schema
+
+        return json_schema.fields_of(writer.text)
     raise ValueError(f"schema id {writer.schema_id} is a {writer.kind} schema, which this version cannot read yet")

@@ -11,31 +11,27 @@ bisected until the record stands alone, as the JSON decoder does, and goes to th
 with the reader's complaint.
 
 The decoded columns are then conformed to the table's fields by name (the writer's enums to
-strings, maps to Arrow maps, narrower numbers widened); a field the writer lacks is null. Which
-writer schemas may be conformed at all is decided once per schema id (:func:`resolve`), by
-``on_schema_change``. The mapping from Avro to the table's types is :func:`fields_of`'s.
+strings, maps to Arrow maps, narrower numbers widened); a field the writer lacks is null. The
+framing, and which writer schemas may be conformed at all (by ``on_schema_change``), are the wire
+format's (:mod:`ingest.formats.wire`). The mapping from Avro to the table's types is :func:`fields_of`'s.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.errors import SchemaAhead, SchemaChangeRefused
-from ingest.formats.rows import assemble, dead_letters
-from ingest.ports import SchemaRegistry, WriterSchema
-from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, merge, rows_schema
+from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, prefix
+from ingest.ports import WriterSchema
+from ingest.records import RESERVED_COLUMNS, Field
 
-OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
 #: Avro's primitives, as the table's types
 _PRIMITIVES = {
     "boolean": "boolean",
@@ -58,13 +54,8 @@ _LOGICAL = {
 }
 #: the synchronisation marker of the object-container blocks built here (any 16 bytes do)
 _SYNC = b"lakehouse-ingest"
-_WIRE_PREFIX = 5
 #: below this many records a failing slice is decoded one record at a time
 _SINGLES = 8
-
-
-class Refused(ValueError):
-    """An Avro schema no Iceberg table can hold (the message says which part and why)."""
 
 
 # --- the writer's schema, resolved -------------------------------------------------------------
@@ -294,150 +285,41 @@ def _container(schema: bytes, values: Sequence[bytes]) -> bytes:
     return b"".join([header, _varint(0), _SYNC, _varint(len(values)), _varint(len(body)), body, _SYNC])
 
 
-@dataclass
-class _Reading:
-    """How records of one writer schema id are read: decoded, or all dead letters for ``reason``."""
-
-    schema_id: int
-    node: _Node | None = None
-    envelope: bytes = b""
-    reason: str | None = None
-    #: the table's schema evolved to take this writer's records (evolve: the batch must be produced again)
-    ahead: bool = False
-
-
-class AvroDecoder:
-    """Decodes Confluent-framed Avro :class:`RawChunk` values into rows of the table's ``fields``."""
+class AvroDecoder(RegistryDecoder):
+    """Decodes Confluent-framed Avro values into rows of the table's ``fields``."""
 
     kind = "AVRO"
     label = "Avro"
 
-    def __init__(self, fields: Sequence[Declared], registry: SchemaRegistry, on_change: OnSchemaChange) -> None:
-        self.fields = list(fields)
-        self.registry = registry
-        self.on_change = on_change
-        self._schema = rows_schema(self.fields)
-        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
-        self._readings: dict[int, _Reading] = {}
+    def fields_of(self, writer: WriterSchema) -> list[Field]:
+        return fields_of(writer.text)
 
-    # -- per schema id
-
-    def _reading(self, schema_id: int) -> _Reading:
-        reading = self._readings.get(schema_id)
-        if reading is None:
-            reading = self._readings[schema_id] = self._resolve(schema_id)
-        return reading
-
-    def _resolve(self, schema_id: int) -> _Reading:
-        writer = self.registry.by_id(schema_id)
-        if writer is None:
-            return _Reading(schema_id, reason=f"unknown schema id {schema_id}: the Schema Registry has no such schema")
-        if writer.kind != self.kind:
-            return _Reading(
-                schema_id,
-                reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
-            )
-        try:
-            node = _resolve(writer.text)
-            writer_fields = fields_of(writer.text)
-        except Refused as error:
-            return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
-        merged = merge(self.fields, writer_fields)
-        if merged.problems:
-            problems = "; ".join(merged.problems)
-            return self._changed(
-                schema_id,
-                f"schema id {schema_id} changes a column's type in a way Iceberg cannot follow: {problems}",
-                fatal=True,
-            )
-        if merged.changes(self.fields):
-            added = [f.name for f in merged.fields if f.name not in {g.name for g in self.fields}]
-            what = f"adds {', '.join(added)}" if added else "widens or relaxes columns"
-            return self._changed(schema_id, f"schema id {schema_id} {what}, which the table does not have", fatal=False)
+    def plan(self, writer: WriterSchema) -> tuple[_Node, bytes]:
+        """The writer's resolved type, and the envelope schema its values are decoded with."""
+        node = _resolve(writer.text)
         envelope = {
             "type": "record",
             "name": "__envelope",
             "fields": [
-                {"name": "prefix", "type": {"type": "fixed", "name": "__prefix", "size": _WIRE_PREFIX}},
+                {"name": "prefix", "type": {"type": "fixed", "name": "__prefix", "size": PREFIX}},
                 {"name": "value", "type": node.avro},
             ],
         }
-        return _Reading(schema_id, node, json.dumps(envelope).encode())
+        return node, json.dumps(envelope).encode()
 
-    def _changed(self, schema_id: int, reason: str, *, fatal: bool) -> _Reading:
-        if self.on_change == "dead_letter":
-            return _Reading(schema_id, reason=f"{reason} (on_schema_change: dead_letter)")
-        if fatal or self.on_change == "fail":
-            advice = "Set `on_schema_change: dead_letter` to set such records aside"
-            advice += ", or `evolve` to let the table follow." if not fatal else ", or write it into a new table."
-            raise SchemaChangeRefused(f"{reason}. Nothing was committed. {advice}")
-        return _Reading(schema_id, ahead=True)
-
-    # -- per chunk
-
-    def decode(self, chunk: RawChunk) -> Decoded:
-        values = chunk.values
-        bad: dict[int, str] = {}
-        groups = self._group(values, bad)
-        ahead = [schema_id for schema_id in groups if self._reading(schema_id).ahead]
-        if ahead:
-            ids = ", ".join(f"schema id {i}" for i in sorted(ahead))
-            raise SchemaAhead(
-                f"records were written with {ids}, which the table's schema must evolve to take; the batch is "
-                "produced again for the evolved schema",
-                tuple(sorted(ahead)),
-            )
-        parts: list[tuple[Sequence[int], pa.Table]] = []
-        for schema_id, index in groups.items():
-            reading = self._reading(schema_id)
-            if reading.reason is not None:
-                bad.update(dict.fromkeys(index, reading.reason))
-            else:
-                self._decode(reading, values, index, 0, len(index), parts, bad)
-        if len(parts) == 1 and len(parts[0][0]) == len(values):
-            good: Sequence[int] | None = None
-        else:
-            good = [i for indices, _ in parts for i in indices]
-        fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
-        return Decoded(
-            rows=assemble(chunk, good, fields.combine_chunks(), self._schema), dead_letters=dead_letters(chunk, bad)
-        )
-
-    def _group(self, values: list[bytes | None], bad: dict[int, str]) -> dict[int, Sequence[int]]:
-        """The positions of the framed values by schema id; the rest go to ``bad``, with the reason.
-        Prefixes are read with numpy over the joined values, not a Python step per record."""
-        n = len(values)
-        if n and all(values):
-            lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
-            if int(lengths.min()) >= _WIRE_PREFIX:
-                data = np.frombuffer(b"".join(values), np.uint8)  # type: ignore[arg-type]
-                starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
-                magic = data[starts]
-                ids = (data[starts + 1].astype(np.int64) << 24) | (data[starts + 2].astype(np.int64) << 16)
-                ids |= (data[starts + 3].astype(np.int64) << 8) | data[starts + 4].astype(np.int64)
-                if not magic.any():
-                    unique = np.unique(ids)
-                    if len(unique) == 1:
-                        return {int(unique[0]): range(n)}
-                    return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
-        groups: dict[int, list[int]] = {}
-        for i, value in enumerate(values):
-            reason = _framing_problem(value)
-            if reason is not None:
-                bad[i] = reason
-            else:
-                assert value is not None
-                groups.setdefault(struct.unpack_from(">I", value, 1)[0], []).append(i)
-        return dict(groups)
+    def decode_group(
+        self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]
+    ) -> None:
+        self._decode(reading, values, index, 0, len(index), parts, bad)
 
     def _decode(
         self,
-        reading: _Reading,
+        reading: Reading,
         values: list[bytes | None],
         index: Sequence[int],
         lo: int,
         hi: int,
-        parts: list[tuple[Sequence[int], pa.Table]],
+        parts: Parts,
         bad: dict[int, str],
     ) -> None:
         """Decode the records at ``index[lo:hi]`` into ``parts``, bisecting around failing ones."""
@@ -458,50 +340,23 @@ class AvroDecoder:
             return
         parts.append((index[lo:hi], table))
 
-    def _block(self, reading: _Reading, values: list[bytes]) -> pa.Table:
-        assert reading.node is not None
+    def _block(self, reading: Reading, values: list[bytes]) -> pa.Table:
+        node, envelope = reading.plan
         try:
-            decoded = pl.read_avro(io.BytesIO(_container(reading.envelope, values))).to_arrow()
-        except BaseException as error:
+            decoded = pl.read_avro(io.BytesIO(_container(envelope, values))).to_arrow()
+        except BaseException as error:  # polars raises a PanicException, not an Exception, on some input
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
             raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
         if decoded.num_rows != len(values):
             raise _Bad(f"{decoded.num_rows} records decoded from {len(values)} values")
-        prefix = struct.pack(">bI", 0, reading.schema_id)
         prefixes = decoded.column("prefix")
-        if not pc.all(pc.equal(prefixes, pa.scalar(prefix, prefixes.type))).as_py():
+        if not pc.all(pc.equal(prefixes, pa.scalar(prefix(reading.schema_id), prefixes.type))).as_py():
             raise _Bad("the values do not end where their schema says")
         record = decoded.column("value").combine_chunks()
         try:
-            conformed = _conform(record, reading.node, self._field_schema_struct)
+            conformed = _conform(record, node, pa.struct(list(self._field_schema)))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
             raise _Bad(str(error)) from None
         assert isinstance(conformed, pa.StructArray)
         return pa.Table.from_struct_array(conformed)
-
-    @property
-    def _field_schema_struct(self) -> pa.StructType:
-        return pa.struct(list(self._field_schema))
-
-
-def _framing_problem(value: bytes | None) -> str | None:
-    if value is None:
-        return "value is null (a tombstone); expected a record in the Confluent wire format"
-    if len(value) < _WIRE_PREFIX:
-        return (
-            f"value is {len(value)} bytes; the Confluent wire format starts with 5 (a zero magic byte and the "
-            "schema id)"
-        )
-    if value[0] != 0:
-        hint = " (it looks like JSON)" if value[:1] in (b"{", b"[") else ""
-        return f"wrong magic byte 0x{value[0]:02x}{hint}: not the Confluent wire format, which starts with 0x00"
-    return None
-
-
-def writer_fields(registry: SchemaRegistry, schema_ids: Sequence[int]) -> Iterator[tuple[WriterSchema, list[Field]]]:
-    """The table fields of each writer schema in ``schema_ids`` the registry knows."""
-    for schema_id in schema_ids:
-        writer = registry.by_id(schema_id)
-        if writer is not None:
-            yield writer, fields_of(writer.text)

@@ -329,3 +329,71 @@ def test_sigkill_at_each_step_of_a_batch_evolving_for_a_writer_schema_leaves_sch
     rows = _table(env).scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
     assert [r["coupon"] for r in rows] == [None] * 100 + [f"c{i}" for i in range(100, 200)]
     env.verify()
+
+
+JSON_ORDER: dict[str, Any] = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "Order",
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "integer"},
+        "amount": {"type": "number"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "street": {"type": ["null", "string"]}},
+        },
+        "items": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["order_id", "amount", "created_at"],
+}
+
+
+def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its_batch(make_env, registry) -> None:
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    env = avro_env(make_env, registry)
+    _set(env, topics=[{"name": env.topic, "format": "json_schema"}])
+    client = SchemaRegistryClient({"url": registry.url, "timeout": REQUEST_TIMEOUT_S})
+    client.set_config(
+        subject_name=f"{env.topic}-value", config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE)
+    )
+    context = SerializationContext(env.topic, MessageField.VALUE)
+
+    def send(schema: dict[str, Any], start: int, count: int, **extra: Any) -> None:
+        serializer = JSONSerializer(json.dumps(schema), client, conf={"auto.register.schemas": True})
+        records = []
+        for i in range(start, start + count):
+            value = {
+                "order_id": i,
+                "amount": i / 4,
+                "created_at": f"2026-12-{1 + i % 28:02d}T10:00:00Z",
+                "address": {"city": f"city-{i % 5}", "street": None},
+                "items": [f"sku-{i % 3}"],
+                **{k: v(i) for k, v in extra.items()},
+            }
+            records.append((i % env.partitions, f"k{i}".encode(), serializer(value, context), []))
+        produce(env.bootstrap, env.topic, records)
+
+    send(JSON_ORDER, 0, 300)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    table = _table(env)
+    types = {f.name: str(f.field_type) for f in table.schema().fields}
+    assert types["order_id"] == "long" and types["amount"] == "double" and types["created_at"] == "timestamptz"
+    assert table.schema().find_field("order_id").required and not table.schema().find_field("items").required
+    snapshots = len(table.metadata.snapshots)
+
+    wider = json.loads(json.dumps(JSON_ORDER))
+    wider["properties"]["channel"] = {"type": "string"}
+    send(wider, 300, 200, channel=lambda i: ["web", "app"][i % 2])
+    result = env.cli("run", "--until-caught-up")
+
+    assert result.returncode == 0, result.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == snapshots + 1
+    assert table.metadata.snapshots[-1].schema_id == table.metadata.current_schema_id
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(500))
+    assert rows[7]["address"] == {"city": "city-2", "street": None} and rows[7]["items"] == ["sku-1"]
+    assert [r["channel"] for r in rows] == [None] * 300 + [["web", "app"][i % 2] for i in range(300, 500)]
+    env.verify()

@@ -1,0 +1,198 @@
+"""The Confluent wire format every registry format shares: a zero magic byte, the writer schema's
+4-byte registry id, then the body in the schema's encoding.
+
+:class:`RegistryDecoder` does what does not depend on the encoding: it groups a chunk's values by
+schema id (prefixes read with numpy over the joined values, not a Python step per record), sends
+values that are not framed so to the dead letters with the reason, decides once per schema id how
+its records are read (:meth:`RegistryDecoder._reading`: decoded into the table's fields, set aside
+as dead letters, the batch stopped, or the batch to be produced again for an evolved table, by
+``on_schema_change``), and assembles the rows. A format supplies the mapping of its schemas to
+table fields and the decoding of a group of values of one schema id.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.config import OnSchemaChange
+from ingest.errors import SchemaAhead, SchemaChangeRefused
+from ingest.formats.rows import assemble, dead_letters
+from ingest.ports import SchemaRegistry, WriterSchema
+from ingest.records import Declared, Decoded, Field, RawChunk, arrow_type, merge, rows_schema
+
+PREFIX = 5
+
+#: the rows of a group's decoded records: their positions in the chunk, and their fields
+Parts = list[tuple[Sequence[int], pa.Table]]
+
+
+class Refused(ValueError):
+    """A writer schema no Iceberg table can hold (the message says which part and why)."""
+
+
+@dataclass
+class Reading:
+    """How records of one writer schema id are read: decoded (with ``plan``, the format's own), or
+    all dead letters for ``reason``, or (``ahead``) not before the table evolves."""
+
+    schema_id: int
+    plan: Any = None
+    reason: str | None = None
+    ahead: bool = False
+
+
+def prefix(schema_id: int) -> bytes:
+    return struct.pack(">bI", 0, schema_id)
+
+
+def framing_problem(value: bytes | None) -> str | None:
+    """Why ``value`` is not in the Confluent wire format (None: it is)."""
+    if value is None:
+        return "value is null (a tombstone); expected a record in the Confluent wire format"
+    if len(value) < PREFIX:
+        return (
+            f"value is {len(value)} bytes; the Confluent wire format starts with 5 (a zero magic byte and the "
+            "schema id)"
+        )
+    if value[0] != 0:
+        hint = " (it looks like JSON)" if value[:1] in (b"{", b"[") else ""
+        return f"wrong magic byte 0x{value[0]:02x}{hint}: not the Confluent wire format, which starts with 0x00"
+    return None
+
+
+def group(values: list[bytes | None], bad: dict[int, str]) -> dict[int, Sequence[int]]:
+    """The positions of the framed values by schema id; the others go to ``bad`` with the reason."""
+    n = len(values)
+    if n and all(values):
+        lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
+        if int(lengths.min()) >= PREFIX:
+            data = np.frombuffer(b"".join(values), np.uint8)  # type: ignore[arg-type]
+            starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
+            ids = (data[starts + 1].astype(np.int64) << 24) | (data[starts + 2].astype(np.int64) << 16)
+            ids |= (data[starts + 3].astype(np.int64) << 8) | data[starts + 4].astype(np.int64)
+            if not data[starts].any():  # every magic byte is zero
+                unique = np.unique(ids)
+                if len(unique) == 1:
+                    return {int(unique[0]): range(n)}
+                return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
+    groups: dict[int, list[int]] = {}
+    for i, value in enumerate(values):
+        reason = framing_problem(value)
+        if reason is not None:
+            bad[i] = reason
+        else:
+            assert value is not None
+            groups.setdefault(struct.unpack_from(">I", value, 1)[0], []).append(i)
+    return dict(groups)
+
+
+class RegistryDecoder:
+    """Decodes Confluent-framed values of one format into rows of the table's ``fields``."""
+
+    #: the registry's schema type this format reads (``AVRO``, ``JSON``, ``PROTOBUF``)
+    kind = ""
+    #: the format's name in messages
+    label = ""
+
+    def __init__(self, fields: Sequence[Declared], registry: SchemaRegistry, on_change: OnSchemaChange) -> None:
+        self.fields = list(fields)
+        self.registry = registry
+        self.on_change = on_change
+        self._schema = rows_schema(self.fields)
+        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
+        self._readings: dict[int, Reading] = {}
+
+    # -- what a format supplies
+
+    def fields_of(self, writer: WriterSchema) -> list[Field]:
+        """The table fields of a writer schema (raises :class:`Refused`)."""
+        raise NotImplementedError
+
+    def plan(self, writer: WriterSchema) -> Any:
+        """What decoding records of ``writer`` (whose fields the table has) needs, made once per id."""
+        return None
+
+    def decode_group(self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts,
+                     bad: dict[int, str]) -> None:  # fmt: skip
+        """Decode the values at ``index`` (all of ``reading.schema_id``, framed) into ``parts``; the
+        ones that do not decode go to ``bad`` with the reason."""
+        raise NotImplementedError
+
+    # -- per schema id
+
+    def _reading(self, schema_id: int) -> Reading:
+        reading = self._readings.get(schema_id)
+        if reading is None:
+            reading = self._readings[schema_id] = self._resolve(schema_id)
+        return reading
+
+    def _resolve(self, schema_id: int) -> Reading:
+        writer = self.registry.by_id(schema_id)
+        if writer is None:
+            return Reading(schema_id, reason=f"unknown schema id {schema_id}: the Schema Registry has no such schema")
+        if writer.kind != self.kind:
+            return Reading(
+                schema_id,
+                reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
+            )
+        try:
+            writer_fields = self.fields_of(writer)
+        except Refused as error:
+            return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
+        merged = merge(self.fields, writer_fields)
+        if merged.problems:
+            problems = "; ".join(merged.problems)
+            return self._changed(
+                schema_id,
+                f"schema id {schema_id} changes a column's type in a way Iceberg cannot follow: {problems}",
+                fatal=True,
+            )
+        if merged.changes(self.fields):
+            added = [f.name for f in merged.fields if f.name not in {g.name for g in self.fields}]
+            what = f"adds {', '.join(added)}" if added else "widens or relaxes columns"
+            return self._changed(schema_id, f"schema id {schema_id} {what}, which the table does not have", fatal=False)
+        return Reading(schema_id, self.plan(writer))
+
+    def _changed(self, schema_id: int, reason: str, *, fatal: bool) -> Reading:
+        if self.on_change == "dead_letter":
+            return Reading(schema_id, reason=f"{reason} (on_schema_change: dead_letter)")
+        if fatal or self.on_change == "fail":
+            advice = "Set `on_schema_change: dead_letter` to set such records aside"
+            advice += ", or `evolve` to let the table follow." if not fatal else ", or write it into a new table."
+            raise SchemaChangeRefused(f"{reason}. Nothing was committed. {advice}")
+        return Reading(schema_id, ahead=True)
+
+    # -- per chunk
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        values = chunk.values
+        bad: dict[int, str] = {}
+        groups = group(values, bad)
+        ahead = [schema_id for schema_id in groups if self._reading(schema_id).ahead]
+        if ahead:
+            ids = ", ".join(f"schema id {i}" for i in sorted(ahead))
+            raise SchemaAhead(
+                f"records were written with {ids}, which the table's schema must evolve to take; the batch is "
+                "produced again for the evolved schema",
+                tuple(sorted(ahead)),
+            )
+        parts: Parts = []
+        for schema_id, index in groups.items():
+            reading = self._reading(schema_id)
+            if reading.reason is not None:
+                bad.update(dict.fromkeys(index, reading.reason))
+            else:
+                self.decode_group(reading, values, index, parts, bad)
+        if len(parts) == 1 and len(parts[0][0]) == len(values):
+            good: Sequence[int] | None = None
+        else:
+            good = [i for indices, _ in parts for i in indices]
+        fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
+        rows = assemble(chunk, good, fields.combine_chunks(), self._schema)
+        return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad))
