@@ -26,7 +26,7 @@ SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.
 #: what a batch does with records whose writer schema the table does not have
 OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
 #: value formats read through a Schema Registry (the Confluent wire format: magic byte, schema id)
-REGISTRY_FORMATS = ("avro", "json_schema")
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
 ORPHAN_AGE_FLOOR_HOURS = 1.0
 
@@ -68,7 +68,7 @@ class TopicSpec(_Strict):
     name: Annotated[str, Field(min_length=1)]
     #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
     #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
-    format: Literal["json", "avro", "json_schema"] = "json"
+    format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
     #: the registry subject the table's schema is derived from when ``schema:`` is omitted
     #: (default: ``<topic>-value``, the topic-name strategy)
     subject: str | None = None

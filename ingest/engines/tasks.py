@@ -215,10 +215,15 @@ class TaskSpec:
         # imported here: polars and the registry client cost a JSON pipeline's workers ~200 ms at start
         from ingest.formats.avro import AvroDecoder
         from ingest.formats.json_schema import JsonSchemaDecoder
+        from ingest.formats.protobuf import ProtobufDecoder
         from ingest.formats.wire import RegistryDecoder
         from ingest.kafka.registry import Registry
 
-        formats: dict[str, type[RegistryDecoder]] = {"avro": AvroDecoder, "json_schema": JsonSchemaDecoder}
+        formats: dict[str, type[RegistryDecoder]] = {
+            "avro": AvroDecoder,
+            "protobuf": ProtobufDecoder,
+            "json_schema": JsonSchemaDecoder,
+        }
         return formats[self.format](self.fields, Registry(self.registry), self.on_schema_change)
 
 

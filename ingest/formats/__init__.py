@@ -13,6 +13,10 @@ def fields_of(writer: WriterSchema) -> list[Field]:
         from ingest.formats import avro  # polars is imported only where Avro is read (~90 ms)
 
         return avro.fields_of(writer.text)
+    if writer.kind == "PROTOBUF":
+        from ingest.formats import protobuf
+
+        return protobuf.fields_of(writer)
     if writer.kind == "JSON":
         from ingest.formats import json_schema
 

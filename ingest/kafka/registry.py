@@ -64,6 +64,9 @@ class Registry:
     def by_id(self, schema_id: int) -> WriterSchema | None:
         try:
             schema = self._call(f"fetching schema id {schema_id}", lambda: self._client.get_schema(schema_id))
+            if schema.schema_type == "PROTOBUF":  # as a serialized FileDescriptorProto, which needs no .proto parser
+                what = f"fetching schema id {schema_id} serialized"
+                schema = self._call(what, lambda: self._client.get_schema(schema_id, fmt="serialized"))
         except SchemaRegistryError:
             return None
         return WriterSchema(schema_id, schema.schema_type or "AVRO", schema.schema_str or "")
@@ -77,6 +80,8 @@ class Registry:
                 "from. Register the topic's schema first, set `subject:` on the topic, or declare `schema:`."
             ) from None
         schema = found.schema
+        if schema.schema_type == "PROTOBUF" and found.schema_id is not None:
+            return self.by_id(found.schema_id) or WriterSchema(found.schema_id, "PROTOBUF", schema.schema_str or "")
         return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO", schema.schema_str or "")
 
 

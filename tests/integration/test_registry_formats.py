@@ -122,7 +122,7 @@ class Avro:
 
 
 def avro_env(make_env, registry: Apicurio, **overrides: Any):  # type: ignore[no-untyped-def]
-    env = make_env(partitions=2, schema=None, partition_by=["day(created_at)"], **overrides)
+    env = make_env(partitions=2, schema=None, **{"partition_by": ["day(created_at)"], **overrides})
     data = yaml.safe_load(env.config_path.read_text())
     data["topics"] = [{"name": env.topic, "format": "avro"}]
     data["schema_registry"] = {"url": registry.url}
@@ -396,4 +396,53 @@ def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its
     assert [r["order_id"] for r in rows] == list(range(500))
     assert rows[7]["address"] == {"city": "city-2", "street": None} and rows[7]["items"] == ["sku-1"]
     assert [r["channel"] for r in rows] == [None] * 300 + [["web", "app"][i % 2] for i in range(300, 500)]
+    env.verify()
+
+
+def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch(make_env, registry) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    from tests.unit.test_protobuf import classes, order_file
+
+    env = avro_env(make_env, registry, partition_by=[])
+    _set(env, topics=[{"name": env.topic, "format": "protobuf"}])
+    client = SchemaRegistryClient({"url": registry.url, "timeout": REQUEST_TIMEOUT_S})
+    client.set_config(
+        subject_name=f"{env.topic}-value", config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE)
+    )
+    context = SerializationContext(env.topic, MessageField.VALUE)
+
+    def send(start: int, count: int, extra: bool) -> None:
+        order = classes(order_file(extra=extra))
+        serializer = ProtobufSerializer(order, client, {"use.deprecated.format": False})
+        records = []
+        for i in range(start, start + count):
+            message = order(order_id=i, status=i % 2, big=2**63 + i)
+            message.lines.add(sku=f"sku-{i % 3}", qty=i % 5)
+            message.created_at.FromDatetime(dt.datetime(2026, 12, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i))
+            if extra:
+                message.coupon = f"c{i}"
+            records.append((i % env.partitions, f"k{i}".encode(), serializer(message, context), []))
+        produce(env.bootstrap, env.topic, records)
+
+    send(0, 300, extra=False)
+    first = env.cli("run", "--until-caught-up")
+    assert first.returncode == 0, first.stderr
+    table = _table(env)
+    assert str(table.schema().find_field("big").field_type) == "decimal(20, 0)"
+    snapshots = len(table.metadata.snapshots)
+
+    send(300, 200, extra=True)
+    second = env.cli("run", "--until-caught-up")
+
+    assert second.returncode == 0, second.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == snapshots + 1
+    assert table.metadata.snapshots[-1].schema_id == table.metadata.current_schema_id
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(500))
+    assert rows[7]["status"] == "PAID" and rows[7]["lines"] == [{"sku": "sku-1", "qty": 2}]
+    assert rows[7]["big"] == Decimal(2**63 + 7)
+    assert rows[7]["created_at"] == dt.datetime(2026, 12, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=7)
+    assert [r["coupon"] for r in rows] == [None] * 300 + [f"c{i}" for i in range(300, 500)]
     env.verify()

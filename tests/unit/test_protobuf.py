@@ -1,0 +1,151 @@
+"""The Protobuf format: a writer's file descriptor mapped to table fields, and Confluent-framed
+messages (prefix, message indexes, message) decoded into rows, poison split off. Messages are
+built from descriptors made here, as a producer's generated classes would make them."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import struct
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from google.protobuf import descriptor_pb2, timestamp_pb2, wrappers_pb2
+from google.protobuf.descriptor_pool import DescriptorPool
+from google.protobuf.message_factory import GetMessageClass
+
+from ingest.formats.protobuf import ProtobufDecoder, fields_of
+from ingest.formats.wire import Refused
+from ingest.ports import WriterSchema
+from tests.unit.test_json_schema import chunk
+
+F = descriptor_pb2.FieldDescriptorProto
+
+
+def order_file(*, extra: bool = False, recursive: bool = False) -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop", syntax="proto3")
+    file.dependency.extend(["google/protobuf/timestamp.proto", "google/protobuf/wrappers.proto"])
+    status = file.enum_type.add(name="Status")
+    status.value.add(name="NEW", number=0)
+    status.value.add(name="PAID", number=1)
+    line = file.message_type.add(name="Line")
+    line.field.add(name="sku", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    line.field.add(name="qty", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    if recursive:
+        line.field.add(name="next", number=3, type=F.TYPE_MESSAGE, type_name=".shop.Line", label=F.LABEL_OPTIONAL)
+    order = file.message_type.add(name="Order")
+    add = order.field.add
+    add(name="order_id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    add(name="status", number=2, type=F.TYPE_ENUM, type_name=".shop.Status", label=F.LABEL_OPTIONAL)
+    add(name="lines", number=3, type=F.TYPE_MESSAGE, type_name=".shop.Line", label=F.LABEL_REPEATED)
+    add(
+        name="created_at", number=4, type=F.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp", label=F.LABEL_OPTIONAL
+    )
+    add(name="note", number=5, type=F.TYPE_MESSAGE, type_name=".google.protobuf.StringValue", label=F.LABEL_OPTIONAL)
+    add(name="big", number=6, type=F.TYPE_UINT64, label=F.LABEL_OPTIONAL)
+    add(name="amount", number=7, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL, proto3_optional=True, oneof_index=0)
+    order.oneof_decl.add(name="_amount")
+    entry = order.nested_type.add(name="AttrsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    add(name="attrs", number=8, type=F.TYPE_MESSAGE, type_name=".shop.Order.AttrsEntry", label=F.LABEL_REPEATED)
+    if extra:
+        add(name="coupon", number=9, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    return file
+
+
+def classes(file: descriptor_pb2.FileDescriptorProto) -> Any:
+    pool = DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(file)
+    return GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+
+
+def writer(schema_id: int, file: descriptor_pb2.FileDescriptorProto) -> WriterSchema:
+    return WriterSchema(schema_id, "PROTOBUF", base64.b64encode(file.SerializeToString()).decode())
+
+
+class Registry:
+    def __init__(self, *writers: WriterSchema) -> None:
+        self.schemas = {w.schema_id: w for w in writers}
+
+    def by_id(self, schema_id: int) -> WriterSchema | None:
+        return self.schemas.get(schema_id)
+
+    def latest(self, subject: str) -> WriterSchema:
+        return self.schemas[max(self.schemas)]
+
+
+def framed(schema_id: int, message: Any, indexes: bytes = b"\x02\x02") -> bytes:
+    """Order is the second top-level message: indexes [1] (count 1, index 1, zigzag varints)."""
+    return struct.pack(">bI", 0, schema_id) + indexes + message.SerializeToString()
+
+
+def test_a_file_descriptor_maps_to_table_fields() -> None:
+    fields = {f.name: (f.type, f.required) for f in fields_of(writer(1, order_file()))}
+
+    assert fields == {
+        "order_id": ("long", False),
+        "status": ("string", False),
+        "lines": ("list<struct<sku: string, qty: int>>", False),
+        "created_at": ("timestamptz", False),
+        "note": ("string", False),
+        "big": ("decimal(20,0)", False),
+        "amount": ("double", False),
+        "attrs": ("map<string, long>", False),
+    }
+
+
+def test_what_has_no_table_form_is_refused_saying_why() -> None:
+    with pytest.raises(Refused, match=r"message shop\.Line contains itself"):
+        fields_of(writer(1, order_file(recursive=True)))
+    with pytest.raises(Refused, match=r"came back as \.proto source"):
+        fields_of(WriterSchema(1, "PROTOBUF", 'syntax = "proto3"; message A { int64 a = 1; }'))
+
+
+def test_messages_decode_into_rows_and_poison_into_dead_letters() -> None:
+    order = classes(order_file())
+    first = order(order_id=1, status=1, big=2**64 - 1, amount=2.5)
+    first.lines.add(sku="a", qty=2)
+    first.created_at.FromDatetime(dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC))
+    first.note.value = "hi"
+    first.attrs["w"] = 3
+    second = order(order_id=2)
+    values: list[bytes | None] = [
+        framed(1, first),
+        framed(1, second),
+        framed(1, first)[:-3],
+        framed(1, order(order_id=4), indexes=b"\x00"),  # written as the file's first message (Line)
+    ]
+    decoder = ProtobufDecoder(fields_of(writer(1, order_file())), Registry(writer(1, order_file())), "evolve")
+
+    decoded = decoder.decode(chunk(values))
+
+    rows = decoded.rows.to_pylist()
+    assert [r["order_id"] for r in rows] == [1, 2]
+    assert rows[0]["status"] == "PAID" and rows[0]["lines"] == [{"sku": "a", "qty": 2}]
+    assert rows[0]["created_at"] == dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC)
+    assert rows[0]["note"] == "hi" and rows[0]["big"] == Decimal(2**64 - 1) and rows[0]["amount"] == 2.5
+    assert rows[0]["attrs"] == [("w", 3)]
+    assert rows[1]["note"] is None and rows[1]["amount"] is None and rows[1]["status"] == "NEW"
+    errors = dict(
+        zip(decoded.dead_letters["offset"].to_pylist(), decoded.dead_letters["error"].to_pylist(), strict=True)
+    )
+    assert errors[102].startswith("does not decode as Protobuf shop.Order with schema id 1")
+    assert errors[103].startswith("written as message [0] of schema id 1; the table reads shop.Order ([1])")
+
+
+def test_a_writer_schema_with_a_new_field_reads_as_null_in_older_rows_once_the_table_has_it() -> None:
+    old, new = writer(1, order_file()), writer(2, order_file(extra=True))
+    decoder = ProtobufDecoder(fields_of(new), Registry(old, new), "fail")
+    values: list[bytes | None] = [
+        framed(1, classes(order_file())(order_id=1)),
+        framed(2, classes(order_file(extra=True))(order_id=2, coupon="c")),
+    ]
+
+    rows = decoder.decode(chunk(values)).rows.select(["order_id", "coupon"]).to_pylist()
+
+    assert rows == [{"order_id": 1, "coupon": None}, {"order_id": 2, "coupon": "c"}]
