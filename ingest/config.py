@@ -6,6 +6,7 @@ Every validation error is reported as a :class:`~ingest.errors.ConfigError` nami
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from datetime import datetime
@@ -72,6 +73,15 @@ class TopicSpec(_Strict):
     #: the registry subject the table's schema is derived from when ``schema:`` is omitted
     #: (default: ``<topic>-value``, the topic-name strategy)
     subject: str | None = None
+    #: ``avro`` without a registry: the values are plain Avro bodies (no prefix) of the writer schema
+    #: in this ``.avsc`` file (relative to the config file)
+    schema_file: str | None = None
+
+    @model_validator(mode="after")
+    def _schema_file_is_avro(self) -> TopicSpec:
+        if self.schema_file is not None and self.format != "avro":
+            raise ValueError(f"schema_file is for `format: avro` topics without a registry, not {self.format!r}")
+        return self
 
     @property
     def value_subject(self) -> str:
@@ -250,11 +260,14 @@ class PipelineConfig(_Strict):
             raise ValueError(
                 f"topics: one pipeline reads one value format for now, got {sorted(formats)}; run a pipeline per format"
             )
-        registry = formats <= set(REGISTRY_FORMATS)
+        files = {t.schema_file for t in self.topic_specs}
+        if len(files) > 1:
+            raise ValueError("topics: every topic of a pipeline has the same schema_file, or none has one")
+        registry = formats <= set(REGISTRY_FORMATS) and self.schema_file is None
         if registry and self.schema_registry is None:
             raise ValueError(f"topics: format {self.format!r} needs `schema_registry:` (at least its url)")
         if self.schema_ is None:
-            if not registry:
+            if not registry and self.schema_file is None:
                 raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
             return self._common_checks([])
         for field in self.schema_ if self.format == "json" else []:
@@ -283,6 +296,11 @@ class PipelineConfig(_Strict):
         return [t.name for t in self.topic_specs]
 
     @property
+    def schema_file(self) -> str | None:
+        """The Avro writer schema file of the topics (plain Avro, no registry)."""
+        return self.topic_specs[0].schema_file
+
+    @property
     def format(self) -> str:
         """The topics' value format (one per pipeline)."""
         return self.topic_specs[0].format
@@ -306,6 +324,16 @@ class PipelineConfig(_Strict):
                 k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in data[section].items()
             }
         return data
+
+
+@functools.cache
+def schema_file_text(path: str) -> str:
+    """The Avro schema file ``schema_file:`` names, read once per process (the driver reads it and
+    hands the text to its tasks, so a file edited during a run changes nothing until the next)."""
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read schema_file {path}: {error.strerror}") from None
 
 
 def interpolate(text: str, env: dict[str, str] | None = None) -> str:
@@ -340,7 +368,11 @@ def _interpolate_values(data: Any, env: dict[str, str] | None) -> Any:
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Relative warehouse and SQLite paths are relative to the config file's directory."""
+    """Relative warehouse, SQLite and schema file paths are relative to the config file's directory."""
+    topics = data.get("topics")
+    for topic in topics if isinstance(topics, list) else []:
+        if isinstance(topic, dict) and isinstance(topic.get("schema_file"), str):
+            topic["schema_file"] = str((base / topic["schema_file"]).resolve())
     catalog = data.get("catalog")
     if not isinstance(catalog, dict):
         return

@@ -15,7 +15,7 @@ from typing import Literal
 
 from ingest import failpoints, formats
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.config import REGISTRY_FORMATS, PipelineConfig, schema_file_text
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
@@ -91,13 +91,15 @@ class Pipeline:
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
         registry = None
-        if config.format in REGISTRY_FORMATS:
+        if config.format in REGISTRY_FORMATS and config.schema_file is None:
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
             registry = Registry(config.schema_registry or {})
         catalog = connect(config.catalog)
         # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
-        fields = config.schema_ or IcebergTable.fields_of(catalog, config.table) or _from_subjects(config, registry)
+        from_file = _from_file(config)  # checked against `schema:` too
+        fields = config.schema_ or from_file or IcebergTable.fields_of(catalog, config.table)
+        fields = fields or _from_subjects(config, registry)
         schema = rows_schema(fields)
         rows = IcebergTable.open(catalog, config.table, schema, partition_spec(schema, config.partition_by))
         dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
@@ -234,6 +236,24 @@ class Pipeline:
             found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
+
+
+def _from_file(config: PipelineConfig) -> list[Field] | None:
+    """The fields of the Avro schema file of plain Avro topics (``schema_file:``), if any; with
+    ``schema:`` declared too, the file's records must fit it."""
+    if config.schema_file is None:
+        return None
+    text = schema_file_text(config.schema_file)
+    try:
+        own = formats.fields_of(WriterSchema(0, "AVRO", text))
+    except ValueError as error:
+        raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
+    if config.schema_:
+        problems = merge(config.schema_, own).problems
+        if problems:
+            raise ConfigError(f"schema_file {config.schema_file} does not fit `schema:`: {'; '.join(problems)}")
+        return None
+    return own
 
 
 def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> list[Field]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
-from ingest.config import OnSchemaChange, PipelineConfig
+from ingest.config import OnSchemaChange, PipelineConfig, schema_file_text
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
@@ -192,6 +192,8 @@ class TaskSpec:
     #: Schema Registry client properties, for the registry formats
     registry: Mapping[str, str | int | float | bool] | None = None
     on_schema_change: OnSchemaChange = "evolve"
+    #: the writer schema of plain Avro values (``schema_file:``), as text: tasks may run where the file is not
+    schema_text: str | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -205,12 +207,17 @@ class TaskSpec:
             config.format,
             dict(config.schema_registry) if config.schema_registry else None,
             config.on_schema_change,
+            schema_file_text(config.schema_file) if config.schema_file else None,
         )
 
     def decoder(self) -> ValueDecoder:
         """The decoder of this task's values."""
         if self.format == "json":
             return Decoder(self.fields)
+        if self.schema_text is not None:
+            from ingest.formats.avro import AvroFileDecoder
+
+            return AvroFileDecoder(self.fields, self.schema_text)
         assert self.registry is not None  # checked in config
         # imported here: polars and the registry client cost a JSON pipeline's workers ~200 ms at start
         from ingest.formats.avro import AvroDecoder

@@ -24,13 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, prefix
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, Field
+from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, rows_schema
 
 #: Avro's primitives, as the table's types
 _PRIMITIVES = {
@@ -275,14 +277,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _container(schema: bytes, values: Sequence[bytes]) -> bytes:
-    """An Avro object-container file of one uncompressed block holding ``values`` as its records."""
+def _container(schema: bytes, values: Sequence[bytes], count: int | None = None) -> bytes:
+    """An Avro object-container file of one uncompressed block holding ``values`` joined as its
+    ``count`` records (default: one per value)."""
     body = b"".join(values)
     meta = [(b"avro.schema", schema), (b"avro.codec", b"null")]
     header = b"Obj\x01" + _varint(len(meta))
     for key, value in meta:
         header += _varint(len(key)) + key + _varint(len(value)) + value
-    return b"".join([header, _varint(0), _SYNC, _varint(len(values)), _varint(len(body)), body, _SYNC])
+    records = len(values) if count is None else count
+    return b"".join([header, _varint(0), _SYNC, _varint(records), _varint(len(body)), body, _SYNC])
 
 
 class AvroDecoder(RegistryDecoder):
@@ -356,6 +360,85 @@ class AvroDecoder(RegistryDecoder):
         record = decoded.column("value").combine_chunks()
         try:
             conformed = _conform(record, node, pa.struct(list(self._field_schema)))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise _Bad(str(error)) from None
+        assert isinstance(conformed, pa.StructArray)
+        return pa.Table.from_struct_array(conformed)
+
+
+_POSITIONS: list[bytes] = []
+
+
+def _varints(n: int) -> list[bytes]:
+    """The Avro encodings of ``0..n-1`` (made once, kept for the next chunk)."""
+    _POSITIONS.extend(_varint(i) for i in range(len(_POSITIONS), n))
+    return _POSITIONS[:n]
+
+
+class AvroFileDecoder:
+    """Decodes plain Avro bodies (no wire-format prefix) of one writer schema, from a schema file,
+    into rows of the table's ``fields``. With no prefix to read back, each value is followed by its
+    position as an Avro ``long`` in the block, and the decoded positions must come back as
+    ``0..n-1``: a value shorter or longer than its schema shifts them, and the block is bisected."""
+
+    def __init__(self, fields: Sequence[Declared], schema_text: str) -> None:
+        self.fields = list(fields)
+        self._schema = rows_schema(self.fields)
+        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
+        self._node = _resolve(schema_text)
+        envelope = {
+            "type": "record",
+            "name": "__envelope",
+            "fields": [{"name": "value", "type": self._node.avro}, {"name": "position", "type": "long"}],
+        }
+        self._envelope = json.dumps(envelope).encode()
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        values = chunk.values
+        bad: dict[int, str] = {}
+        index = [i for i, v in enumerate(values) if v is not None] if not all(values) else range(len(values))
+        for i, value in enumerate(values):
+            if value is None:
+                bad[i] = "value is null (a tombstone); expected an Avro record"
+        parts: Parts = []
+        self._decode(values, index, 0, len(index), parts, bad)
+        good = [i for indices, _ in parts for i in indices]
+        fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
+        whole = good if len(good) != len(values) else None
+        return Decoded(assemble(chunk, whole, fields.combine_chunks(), self._schema), dead_letters(chunk, bad))
+
+    def _decode(
+        self, values: list[bytes | None], index: Sequence[int], lo: int, hi: int, parts: Parts, bad: dict[int, str]
+    ) -> None:
+        if hi <= lo:
+            return
+        try:
+            table = self._block([values[i] for i in index[lo:hi]])  # type: ignore[misc]
+        except _Bad as error:
+            if hi - lo == 1:
+                bad[index[lo]] = f"does not decode as Avro with the schema file's schema ({error})"
+                return
+            middle = (lo + hi) // 2 if hi - lo > _SINGLES else lo + 1
+            self._decode(values, index, lo, middle, parts, bad)
+            self._decode(values, index, middle, hi, parts, bad)
+            return
+        parts.append((index[lo:hi], table))
+
+    def _block(self, values: list[bytes]) -> pa.Table:
+        marked = [part for pair in zip(values, _varints(len(values)), strict=True) for part in pair]
+        try:
+            decoded = pl.read_avro(io.BytesIO(_container(self._envelope, marked, len(values)))).to_arrow()
+        except BaseException as error:  # polars raises a PanicException, not an Exception, on some input
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+        positions = decoded.column("position").to_numpy()
+        if decoded.num_rows != len(values) or not np.array_equal(positions, np.arange(len(values))):
+            raise _Bad("the values do not end where the schema says")
+        try:
+            conformed = _conform(
+                decoded.column("value").combine_chunks(), self._node, pa.struct(list(self._field_schema))
+            )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
             raise _Bad(str(error)) from None
         assert isinstance(conformed, pa.StructArray)

@@ -446,3 +446,41 @@ def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch
     assert rows[7]["created_at"] == dt.datetime(2026, 12, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=7)
     assert [r["coupon"] for r in rows] == [None] * 300 + [f"c{i}" for i in range(300, 500)]
     env.verify()
+
+
+def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env) -> None:
+    """A topic of plain Avro bodies (no wire-format prefix, no registry: what fastavro's
+    ``schemaless_writer`` writes), its writer schema in an ``.avsc`` file beside the config."""
+    import io
+
+    import fastavro
+
+    env = make_env(partitions=2, schema=None, partition_by=["day(created_at)"])
+    schema_file = env.config_path.with_name("order.avsc")
+    schema_file.write_text(json.dumps(V1))
+    _set(env, topics=[{"name": env.topic, "format": "avro", "schema_file": "order.avsc"}])
+
+    def send(schema: dict[str, Any], start: int, count: int, version: int) -> None:
+        parsed = fastavro.parse_schema(json.loads(json.dumps(schema)))
+        records = []
+        for i in range(start, start + count):
+            body = io.BytesIO()
+            fastavro.schemaless_writer(body, parsed, order(i, version))
+            records.append((i % env.partitions, f"k{i}".encode(), body.getvalue(), []))
+        produce(env.bootstrap, env.topic, records)
+
+    send(V1, 0, 400, 1)
+    first = env.cli("run", "--until-caught-up")
+    assert first.returncode == 0, first.stderr
+    schema_file.write_text(json.dumps(v2()))  # the producer team ships v2 and the file with it
+    send(v2(), 400, 100, 2)
+    second = env.cli("run", "--until-caught-up")
+
+    assert second.returncode == 0, second.stderr
+    table = _table(env)
+    assert str(table.schema().find_field("qty").field_type) == "long"
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(500))
+    assert rows[5]["address"] == order(5)["address"] | {"zip": None} and rows[5]["status"] == order(5)["status"]
+    assert [r["coupon"] for r in rows] == [None] * 400 + [f"c{i}" for i in range(400, 500)]
+    env.verify()

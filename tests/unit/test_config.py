@@ -476,3 +476,20 @@ def test_json_topics_need_a_schema_and_formats_do_not_mix() -> None:
     data["topics"] = ["orders", {"name": "payments", "format": "avro"}]
     data["schema_registry"] = {"url": "http://127.0.0.1:8081"}
     assert "one pipeline reads one value format" in error_of(data)
+
+
+def test_plain_avro_needs_no_registry_and_its_schema_file_is_relative_to_the_config(tmp_path: Path) -> None:
+    data = minimal()
+    del data["schema"]
+    data["topics"] = [{"name": "orders", "format": "avro", "schema_file": "schemas/order.avsc"}]
+    path = write(tmp_path, yaml.safe_dump(data), "conf/pipeline.yaml")
+    config = load(path)
+    assert config.schema_registry is None and config.schema_ is None
+    assert config.schema_file == str(tmp_path / "conf" / "schemas" / "order.avsc")
+    data["topics"] = [{"name": "orders", "format": "json", "schema_file": "x.avsc"}]
+    assert "schema_file is for `format: avro` topics without a registry" in error_of(data)
+    data["topics"] = [
+        {"name": "a", "format": "avro", "schema_file": "x.avsc"},
+        {"name": "b", "format": "avro", "schema_file": "y.avsc"},
+    ]
+    assert "the same schema_file" in error_of(data)
