@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Sequence
 
 import pytest
 import yaml
@@ -22,6 +23,7 @@ from ingest.ops.maintain import expire, maintain
 from ingest.ops.replay import ReplayResult
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from ingest.records import Declared
 from tests.integration.conftest import record
 from tests.runs import catch_up, one_batch, replay_on
 
@@ -61,8 +63,8 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 assert one_batch(fast).status == "committed"  # the same offsets commit first

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +21,7 @@ from ingest.errors import ConfigError
 from ingest.kafka.admin import produce
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from ingest.records import Declared
 from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -111,8 +112,8 @@ def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
     class RacedSparkEngine(SparkEngine):
         raced = False
 
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)
             if not RacedSparkEngine.raced:
                 RacedSparkEngine.raced = True
                 env.produce(400, bad_every=9)

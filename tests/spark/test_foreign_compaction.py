@@ -13,6 +13,7 @@ PostgreSQL only: a JVM must not write the SQLite file that pyiceberg writes (the
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
 from ingest.pipeline import BatchResult, Pipeline
 from ingest.ports import Produced
+from ingest.records import Declared
 from tests.integration.conftest import Env
 from tests.spark.iceberg_jvm import call, iceberg_jars_fixture, jdbc_catalog  # noqa: F401  (fixture iceberg_jars)
 
@@ -127,8 +129,8 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     pending: list[Produced] = []
 
     class SparkCompactsMidBatch(LocalEngine):
-        def produce(self, batch: Batch) -> Produced:
-            produced = super().produce(batch)  # files written, nothing committed yet
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)  # files written, nothing committed yet
             if not rewrites:
                 [[rewritten]] = _spark(env, iceberg_jars, _rewrite(env))
                 rewrites.append(rewritten)
