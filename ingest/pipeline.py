@@ -26,7 +26,7 @@ from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schem
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import Declared, Field, Merged, merge
+from ingest.records import Declared, Field, Merged, merge, parse_transform
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,8 @@ def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> l
         fields = list(merged.fields)
     names = {f.name for f in fields}
     for item in config.partition_by:
-        column = item.split("(")[-1].rstrip(")").split(",")[-1].strip()
+        transform = parse_transform(item)
+        column = transform.column if transform is not None else item  # validated in config
         if column not in names:
             raise ConfigError(f"partition_by: {item!r} refers to {column!r}, which the registry's schema does not have")
     return fields

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -314,56 +314,71 @@ class AvroDecoder(RegistryDecoder):
     def decode_group(
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]
     ) -> None:
-        self._decode(reading, values, index, 0, len(index), parts, bad)
-
-    def _decode(
-        self,
-        reading: Reading,
-        values: list[bytes | None],
-        index: Sequence[int],
-        lo: int,
-        hi: int,
-        parts: Parts,
-        bad: dict[int, str],
-    ) -> None:
-        """Decode the records at ``index[lo:hi]`` into ``parts``, bisecting around failing ones."""
-        if hi <= lo:
-            return
-        try:
-            table = self._block(reading, [values[i] for i in index[lo:hi]])  # type: ignore[misc]
-        except _Bad as error:
-            if hi - lo == 1:
-                bad[index[lo]] = (
-                    f"does not decode as Avro with schema id {reading.schema_id} ({error}): truncated, corrupt, "
-                    "or written with another schema than its prefix names"
-                )
-                return
-            middle = (lo + hi) // 2 if hi - lo > _SINGLES else lo + 1
-            self._decode(reading, values, index, lo, middle, parts, bad)
-            self._decode(reading, values, index, middle, hi, parts, bad)
-            return
-        parts.append((index[lo:hi], table))
-
-    def _block(self, reading: Reading, values: list[bytes]) -> pa.Table:
         node, envelope = reading.plan
-        try:
-            decoded = pl.read_avro(io.BytesIO(_container(envelope, values))).to_arrow()
-        except BaseException as error:  # polars raises a PanicException, not an Exception, on some input
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
-        if decoded.num_rows != len(values):
-            raise _Bad(f"{decoded.num_rows} records decoded from {len(values)} values")
-        prefixes = decoded.column("prefix")
-        if not pc.all(pc.equal(prefixes, pa.scalar(prefix(reading.schema_id), prefixes.type))).as_py():
-            raise _Bad("the values do not end where their schema says")
-        record = decoded.column("value").combine_chunks()
-        try:
-            conformed = _conform(record, node, pa.struct(list(self._field_schema)))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise _Bad(str(error)) from None
-        assert isinstance(conformed, pa.StructArray)
-        return pa.Table.from_struct_array(conformed)
+        expected = prefix(reading.schema_id)
+
+        def block(group: list[bytes]) -> pa.Table:
+            decoded = _read(_container(envelope, group), len(group))
+            prefixes = decoded.column("prefix")
+            if not pc.all(pc.equal(prefixes, pa.scalar(expected, prefixes.type))).as_py():
+                raise _Bad("the values do not end where their schema says")
+            return _rows(decoded, node, self._field_schema)
+
+        reason = (
+            f"does not decode as Avro with schema id {reading.schema_id} ({{}}): truncated, corrupt, or written "
+            "with another schema than its prefix names"
+        )
+        _bisect(block, values, index, 0, len(index), parts, bad, reason)
+
+
+def _read(container: bytes, count: int) -> pa.Table:
+    """The records of an object-container file, as polars reads them into Arrow."""
+    try:
+        decoded = pl.read_avro(io.BytesIO(container)).to_arrow()
+    except BaseException as error:  # polars raises a PanicException, not an Exception, on some input
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+    if decoded.num_rows != count:
+        raise _Bad(f"{decoded.num_rows} records decoded from {count} values")
+    return decoded
+
+
+def _rows(decoded: pa.Table, node: _Node, fields: pa.Schema) -> pa.Table:
+    """The envelopes' ``value`` records as rows of ``fields``."""
+    try:
+        conformed = _conform(decoded.column("value").combine_chunks(), node, pa.struct(list(fields)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise _Bad(str(error)) from None
+    assert isinstance(conformed, pa.StructArray)
+    return pa.Table.from_struct_array(conformed)
+
+
+def _bisect(
+    block: Callable[[list[bytes]], pa.Table],
+    values: list[bytes | None],
+    index: Sequence[int],
+    lo: int,
+    hi: int,
+    parts: Parts,
+    bad: dict[int, str],
+    reason: str,
+) -> None:
+    """Decode the values at ``index[lo:hi]`` with ``block`` into ``parts``, bisecting around the ones
+    that fail; one failing alone goes to ``bad`` with ``reason`` (``{}``: the reader's complaint)."""
+    if hi <= lo:
+        return
+    try:
+        table = block([values[i] for i in index[lo:hi]])  # type: ignore[misc]
+    except _Bad as error:
+        if hi - lo == 1:
+            bad[index[lo]] = reason.format(error)
+            return
+        middle = (lo + hi) // 2 if hi - lo > _SINGLES else lo + 1
+        _bisect(block, values, index, lo, middle, parts, bad, reason)
+        _bisect(block, values, index, middle, hi, parts, bad, reason)
+        return
+    parts.append((index[lo:hi], table))
 
 
 _POSITIONS: list[bytes] = []
@@ -401,45 +416,16 @@ class AvroFileDecoder:
             if value is None:
                 bad[i] = "value is null (a tombstone); expected an Avro record"
         parts: Parts = []
-        self._decode(values, index, 0, len(index), parts, bad)
+        reason = "does not decode as Avro with the schema file's schema ({})"
+        _bisect(self._block, values, index, 0, len(index), parts, bad, reason)
         good = [i for indices, _ in parts for i in indices]
         fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
         whole = good if len(good) != len(values) else None
         return Decoded(assemble(chunk, whole, fields.combine_chunks(), self._schema), dead_letters(chunk, bad))
 
-    def _decode(
-        self, values: list[bytes | None], index: Sequence[int], lo: int, hi: int, parts: Parts, bad: dict[int, str]
-    ) -> None:
-        if hi <= lo:
-            return
-        try:
-            table = self._block([values[i] for i in index[lo:hi]])  # type: ignore[misc]
-        except _Bad as error:
-            if hi - lo == 1:
-                bad[index[lo]] = f"does not decode as Avro with the schema file's schema ({error})"
-                return
-            middle = (lo + hi) // 2 if hi - lo > _SINGLES else lo + 1
-            self._decode(values, index, lo, middle, parts, bad)
-            self._decode(values, index, middle, hi, parts, bad)
-            return
-        parts.append((index[lo:hi], table))
-
     def _block(self, values: list[bytes]) -> pa.Table:
         marked = [part for pair in zip(values, _varints(len(values)), strict=True) for part in pair]
-        try:
-            decoded = pl.read_avro(io.BytesIO(_container(self._envelope, marked, len(values)))).to_arrow()
-        except BaseException as error:  # polars raises a PanicException, not an Exception, on some input
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise _Bad(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
-        positions = decoded.column("position").to_numpy()
-        if decoded.num_rows != len(values) or not np.array_equal(positions, np.arange(len(values))):
+        decoded = _read(_container(self._envelope, marked, len(values)), len(values))
+        if not np.array_equal(decoded.column("position").to_numpy(), np.arange(len(values))):
             raise _Bad("the values do not end where the schema says")
-        try:
-            conformed = _conform(
-                decoded.column("value").combine_chunks(), self._node, pa.struct(list(self._field_schema))
-            )
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise _Bad(str(error)) from None
-        assert isinstance(conformed, pa.StructArray)
-        return pa.Table.from_struct_array(conformed)
+        return _rows(decoded, self._node, self._field_schema)

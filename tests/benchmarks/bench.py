@@ -131,19 +131,24 @@ def _values(n: int) -> list[bytes]:
 
 def stage_decode(args: argparse.Namespace) -> dict[str, Any]:
     """The project's Arrow decoder alone, on the same payloads, in chunks as the engine uses."""
-    import pyarrow as pa
-
     from ingest.config import FieldSpec
     from ingest.formats.json import Decoder
-    from ingest.records import RawChunk
 
     decoder = Decoder([FieldSpec(**f) for f in SCHEMA])
+    return _decode_in_chunks(decoder, _values(args.records))
+
+
+def _decode_in_chunks(decoder: Any, values: list[bytes]) -> dict[str, Any]:
+    """``decoder`` alone on ``values``, in chunks of 200,000 as the engine hands them over."""
+    import pyarrow as pa
+
+    from ingest.records import RawChunk
+
     chunk = 200_000
-    values = _values(args.records)
     started = time.perf_counter()
     rows = 0
     for lo in range(0, len(values), chunk):
-        part = values[lo : lo + chunk]
+        part: list[bytes | None] = list(values[lo : lo + chunk])
         n = len(part)
         raw = RawChunk(
             topic=pa.array(["bench"] * n),
@@ -228,35 +233,15 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
 
 def stage_avro_decode(args: argparse.Namespace) -> dict[str, Any]:
     """The project's Avro decoder alone, on the same orders as Avro values, in chunks as the engine uses."""
-    import pyarrow as pa
 
     from ingest.formats.avro import AvroDecoder, fields_of
     from ingest.kafka.registry import Registry
-    from ingest.records import RawChunk
 
     registry = Registry({"url": args.registry})
     writer = registry.latest(args.topic + AVRO_TOPIC + "-value")
     decoder = AvroDecoder(fields_of(writer.text), registry, "evolve")
     values = avro_payloads(writer.schema_id, args.records)
-    chunk = 200_000
-    started = time.perf_counter()
-    rows = 0
-    for lo in range(0, len(values), chunk):
-        part: list[bytes | None] = list(values[lo : lo + chunk])
-        n = len(part)
-        raw = RawChunk(
-            topic=pa.array(["bench"] * n),
-            partition=pa.array([0] * n, pa.int32()),
-            offset=pa.array(range(lo, lo + n), pa.int64()),
-            timestamp=pa.nulls(n, pa.timestamp("us", tz="UTC")),
-            key=pa.nulls(n, pa.binary()),
-            values=part,
-            headers=lambda i: None,
-            nbytes=0,
-        )
-        rows += decoder.decode(raw).rows.num_rows
-    seconds = time.perf_counter() - started
-    return {"records": rows, "bytes": sum(map(len, values)), "seconds": seconds}
+    return _decode_in_chunks(decoder, values)
 
 
 def stage_avro_naive(args: argparse.Namespace) -> dict[str, Any]:
