@@ -129,6 +129,9 @@ class WriterSchema:
     #: ``AVRO``, ``PROTOBUF`` or ``JSON`` (the registry's schema types)
     kind: str
     text: str
+    #: the schemas this one refers to (a Protobuf import, an Avro named type, a JSON Schema ``$ref``
+    #: to another document), by the name it refers to them with, each resolved with its own
+    references: tuple[tuple[str, WriterSchema], ...] = ()
 
 
 class SchemaRegistry(Protocol):

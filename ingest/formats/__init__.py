@@ -12,7 +12,7 @@ def fields_of(writer: WriterSchema) -> list[Field]:
     if writer.kind == "AVRO":
         from ingest.formats import avro  # polars is imported only where Avro is read (~90 ms)
 
-        return avro.fields_of(writer.text)
+        return avro.fields_of(writer.text, writer.references)
     if writer.kind == "PROTOBUF":
         from ingest.formats import protobuf
 
@@ -20,5 +20,5 @@ def fields_of(writer: WriterSchema) -> list[Field]:
     if writer.kind == "JSON":
         from ingest.formats import json_schema
 
-        return json_schema.fields_of(writer.text)
+        return json_schema.fields_of(writer.text, writer.references)
     raise ValueError(f"schema id {writer.schema_id} is a {writer.kind} schema, which this version cannot read yet")

@@ -196,23 +196,38 @@ class _Resolver:
         return _Node("record", fields=fields, avro=avro)
 
 
-def _resolve(text: str) -> _Node:
-    try:
-        schema = json.loads(text)
-    except ValueError as error:
-        raise Refused(f"the schema is not JSON: {error}") from None
-    node = _Resolver().node(schema, "")
+def _resolve(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> _Node:
+    """The record ``text`` declares, its named types looked up in the schemas it refers to too
+    (an Avro reference names a schema of another subject that defines them)."""
+    resolver = _Resolver()
+
+    def define(name: str, referenced: WriterSchema) -> None:
+        for inner in referenced.references:
+            define(*inner)
+        resolver.node(_json(referenced.text, f"referenced schema {name!r}"), name)
+
+    for reference in references:
+        define(*reference)
+    node = resolver.node(_json(text, "the schema"), "")
     if node.kind != "record" or node.optional:
         raise Refused(f"the schema is a {node.type_name()}, not a record: a table needs named fields")
     return node
 
 
-def fields_of(text: str) -> list[Field]:
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise Refused(f"{what} is not JSON: {error}") from None
+
+
+def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
     """The table fields an Avro record schema maps to (raises :class:`Refused` saying what does not
     map): primitives as themselves (``bytes`` and ``fixed`` as binary), logical types as Iceberg's
     (decimal, date, time, timestamp(tz), uuid as string), a union with null as an optional field,
-    records as structs, arrays as lists, maps as ``map<string, …>``, enums as strings."""
-    node = _resolve(text)
+    records as structs, arrays as lists, maps as ``map<string, …>``, enums as strings. Named types
+    may come from referenced schemas."""
+    node = _resolve(text, references)
     for name, _ in node.fields:
         if name in RESERVED_COLUMNS:
             raise Refused(f"{name}: the pipeline adds a column of that name itself")
@@ -296,11 +311,11 @@ class AvroDecoder(RegistryDecoder):
     label = "Avro"
 
     def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer.text)
+        return fields_of(writer.text, writer.references)
 
     def plan(self, writer: WriterSchema) -> tuple[_Node, bytes]:
         """The writer's resolved type, and the envelope schema its values are decoded with."""
-        node = _resolve(writer.text)
+        node = _resolve(writer.text, writer.references)
         envelope = {
             "type": "record",
             "name": "__envelope",

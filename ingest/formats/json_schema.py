@@ -25,11 +25,14 @@ _TYPES = {"integer": "long", "number": "double", "boolean": "boolean"}
 
 
 class _Mapper:
-    """Walks a JSON Schema into table types, resolving local ``$ref`` s (``#/definitions/…``, ``#/$defs/…``)."""
+    """Walks a JSON Schema into table types, resolving ``$ref`` s: local ones (``#/definitions/…``,
+    ``#/$defs/…``) and ones into the documents the schema's registry references name
+    (``address.json``, ``address.json#/$defs/Street``)."""
 
-    def __init__(self, root: dict[str, Any]) -> None:
+    def __init__(self, root: dict[str, Any], documents: dict[str, Any]) -> None:
         self.root = root
-        self.open: set[str] = set()
+        self.documents = documents
+        self.open: set[tuple[int, str]] = set()
 
     def type_of(self, schema: Any, where: str) -> tuple[str, bool]:
         """(the table type, whether null is allowed) of ``schema``."""
@@ -74,37 +77,60 @@ class _Mapper:
         raise Refused(f"{where}: type {kind!r} has no Iceberg column type")
 
     def _reference(self, ref: str, where: str) -> tuple[str, bool]:
-        if not ref.startswith("#/"):
-            raise Refused(f"{where}: {ref!r} refers outside the schema; only local references are read")
-        if ref in self.open:
+        document, _, fragment = ref.partition("#")
+        root = self.root
+        if document:
+            if document not in self.documents:
+                raise Refused(
+                    f"{where}: {ref!r} refers to a document the registry holds no reference for; register the "
+                    "schema with its references"
+                )
+            root = self.documents[document]
+        key = (id(root), fragment)
+        if key in self.open:
             raise Refused(f"{where}: {ref!r} contains itself; recursive types have no Iceberg form")
-        target: Any = self.root
-        for part in ref[2:].split("/"):
+        target: Any = root
+        for part in filter(None, fragment.split("/")):
             if not isinstance(target, dict) or part not in target:
                 raise Refused(f"{where}: {ref!r} is not in the schema")
             target = target[part]
-        self.open.add(ref)
+        outer, self.root = self.root, root
+        self.open.add(key)
         try:
             return self.type_of(target, where)
         finally:
-            self.open.discard(ref)
+            self.open.discard(key)
+            self.root = outer
 
 
-def fields_of(text: str) -> list[Field]:
+def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
     """The table fields a JSON Schema of an object maps to (raises :class:`Refused` saying what does
     not): ``integer`` as long, ``number`` as double, ``boolean``, ``string`` (with ``format``
     ``date-time`` as timestamptz and ``date`` as date), objects with properties as structs, arrays as
-    lists; a property is required when ``required`` lists it and its type does not allow null."""
-    try:
-        root = json.loads(text)
-    except ValueError as error:
-        raise Refused(f"the schema is not JSON: {error}") from None
-    mapper = _Mapper(root)
-    schema = root
-    while isinstance(schema, dict) and "$ref" in schema:
-        schema = mapper.root
-        for part in root["$ref"][2:].split("/"):
-            schema = schema[part]
+    lists; a property is required when ``required`` lists it and its type does not allow null.
+    ``$ref`` s may name the documents of referenced schemas."""
+    root = _json(text, "the schema")
+    documents: dict[str, Any] = {}
+
+    def add(name: str, referenced: WriterSchema) -> None:
+        if name not in documents:
+            documents[name] = _json(referenced.text, f"referenced schema {name!r}")
+            for inner in referenced.references:
+                add(*inner)
+
+    for reference in references:
+        add(*reference)
+    mapper = _Mapper(root, documents)
+    schema: Any = root
+    seen: set[str] = set()
+    while isinstance(schema, dict) and "$ref" in schema:  # a root that is a reference to the object
+        ref = str(schema["$ref"])
+        if ref in seen or not ref.startswith("#/"):
+            raise Refused(f"the schema's root refers to {ref!r}; a table needs an object with properties")
+        seen.add(ref)
+        schema = root
+        for part in ref[2:].split("/"):
+            schema = schema.get(part) if isinstance(schema, dict) else None
     if not isinstance(schema, dict) or schema.get("type") != "object" or not schema.get("properties"):
         raise Refused("the schema is not an object with properties: a table needs named fields")
     required = set(schema.get("required", []))
@@ -115,6 +141,13 @@ def fields_of(text: str) -> list[Field]:
         kind, nullable = mapper.type_of(property_schema, name)
         fields.append(Field(name, kind, name in required and not nullable, property_schema.get("description")))
     return fields
+
+
+def _json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise Refused(f"{what} is not JSON: {error}") from None
 
 
 class JsonSchemaDecoder(RegistryDecoder):
@@ -128,7 +161,7 @@ class JsonSchemaDecoder(RegistryDecoder):
         self._json = Decoder(self.fields)
 
     def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer.text)
+        return fields_of(writer.text, writer.references)
 
     def decode_group(
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]

@@ -77,24 +77,43 @@ _TIMESTAMP = "google.protobuf.Timestamp"
 
 
 def _file(writer: WriterSchema) -> FileDescriptor:
-    """The writer's file, built in a pool of its own with the well-known types."""
+    """The writer's file, built in a pool of its own with the well-known types and the files it
+    imports (the schema's references, each named by its import path, as the serializer registered them)."""
+    pool = DescriptorPool()
+    for module in _WELL_KNOWN:
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    added = {module.DESCRIPTOR.name for module in _WELL_KNOWN}
+
+    def add(schema: WriterSchema, name: str | None) -> FileDescriptor:
+        proto = _proto(schema)
+        if name is not None:
+            proto.name = name
+        for dependency, referenced in schema.references:
+            if dependency not in added:
+                added.add(dependency)
+                add(referenced, dependency)
+        missing = [d for d in proto.dependency if d not in added]
+        if missing:
+            raise Refused(
+                f"{proto.name or 'its file'} imports {', '.join(missing)}, which the registry holds no reference "
+                "for; register the schema with its references (confluent-kafka's serializers do)"
+            )
+        try:
+            return pool.Add(proto)  # type: ignore[no-any-return]
+        except (TypeError, KeyError) as error:
+            raise Refused(f"its descriptor does not build: {error}") from None
+
+    return add(writer, None)
+
+
+def _proto(writer: WriterSchema) -> descriptor_pb2.FileDescriptorProto:
     try:
-        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(writer.text, validate=True))
+        return descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(writer.text, validate=True))
     except (binascii.Error, ValueError, DecodeError):
         raise Refused(
             f"schema id {writer.schema_id} came back as .proto source, not as a serialized descriptor "
             "(GET /schemas/ids/{id}?format=serialized); this version reads only the serialized form"
         ) from None
-    pool = DescriptorPool()
-    for module in _WELL_KNOWN:
-        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
-    missing = [d for d in proto.dependency if not d.startswith("google/protobuf/")]
-    if missing:
-        raise Refused(f"it imports {', '.join(missing)}; schema references are not resolved from the registry yet")
-    try:
-        return pool.Add(proto)  # type: ignore[no-any-return]
-    except (TypeError, KeyError) as error:
-        raise Refused(f"its descriptor does not build: {error}") from None
 
 
 def _table_message(file: FileDescriptor) -> Descriptor:

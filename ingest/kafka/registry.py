@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from ingest.errors import RegistryRefused, RegistryUnavailable
@@ -69,7 +69,33 @@ class Registry:
                 schema = self._call(what, lambda: self._client.get_schema(schema_id, fmt="serialized"))
         except SchemaRegistryError:
             return None
-        return WriterSchema(schema_id, schema.schema_type or "AVRO", schema.schema_str or "")
+        return self._writer(schema_id, schema, f"schema id {schema_id}")
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (as by_id)
+    def _version(self, subject: str, version: int) -> WriterSchema:
+        """A referenced schema, ``version`` of ``subject``, read by its id as any writer schema is
+        (Apicurio 3.3.3 cannot serve a Protobuf version serialized, only a schema id)."""
+        what = f"reading version {version} of subject {subject!r}"
+        try:
+            found = self._call(what, lambda: self._client.get_version(subject, version, True))
+        except SchemaRegistryError:
+            found = None
+        writer = self.by_id(found.schema_id) if found is not None and found.schema_id is not None else None
+        if writer is None:
+            raise RegistryRefused(
+                f"the Schema Registry at {self.url} has no version {version} of subject {subject!r}, which a "
+                "writer schema refers to: deleted for good, or the reference registered wrong. Restore it in the "
+                "registry; the records that need it stay in Kafka until then."
+            )
+        return writer
+
+    def _writer(self, schema_id: int, schema: Schema, what: str) -> WriterSchema:
+        references = []
+        for reference in schema.references or ():
+            if not (reference.name and reference.subject and reference.version is not None):
+                raise RegistryRefused(f"{what} has a reference without a name, subject or version: {reference}")
+            references.append((reference.name, self._version(reference.subject, reference.version)))
+        return WriterSchema(schema_id, schema.schema_type or "AVRO", schema.schema_str or "", tuple(references))
 
     def latest(self, subject: str) -> WriterSchema:
         try:
@@ -79,10 +105,11 @@ class Registry:
                 f"the Schema Registry at {self.url} has no subject {subject!r}, which the table's schema is derived "
                 "from. Register the topic's schema first, set `subject:` on the topic, or declare `schema:`."
             ) from None
-        schema = found.schema
-        if schema.schema_type == "PROTOBUF" and found.schema_id is not None:
-            return self.by_id(found.schema_id) or WriterSchema(found.schema_id, "PROTOBUF", schema.schema_str or "")
-        return WriterSchema(found.schema_id or 0, schema.schema_type or "AVRO", schema.schema_str or "")
+        if found.schema_id is not None:
+            by_id = self.by_id(found.schema_id)
+            if by_id is not None:
+                return by_id
+        return self._writer(found.schema_id or 0, found.schema, f"the latest version of subject {subject!r}")
 
 
 def avro_serializer(url: str, schema: str, topic: str) -> Callable[[Mapping[str, Any]], bytes]:

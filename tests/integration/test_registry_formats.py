@@ -448,6 +448,77 @@ def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch
     env.verify()
 
 
+def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_references(make_env, registry) -> None:
+    """Schemas that refer to schemas of other subjects: a Protobuf file importing another (registered
+    as references by confluent-kafka's ``ProtobufSerializer``), and an Avro record naming a type of
+    another subject (registered with a reference by hand, as Confluent documents)."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from google.protobuf.message_factory import GetMessageClass
+
+    from tests.unit.test_protobuf import referenced_files
+
+    client = SchemaRegistryClient({"url": registry.url, "timeout": REQUEST_TIMEOUT_S})
+    proto_env = avro_env(make_env, registry, partition_by=[])
+    _set(proto_env, topics=[{"name": proto_env.topic, "format": "protobuf"}])
+    pool = DescriptorPool()
+    for file in referenced_files():
+        pool.Add(file)
+    payment = GetMessageClass(pool.FindMessageTypeByName("shop.Payment"))
+    serializer = ProtobufSerializer(payment, client, {"use.deprecated.format": False})
+    context = SerializationContext(proto_env.topic, MessageField.VALUE)
+    messages = []
+    for i in range(40):
+        message = payment(payment_id=i)
+        message.total.currency, message.total.units = i % 2, 100 + i
+        messages.append((i % 2, f"k{i}".encode(), serializer(message, context), []))
+    produce(proto_env.bootstrap, proto_env.topic, messages)
+
+    done = proto_env.cli("run", "--until-caught-up")
+
+    assert done.returncode == 0, done.stderr
+    registered = client.get_latest_version(f"{proto_env.topic}-value").schema.references
+    assert [r.name for r in registered] == ["shop/money.proto"]  # the serializer's, resolved by ingest
+    rows = _table(proto_env).scan().to_arrow().sort_by("payment_id").to_pylist()
+    assert [r["total"] for r in rows[:2]] == [{"currency": "EUR", "units": 100}, {"currency": "USD", "units": 101}]
+    proto_env.verify()
+
+    avro_env_ = avro_env(make_env, registry, partition_by=[])
+    currency = {"type": "enum", "name": "Currency", "namespace": "shop", "symbols": ["EUR", "USD"]}
+    money = {"type": "record", "name": "Money", "namespace": "shop",
+             "fields": [{"name": "currency", "type": "shop.Currency"}, {"name": "units", "type": "long"}]}  # fmt: skip
+    record = {"type": "record", "name": "Payment", "namespace": "shop",
+              "fields": [{"name": "payment_id", "type": "long"}, {"name": "total", "type": "shop.Money"}]}  # fmt: skip
+    prefix = avro_env_.topic
+    client.register_schema(f"{prefix}-currency", Schema(json.dumps(currency), "AVRO"))
+    ref = SchemaReference("shop.Currency", f"{prefix}-currency", 1)
+    client.register_schema(f"{prefix}-money", Schema(json.dumps(money), "AVRO", [ref]))
+    schema = Schema(json.dumps(record), "AVRO", [SchemaReference("shop.Money", f"{prefix}-money", 1)])
+    avro_serializer = AvroSerializer(client, schema, conf={"auto.register.schemas": True})
+    context = SerializationContext(avro_env_.topic, MessageField.VALUE)
+    values = [
+        (
+            i % 2,
+            f"k{i}".encode(),
+            avro_serializer({"payment_id": i, "total": {"currency": "USD", "units": i}}, context),
+            [],
+        )
+        for i in range(30)
+    ]
+    produce(avro_env_.bootstrap, avro_env_.topic, values)
+
+    done = avro_env_.cli("run", "--until-caught-up")
+
+    assert done.returncode == 0, done.stderr
+    table = _table(avro_env_)
+    assert [f.name for f in table.schema().find_field("total").field_type.fields] == ["currency", "units"]
+    rows = table.scan().to_arrow().sort_by("payment_id").to_pylist()
+    assert [r["total"] for r in rows[:2]] == [{"currency": "USD", "units": 0}, {"currency": "USD", "units": 1}]
+    assert len(rows) == 30
+    avro_env_.verify()
+
+
 def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env) -> None:
     """A topic of plain Avro bodies (no wire-format prefix, no registry: what fastavro's
     ``schemaless_writer`` writes), its writer schema in an ``.avsc`` file beside the config."""

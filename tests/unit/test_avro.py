@@ -289,3 +289,38 @@ def test_plain_avro_bodies_of_a_schema_file_decode_and_a_misaligned_one_is_caugh
         chunk([plain(ORDER, order(i)) for i in range(5)])
     )
     assert every.dead_letters.num_rows == 0 and every.rows.column("id").to_pylist() == list(range(5))
+
+
+def test_named_types_of_referenced_schemas_resolve_and_decode() -> None:
+    """A schema registered with references (Confluent's Avro references): ``shop.Payment`` names
+    ``shop.Money`` from another subject, which names ``shop.Currency`` from a third."""
+    currency = {"type": "enum", "name": "Currency", "namespace": "shop", "symbols": ["EUR", "USD"]}
+    money = {"type": "record", "name": "Money", "namespace": "shop",
+             "fields": [{"name": "currency", "type": "shop.Currency"}, {"name": "units", "type": "long"}]}  # fmt: skip
+    payment = {"type": "record", "name": "Payment", "namespace": "shop",
+               "fields": [{"name": "payment_id", "type": "long"}, {"name": "total", "type": "shop.Money"}]}  # fmt: skip
+    money_schema = WriterSchema(
+        31, "AVRO", json.dumps(money), (("shop.Currency", WriterSchema(30, "AVRO", json.dumps(currency))),)
+    )
+    paid = WriterSchema(32, "AVRO", json.dumps(payment), (("shop.Money", money_schema),))
+    named: dict[str, Any] = {}
+    for schema in (currency, money, payment):
+        whole = fastavro.parse_schema(schema, named)
+    out = io.BytesIO()
+    out.write(struct.pack(">bI", 0, 32))
+    fastavro.schemaless_writer(out, whole, {"payment_id": 5, "total": {"currency": "USD", "units": 12}})
+
+    class One:
+        def by_id(self, schema_id: int) -> WriterSchema | None:
+            return paid if schema_id == 32 else None
+
+        def latest(self, subject: str) -> WriterSchema:
+            return paid
+
+    fields = fields_of(paid.text, paid.references)
+    rows = AvroDecoder(fields, One(), "fail").decode(chunk([out.getvalue()])).rows.to_pylist()
+
+    assert {f.name: f.type for f in fields} == {"payment_id": "long", "total": "struct<currency: string, units: long>"}
+    assert rows[0]["total"] == {"currency": "USD", "units": 12}
+    with pytest.raises(Refused, match=r"unknown type 'shop\.Money'"):
+        fields_of(paid.text)

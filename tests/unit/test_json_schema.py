@@ -91,7 +91,8 @@ def test_json_schemas_map_to_table_fields() -> None:
         ({"type": "object", "properties": {"a": {"type": ["string", "integer"]}}}, "type(s) string, integer"),
         ({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}}, "anyOf"),
         ({"type": "object", "properties": {"a": {"type": "object"}}}, "an object without properties"),
-        ({"type": "object", "properties": {"a": {"$ref": "other.json#/X"}}}, "refers outside the schema"),
+        ({"type": "object", "properties": {"a": {"$ref": "other.json#/X"}}}, "the registry holds no reference for"),
+        ({"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/A"}}}, "the schema's root refers to"),
         ({"type": "array", "items": {"type": "integer"}}, "not an object with properties"),
     ],
 )
@@ -137,3 +138,21 @@ def test_a_writer_schema_with_a_new_property_asks_the_table_to_evolve() -> None:
     with pytest.raises(SchemaAhead) as ahead:
         decoder.decode(chunk([framed(4, {"order_id": 1, "amount": 1, "note": None, "address": {}})]))
     assert ahead.value.schema_ids == (4,)
+
+
+def test_refs_into_referenced_documents_resolve_with_those_documents_own_local_refs() -> None:
+    street = {"$defs": {"Street": {"type": "object", "properties": {"name": {"type": "string"}}}}}
+    address = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "street": {"$ref": "street.json#/$defs/Street"}},
+    }
+    order = {
+        "type": "object",
+        "properties": {"order_id": {"type": "integer"}, "ship_to": {"$ref": "address.json"}},
+    }
+    street_schema = WriterSchema(20, "JSON", json.dumps(street))
+    address_schema = WriterSchema(21, "JSON", json.dumps(address), (("street.json", street_schema),))
+
+    fields = {f.name: f.type for f in fields_of(json.dumps(order), (("address.json", address_schema),))}
+
+    assert fields == {"order_id": "long", "ship_to": "struct<city: string, street: struct<name: string>>"}

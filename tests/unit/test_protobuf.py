@@ -149,3 +149,51 @@ def test_a_writer_schema_with_a_new_field_reads_as_null_in_older_rows_once_the_t
     rows = decoder.decode(chunk(values)).rows.select(["order_id", "coupon"]).to_pylist()
 
     assert rows == [{"order_id": 1, "coupon": None}, {"order_id": 2, "coupon": "c"}]
+
+
+def referenced_files() -> tuple[descriptor_pb2.FileDescriptorProto, ...]:
+    """``shop/payment.proto`` imports ``shop/money.proto``, which imports ``shop/currency.proto``."""
+    currency = descriptor_pb2.FileDescriptorProto(name="shop/currency.proto", package="shop", syntax="proto3")
+    kind = currency.enum_type.add(name="Currency")
+    for number, name in enumerate(["EUR", "USD"]):
+        kind.value.add(name=name, number=number)
+    money = descriptor_pb2.FileDescriptorProto(name="shop/money.proto", package="shop", syntax="proto3")
+    money.dependency.append("shop/currency.proto")
+    amount = money.message_type.add(name="Money")
+    amount.field.add(name="currency", number=1, type=F.TYPE_ENUM, type_name=".shop.Currency", label=F.LABEL_OPTIONAL)
+    amount.field.add(name="units", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    payment = descriptor_pb2.FileDescriptorProto(name="shop/payment.proto", package="shop", syntax="proto3")
+    payment.dependency.append("shop/money.proto")
+    message = payment.message_type.add(name="Payment")
+    message.field.add(name="payment_id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    message.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=".shop.Money", label=F.LABEL_OPTIONAL)
+    return currency, money, payment
+
+
+def test_imported_files_are_built_from_the_schemas_references_by_their_import_names() -> None:
+    currency, money, payment = referenced_files()
+    pool = DescriptorPool()
+    for file in (currency, money, payment):
+        pool.Add(file)
+    cls = GetMessageClass(pool.FindMessageTypeByName("shop.Payment"))
+    message = cls(payment_id=7)
+    message.total.currency = 1
+    message.total.units = 12
+    # a registry may name a referenced file anything inside its descriptor: the import name counts
+    currency.name, money.name = "a.proto", "b.proto"
+    money_schema = WriterSchema(
+        11, "PROTOBUF", writer(11, money).text, (("shop/currency.proto", writer(10, currency)),)
+    )
+    paid = WriterSchema(12, "PROTOBUF", writer(12, payment).text, (("shop/money.proto", money_schema),))
+    decoder = ProtobufDecoder(fields_of(paid), Registry(paid), "fail")
+
+    rows = decoder.decode(chunk([framed(12, message, indexes=b"\x00")])).rows.to_pylist()
+
+    assert {f.name: f.type for f in fields_of(paid)} == {
+        "payment_id": "long",
+        "total": "struct<currency: string, units: long>",
+    }
+    assert rows[0]["total"] == {"currency": "USD", "units": 12}
+    unresolved = WriterSchema(12, "PROTOBUF", writer(12, payment).text)
+    with pytest.raises(Refused, match=r"imports shop/money\.proto, which the registry holds no reference for"):
+        fields_of(unresolved)
