@@ -18,7 +18,7 @@ import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
-from ingest.records import RESERVED_COLUMNS, arrow_type, parse_transform, type_name
+from ingest.records import KEY_COLUMN, RESERVED_COLUMNS, arrow_type, parse_transform, type_name
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -58,7 +58,7 @@ class FieldSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, value: str) -> str:
-        if value in RESERVED_COLUMNS:
+        if value in RESERVED_COLUMNS or value == KEY_COLUMN:
             raise ValueError(f"{value!r} is a column the pipeline adds itself; rename the field")
         return value
 
@@ -76,6 +76,11 @@ class TopicSpec(_Strict):
     #: ``avro`` without a registry: the values are plain Avro bodies (no prefix) of the writer schema
     #: in this ``.avsc`` file (relative to the config file)
     schema_file: str | None = None
+    #: the keys' format, decoded into the column ``_kafka_key_decoded`` beside the raw ``_kafka_key``:
+    #: ``string`` (UTF-8), or a registry format (the Confluent wire format); unset: keys stay raw bytes
+    key_format: Literal["string", "avro", "protobuf", "json_schema"] | None = None
+    #: the registry subject the key column's type is derived from (default: ``<topic>-key``)
+    key_subject: str | None = None
 
     @model_validator(mode="after")
     def _schema_file_is_avro(self) -> TopicSpec:
@@ -83,9 +88,19 @@ class TopicSpec(_Strict):
             raise ValueError(f"schema_file is for `format: avro` topics without a registry, not {self.format!r}")
         return self
 
+    @model_validator(mode="after")
+    def _key_subject_has_a_format(self) -> TopicSpec:
+        if self.key_subject is not None and self.key_format not in REGISTRY_FORMATS:
+            raise ValueError("key_subject is for keys in a registry format (key_format: avro, protobuf or json_schema)")
+        return self
+
     @property
     def value_subject(self) -> str:
         return self.subject or f"{self.name}-value"
+
+    @property
+    def key_subject_name(self) -> str:
+        return self.key_subject or f"{self.name}-key"
 
 
 class BatchSpec(_Strict):
@@ -263,9 +278,15 @@ class PipelineConfig(_Strict):
         files = {t.schema_file for t in self.topic_specs}
         if len(files) > 1:
             raise ValueError("topics: every topic of a pipeline has the same schema_file, or none has one")
+        key_formats = {t.key_format for t in self.topic_specs}
+        if len(key_formats) > 1:
+            shown = sorted(str(k) for k in key_formats)
+            raise ValueError(f"topics: every topic of a pipeline has the same key_format, or none has one; got {shown}")
         registry = formats <= set(REGISTRY_FORMATS) and self.schema_file is None
         if registry and self.schema_registry is None:
             raise ValueError(f"topics: format {self.format!r} needs `schema_registry:` (at least its url)")
+        if self.key_format in REGISTRY_FORMATS and self.schema_registry is None:
+            raise ValueError(f"topics: key_format {self.key_format!r} needs `schema_registry:` (at least its url)")
         if self.schema_ is None:
             if not registry and self.schema_file is None:
                 raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
@@ -285,7 +306,7 @@ class PipelineConfig(_Strict):
         for item in self.partition_by:
             transform = parse_transform(item)
             column = transform.column if transform is not None else None
-            if names and column not in names:
+            if names and column not in names and not (column == KEY_COLUMN and self.key_format == "string"):
                 raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
@@ -304,6 +325,11 @@ class PipelineConfig(_Strict):
     def format(self) -> str:
         """The topics' value format (one per pipeline)."""
         return self.topic_specs[0].format
+
+    @property
+    def key_format(self) -> str | None:
+        """The topics' key format (one per pipeline); None: keys are not decoded."""
+        return self.topic_specs[0].key_format
 
     @property
     def dead_letters(self) -> str:

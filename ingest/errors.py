@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -107,15 +108,25 @@ class RegistryUnavailable(RetryableError):
 
 class SchemaAhead(RetryableError):
     """Records of a batch were written with a schema the table must evolve to take, and the batch
-    was produced for the table's schema before it. ``schema_ids`` are those schemas' registry ids."""
+    was produced for the table's schema before it. ``schema_ids`` are those schemas' registry ids;
+    ``key``: they are the records' key schemas (``key_format``), not their value schemas."""
 
-    def __init__(self, message: str, schema_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, schema_ids: tuple[int, ...] = (), *, key: bool = False) -> None:
         super().__init__(message)
         #: parsed back from the message when only the text crossed a process (Spark rebuilds errors from it)
         self.schema_ids = schema_ids or tuple(int(i) for i in re.findall(r"schema id (\d+)", message))
+        self.key = key or message.startswith(KEYS_AHEAD)
 
-    def __reduce__(self) -> tuple[type[SchemaAhead], tuple[str, tuple[int, ...]]]:
-        return (SchemaAhead, (str(self), self.schema_ids))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_schema_ahead, (str(self), self.schema_ids, self.key))
+
+
+#: how the message of a :class:`SchemaAhead` for keys starts
+KEYS_AHEAD = "record keys: "
+
+
+def _schema_ahead(message: str, schema_ids: tuple[int, ...], key: bool) -> SchemaAhead:
+    return SchemaAhead(message, schema_ids, key=key)
 
 
 class SparkUnavailable(RetryableError):

@@ -21,12 +21,13 @@ from ingest.core.ledger import BatchCounts, Found, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.dead_letters import settle
 from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused
+from ingest.formats import keys
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import Declared, Field, Merged, merge, parse_transform
+from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +92,19 @@ class Pipeline:
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
         registry = None
-        if config.format in REGISTRY_FORMATS and config.schema_file is None:
+        if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
             registry = Registry(config.schema_registry or {})
         catalog = connect(config.catalog)
         # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
         from_file = _from_file(config)  # checked against `schema:` too
-        fields = config.schema_ or from_file or IcebergTable.fields_of(catalog, config.table)
+        table_fields = IcebergTable.fields_of(catalog, config.table)
+        fields = config.schema_ or from_file or [f for f in table_fields or [] if f.name != KEY_COLUMN]
         fields = fields or _from_subjects(config, registry)
+        if config.key_format is not None:  # the key column as the table has it, or as the keys are
+            had = [f for f in table_fields or [] if f.name == KEY_COLUMN]
+            fields = [*fields, *(had or [_key_from(config, registry)])]
         schema = rows_schema(fields)
         rows = IcebergTable.open(catalog, config.table, schema, partition_spec(schema, config.partition_by))
         dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
@@ -190,27 +195,33 @@ class Pipeline:
         """``batch``'s data files, decoded into the table's fields, evolved first to the registry
         subjects' latest schemas (``on_schema_change: evolve``), and again, with the batch produced
         anew, for writer schemas its records turn out to need beyond those."""
-        if self.registry is not None and self.config.on_schema_change == "evolve":
-            self._evolve([self.registry.latest(t.value_subject) for t in self.config.topic_specs])
+        config, registry = self.config, self.registry
+        if registry is not None and config.on_schema_change == "evolve":
+            if _values_in_registry(config):
+                self._evolve([registry.latest(t.value_subject) for t in config.topic_specs])
+            if config.key_format in REGISTRY_FORMATS:
+                self._evolve([registry.latest(t.key_subject_name) for t in config.topic_specs], key=True)
         for _ in range(MAX_SCHEMA_CATCH_UPS):
             try:
                 return engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
-                if self.registry is None:
+                if registry is None:
                     raise
                 log.info("batch %d: %s", batch.number, ahead)
-                writers = [self.registry.by_id(i) for i in ahead.schema_ids]
-                self._evolve([w for w in writers if w is not None])
+                writers = [registry.by_id(i) for i in ahead.schema_ids]
+                self._evolve([w for w in writers if w is not None], key=ahead.key)
         return engine.produce(batch, self.fields)
 
-    def _evolve(self, writers: Sequence[WriterSchema]) -> None:
-        """Make the table's fields (and, with the batch's commit, its schema) take ``writers``' records."""
+    def _evolve(self, writers: Sequence[WriterSchema], *, key: bool = False) -> None:
+        """Make the table's fields (and, with the batch's commit, its schema) take ``writers``'
+        records (with ``key``: their keys, into the key column)."""
         fields = self.fields
         for writer in writers:
             try:
-                merged = merge(fields, formats.fields_of(writer))
+                merged = merge(fields, [keys.key_field(writer)] if key else formats.fields_of(writer))
             except ValueError as error:
-                raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be a table's schema: {error}") from None
+                what = "a key column" if key else "a table's schema"
+                raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None
             if merged.problems:
                 raise SchemaChangeRefused(
                     f"schema id {writer.schema_id} changes a column's type in a way Iceberg cannot follow: "
@@ -256,6 +267,33 @@ def _from_file(config: PipelineConfig) -> list[Field] | None:
     return own
 
 
+def _values_in_registry(config: PipelineConfig) -> bool:
+    return config.format in REGISTRY_FORMATS and config.schema_file is None
+
+
+def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
+    """The key column of a table that has none yet: a string, or the latest schemas of the topics'
+    key subjects, merged."""
+    if config.key_format == "string":
+        return Field(KEY_COLUMN, "string", False)
+    assert registry is not None  # config requires a registry then
+    fields: list[Field] = []
+    for topic in config.topic_specs:
+        writer = registry.latest(topic.key_subject_name)
+        try:
+            own = [keys.key_field(writer)]
+            merged = merge(fields, own) if fields else Merged(tuple(own), ())
+        except ValueError as error:
+            raise ConfigError(
+                f"the latest schema of subject {topic.key_subject_name!r} (id {writer.schema_id}) cannot be a key "
+                f"column: {error}. Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
+            ) from None
+        if merged.problems:
+            raise ConfigError(f"the key subjects of `topics:` disagree: {'; '.join(merged.problems)}")
+        fields = list(merged.fields)
+    return fields[0]
+
+
 def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> list[Field]:
     """The rows table's fields when ``schema:`` is omitted: the latest schemas of the topics'
     subjects, merged (in the order of ``topics:``)."""
@@ -274,7 +312,7 @@ def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> l
         if merged.problems:
             raise ConfigError(f"the subjects of `topics:` disagree: {'; '.join(merged.problems)}")
         fields = list(merged.fields)
-    names = {f.name for f in fields}
+    names = {f.name for f in fields} | ({KEY_COLUMN} if config.key_format == "string" else set())
     for item in config.partition_by:
         transform = parse_transform(item)
         column = transform.column if transform is not None else item  # validated in config

@@ -76,6 +76,9 @@ ROWS = Coordinates("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_
 #: the dead-letter table's coordinate columns
 DEAD_LETTERS = Coordinates("topic", "partition", "offset", "timestamp", "key")
 RESERVED_COLUMNS = ROWS.names
+#: the column record keys are decoded into when the topics have a ``key_format`` (the raw key stays
+#: in ``_kafka_key``); to the table it is one more optional field, evolved as value fields are
+KEY_COLUMN = "_kafka_key_decoded"
 
 KAFKA_COLUMNS = pa.schema(ROWS.fields())
 
@@ -114,9 +117,27 @@ class RawChunk:
     values: list[bytes | None]
     headers: Callable[[int], Headers]
     nbytes: int
+    #: the keys decoded (``key_format``), one per record: decoders put it beside the coordinates
+    decoded_key: pa.Array | None = None
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def take(self, positions: Sequence[int]) -> RawChunk:
+        """The records at ``positions``, in that order."""
+        index = pa.array(positions, type=pa.int64())
+        values = [self.values[i] for i in positions]
+        return RawChunk(
+            self.topic.take(index),
+            self.partition.take(index),
+            self.offset.take(index),
+            self.timestamp.take(index),
+            self.key.take(index),
+            values,
+            lambda i: self.headers(positions[i]),
+            sum(len(v or b"") for v in values),
+            None if self.decoded_key is None else self.decoded_key.take(index),
+        )
 
 
 @dataclass

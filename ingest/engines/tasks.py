@@ -26,10 +26,11 @@ from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
 from ingest.kafka.source import KafkaSource, Stops
-from ingest.ports import DataFile, LedgerTable, Produced, ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, Declared, Field, RawChunk
+from ingest.ports import DataFile, LedgerTable, Produced, SchemaRegistry, ValueDecoder
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KEY_COLUMN, ROWS, Coordinates, Declared, Field, RawChunk
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
+    from ingest.formats.wire import RegistryDecoder
     from ingest.iceberg.table import IcebergTable
 
 
@@ -194,6 +195,8 @@ class TaskSpec:
     on_schema_change: OnSchemaChange = "evolve"
     #: the writer schema of plain Avro values (``schema_file:``), as text: tasks may run where the file is not
     schema_text: str | None = None
+    #: the keys' format (``key_format:`` of the topics), decoded into the key column; None: raw only
+    key_format: str | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -208,30 +211,52 @@ class TaskSpec:
             dict(config.schema_registry) if config.schema_registry else None,
             config.on_schema_change,
             schema_file_text(config.schema_file) if config.schema_file else None,
+            config.key_format,
         )
 
     def decoder(self) -> ValueDecoder:
-        """The decoder of this task's values."""
+        """The decoder of this task's records: their values, and their keys with ``key_format``."""
+        registry = None
+        if self.registry is not None:  # keys and values share the client and its cache
+            from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
+
+            registry = Registry(self.registry)
+        if self.key_format is None:
+            return self._values(self.fields, registry)
+        from ingest.formats import keys
+
+        values = self._values(keys.value_fields(self.fields), registry)
+        if self.key_format == "string":
+            return keys.KeyedDecoder(self.fields, values, keys.StringKeys())
+        assert registry is not None  # checked in config
+        key = next(f for f in self.fields if f.name == KEY_COLUMN)  # the pipeline adds it
+        reader = keys.RegistryKeys(key, registry, self._registry_format(self.key_format))
+        return keys.KeyedDecoder(self.fields, values, reader)
+
+    def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
         if self.format == "json":
-            return Decoder(self.fields)
+            return Decoder(fields)
         if self.schema_text is not None:
             from ingest.formats.avro import AvroFileDecoder
 
-            return AvroFileDecoder(self.fields, self.schema_text)
-        assert self.registry is not None  # checked in config
-        # imported here: polars and the registry client cost a JSON pipeline's workers ~200 ms at start
+            return AvroFileDecoder(fields, self.schema_text)
+        assert registry is not None  # checked in config
+        return self._registry_format(self.format)(fields, registry)
+
+    def _registry_format(self, name: str) -> Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder]:
+        """A registry format's decoder, given the fields and the registry."""
+        # imported here: polars costs a JSON pipeline's workers ~90 ms at start
         from ingest.formats.avro import AvroDecoder
         from ingest.formats.json_schema import JsonSchemaDecoder
         from ingest.formats.protobuf import ProtobufDecoder
-        from ingest.formats.wire import RegistryDecoder
-        from ingest.kafka.registry import Registry
 
         formats: dict[str, type[RegistryDecoder]] = {
             "avro": AvroDecoder,
             "protobuf": ProtobufDecoder,
             "json_schema": JsonSchemaDecoder,
         }
-        return formats[self.format](self.fields, Registry(self.registry), self.on_schema_change)
+        decoder = formats[name]
+        return lambda fields, registry: decoder(fields, registry, self.on_schema_change)
 
 
 def produce_ranges(

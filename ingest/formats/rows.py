@@ -7,13 +7,16 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from ingest.records import DEAD_LETTER_SCHEMA, RawChunk
+from ingest.records import DEAD_LETTER_SCHEMA, KEY_COLUMN, RawChunk
 
 
 def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:
     """Rows of ``schema``: the coordinates of the records at ``good`` (all, if None), beside ``fields``
     (their decoded values, in that order)."""
     kafka = [chunk.topic, chunk.partition, chunk.offset, chunk.timestamp, chunk.key]
+    if chunk.decoded_key is not None:  # after the coordinates; the keyed decoder puts it in the table's place
+        kafka.append(chunk.decoded_key)
+        schema = schema.insert(len(kafka) - 1, pa.field(KEY_COLUMN, chunk.decoded_key.type))
     if good is not None:
         take = pa.array(good, type=pa.int64())
         kafka = [column.take(take) for column in kafka]

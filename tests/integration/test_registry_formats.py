@@ -519,6 +519,74 @@ def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_ref
     avro_env_.verify()
 
 
+KEY_V1 = {"type": "record", "name": "OrderKey", "namespace": "shop", "fields": [{"name": "tenant", "type": "string"}]}
+KEY_V2 = {**KEY_V1, "fields": [*KEY_V1["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
+
+
+def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_its_batch(make_env, registry) -> None:
+    """``key_format: avro``: keys written by confluent-kafka's AvroSerializer (subject
+    ``<topic>-key``) land as a struct beside the raw key; a key schema that adds a field mid-stream
+    evolves the column in the batch's own snapshot, old rows reading null in it."""
+    env = avro_env(make_env, registry, partition_by=[])
+    _set(env, topics=[{"name": env.topic, "format": "avro", "key_format": "avro"}])
+    writer = Avro(env, registry)
+    writer.client.set_config(
+        subject_name=f"{env.topic}-key", config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE)
+    )
+    values = writer.serializer(V1)
+    keys_context = SerializationContext(env.topic, MessageField.KEY)
+
+    def send(start: int, count: int, key_schema: dict[str, Any]) -> None:
+        keys = AvroSerializer(writer.client, json.dumps(key_schema), conf={"auto.register.schemas": True})
+        records = []
+        for i in range(start, start + count):
+            key: dict[str, Any] = {"tenant": f"t{i % 3}"}
+            if key_schema is KEY_V2:
+                key["region"] = f"r{i % 2}"
+            records.append((i % env.partitions, keys(key, keys_context), values(order(i), writer.context), []))
+        produce(env.bootstrap, env.topic, records)
+
+    send(0, 120, KEY_V1)
+    first = env.cli("run", "--until-caught-up")
+    assert first.returncode == 0, first.stderr
+    snapshots = len(_table(env).metadata.snapshots)
+
+    send(120, 60, KEY_V2)
+    second = env.cli("run", "--until-caught-up")
+
+    assert second.returncode == 0, second.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == snapshots + 1
+    assert table.metadata.snapshots[-1].schema_id == table.metadata.current_schema_id
+    key_type = table.schema().find_field("_kafka_key_decoded").field_type
+    assert [f.name for f in key_type.fields] == ["tenant", "region"]
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(180))
+    assert rows[4]["_kafka_key_decoded"] == {"tenant": "t1", "region": None}
+    assert rows[4]["_kafka_key"][:1] == b"\x00"  # the raw key stays as Kafka had it
+    assert rows[125]["_kafka_key_decoded"] == {"tenant": "t2", "region": "r1"}
+    env.verify()
+
+
+def test_string_keys_of_json_values_land_decoded_and_a_key_that_is_not_utf8_is_a_dead_letter(make_env) -> None:
+    env = make_env(partitions=2, partition_by=["bucket(4, _kafka_key_decoded)"])
+    _set(env, topics=[{"name": env.topic, "key_format": "string"}])
+    env.produce(50)
+    value = json.dumps({"order_id": 50, "amount": "1.25", "created_at": "2026-11-01T10:00:00Z"}).encode()
+    produce(env.bootstrap, env.topic, [(0, b"\xff\xfe", value, []), (1, None, value.replace(b"50", b"51"), [])])
+
+    done = env.cli("run", "--until-caught-up")
+
+    assert done.returncode == 0, done.stderr
+    table = _table(env)
+    assert str(table.spec().fields[0].transform) == "bucket[4]"
+    rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
+    assert [r["_kafka_key_decoded"] for r in rows] == [f"k{i}" for i in range(50)] + [None]
+    (dead,) = _dead_letters(env)
+    assert dead["error"].startswith("key: not UTF-8 text")
+    env.verify()
+
+
 def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env) -> None:
     """A topic of plain Avro bodies (no wire-format prefix, no registry: what fastavro's
     ``schemaless_writer`` writes), its writer schema in an ``.avsc`` file beside the config."""

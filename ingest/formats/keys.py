@@ -1,0 +1,172 @@
+"""Record keys decoded into the column ``_kafka_key_decoded`` (``key_format:`` on the topics), beside
+the raw ``_kafka_key``.
+
+To the table the key column is one more optional field: ``string`` keys are a string column; a
+registry format's key is a ``struct<…>`` of its record's (message's, object's) fields, or, for an
+Avro key whose schema is not a record (``"string"``, ``"long"``), that type. It evolves as value
+fields do, in the batch's own snapshot: a newer key writer schema makes the batch be produced
+again (:class:`ingest.errors.SchemaAhead` with ``key=True``). A null key reads as null; a key that
+does not decode makes its record a dead letter whose reason starts with ``key:``.
+
+:class:`KeyedDecoder` decodes the keys first, then the values of the records whose keys decoded,
+with whichever value decoder the topics' ``format`` has; the value decoders put the decoded keys
+beside the coordinates (:func:`ingest.formats.rows.assemble`), and the columns are put in the
+table's order here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from ingest import formats
+from ingest.errors import KEYS_AHEAD, SchemaAhead
+from ingest.formats.rows import dead_letters
+from ingest.formats.wire import RegistryDecoder
+from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema
+from ingest.records import KEY_COLUMN, ROWS, Declared, Decoded, Field, RawChunk, arrow_type, rows_schema, type_name
+
+#: the field an Avro key schema that is not a record is read as (the encoding of a record of one
+#: field is the encoding of that field's value, so the bytes are read as they are)
+_SCALAR = "value"
+
+
+class KeyDecoder(Protocol):
+    def decode(self, chunk: RawChunk) -> tuple[pa.Array, dict[int, str]]:
+        """The chunk's keys decoded (null where the key is null or does not decode), and why each
+        key that does not decode does not, by position."""
+        ...
+
+
+class StringKeys:
+    """UTF-8 keys as strings."""
+
+    def decode(self, chunk: RawChunk) -> tuple[pa.Array, dict[int, str]]:
+        try:
+            return chunk.key.cast(pa.string()), {}
+        except pa.ArrowInvalid:  # some key is not UTF-8: find which, one at a time
+            pass
+        keys: list[str | None] = []
+        bad: dict[int, str] = {}
+        for i, key in enumerate(chunk.key.to_pylist()):
+            try:
+                keys.append(None if key is None else key.decode())
+            except UnicodeDecodeError as error:
+                keys.append(None)
+                bad[i] = f"key: not UTF-8 text ({error}), and key_format is string"
+        return pa.array(keys, pa.string()), bad
+
+
+def as_record(writer: WriterSchema) -> WriterSchema:
+    """An Avro key schema as a record: itself, or a record of one field of it (the same bytes)."""
+    if writer.kind != "AVRO":
+        return writer
+    try:
+        schema = json.loads(writer.text)
+    except ValueError:
+        return writer  # the format says what is wrong with it
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        return writer
+    record = {"type": "record", "name": "__key", "fields": [{"name": _SCALAR, "type": schema}]}
+    return WriterSchema(writer.schema_id, writer.kind, json.dumps(record), writer.references)
+
+
+def key_field(writer: WriterSchema) -> Field:
+    """The key column of a key writer schema (raises ValueError saying what does not map)."""
+    fields = formats.fields_of(as_record(writer))
+    if as_record(writer) is not writer:
+        return Field(KEY_COLUMN, fields[0].type, False)
+    return Field(KEY_COLUMN, "struct<" + ", ".join(f"{f.name}: {f.type}" for f in fields) + ">", False)
+
+
+class _AsRecords:
+    """A registry whose Avro schemas that are not records read as records (:func:`as_record`)."""
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self.registry = registry
+
+    def by_id(self, schema_id: int) -> WriterSchema | None:
+        writer = self.registry.by_id(schema_id)
+        return None if writer is None else as_record(writer)
+
+    def latest(self, subject: str) -> WriterSchema:
+        return as_record(self.registry.latest(subject))
+
+
+class RegistryKeys:
+    """Keys in the Confluent wire format, read by the format's registry decoder (``make``: given
+    the fields and the registry) into the key column's fields."""
+
+    def __init__(
+        self,
+        key: Declared,
+        registry: SchemaRegistry,
+        make: Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder],
+    ) -> None:
+        self.type = arrow_type(key.type)
+        self.scalar = not pa.types.is_struct(self.type)
+        children = [pa.field(_SCALAR, self.type)] if self.scalar else list(self.type)
+        self.decoder = make([Field(f.name, type_name(f.type), False) for f in children], _AsRecords(registry))
+
+    def decode(self, chunk: RawChunk) -> tuple[pa.Array, dict[int, str]]:
+        n = len(chunk)
+        present = np.flatnonzero(chunk.key.is_valid().to_numpy(zero_copy_only=False))
+        keys = RawChunk(
+            chunk.topic.take(present),
+            chunk.partition.take(present),
+            pa.array(present, pa.int64()),  # the rows and dead letters say where each key was
+            chunk.timestamp.take(present),
+            pa.nulls(len(present), pa.binary()),
+            chunk.key.take(present).to_pylist(),
+            lambda i: None,
+            0,
+        )
+        try:
+            decoded = self.decoder.decode(keys)
+        except SchemaAhead as ahead:
+            raise SchemaAhead(f"{KEYS_AHEAD}{ahead}", ahead.schema_ids, key=True) from None
+        rows = decoded.rows.sort_by(ROWS.offset)
+        if self.scalar:
+            column = rows.column(_SCALAR).combine_chunks()
+        else:
+            names = [f.name for f in self.type]
+            column = pa.StructArray.from_arrays([rows.column(f).combine_chunks() for f in names], names=names)
+        where = np.full(n, -1, np.int64)
+        where[rows.column(ROWS.offset).to_numpy()] = np.arange(rows.num_rows)
+        keys_decoded = column.take(pa.array(where, mask=where < 0)).cast(self.type)
+        dead = decoded.dead_letters
+        bad = {
+            int(position): f"key: {error}"
+            for position, error in zip(dead.column("offset").to_pylist(), dead.column("error").to_pylist(), strict=True)
+        }
+        return keys_decoded, bad
+
+
+class KeyedDecoder:
+    """Keys decoded by ``keys``, then the values of the records whose keys decoded by ``values``
+    (built for the table's fields but the key column's), into rows of the table's ``fields``."""
+
+    def __init__(self, fields: Sequence[Declared], values: ValueDecoder, keys: KeyDecoder) -> None:
+        self.values = values
+        self.keys = keys
+        self._names = rows_schema(fields).names
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        keys, bad = self.keys.decode(chunk)
+        chunk = replace(chunk, decoded_key=keys)
+        kept = chunk if not bad else chunk.take([i for i in range(len(chunk)) if i not in bad])
+        decoded = self.values.decode(kept)
+        rows = decoded.rows.select(self._names)
+        if not bad:
+            return Decoded(rows, decoded.dead_letters)
+        return Decoded(rows, pa.concat_tables([dead_letters(chunk, bad), decoded.dead_letters]))
+
+
+def value_fields(fields: Sequence[Declared]) -> list[Declared]:
+    """The table's fields the values are decoded into: all but the key column."""
+    return [f for f in fields if f.name != KEY_COLUMN]
