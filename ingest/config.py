@@ -182,6 +182,9 @@ class PipelineConfig(_Strict):
     #: what a batch does with records whose writer schema the table does not have: ``evolve`` the
     #: table with the batch's commit, ``fail`` (exit 65, nothing committed), or ``dead_letter`` them
     on_schema_change: OnSchemaChange = "evolve"
+    #: columns renamed by the writers, old top-level name → new: the table's column (its field id)
+    #: is renamed with the next batch's commit, and records of either name land in it
+    renames: dict[str, str] = {}
     partition_by: list[str] = []
     dead_letter_table: str | None = None
     batch: BatchSpec = BatchSpec()
@@ -299,7 +302,30 @@ class PipelineConfig(_Strict):
                 )
         return self._common_checks([f.name for f in self.schema_])
 
+    def _renames_are_plain(self) -> None:
+        for old, new in self.renames.items():
+            for name in (old, new):
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    raise ValueError(
+                        f"renames: {name!r} is not a top-level column name (nested columns are renamed with your "
+                        "engine's ALTER TABLE ... RENAME COLUMN, then follow by name)"
+                    )
+                if name in RESERVED_COLUMNS or name == KEY_COLUMN:
+                    raise ValueError(f"renames: {name!r} is a column the pipeline adds itself")
+            if new in self.renames:
+                raise ValueError(
+                    f"renames: {old!r} → {new!r} → {self.renames[new]!r} is a chain; rename to the last name"
+                )
+        targets = list(self.renames.values())
+        if len(set(targets)) != len(targets):
+            raise ValueError("renames: two columns are renamed to the same name")
+        declared = {f.name for f in self.schema_ or []}
+        for old, new in self.renames.items():
+            if old in declared:
+                raise ValueError(f"schema: declares {old!r}, which renames: renames to {new!r}; declare it as {new!r}")
+
     def _common_checks(self, names: list[str]) -> PipelineConfig:
+        self._renames_are_plain()
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"schema: duplicate field names {dupes}")

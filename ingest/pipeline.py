@@ -27,7 +27,7 @@ from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schem
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform
+from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,15 @@ class Pipeline:
         # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
         from_file = _from_file(config)  # checked against `schema:` too
         table_fields = IcebergTable.fields_of(catalog, config.table)
-        fields = config.schema_ or from_file or [f for f in table_fields or [] if f.name != KEY_COLUMN]
+        own = renamed([f for f in table_fields or [] if f.name != KEY_COLUMN], config.renames)
+        fields = config.schema_ or from_file or own
         fields = fields or _from_subjects(config, registry)
         if config.key_format is not None:  # the key column as the table has it, or as the keys are
             had = [f for f in table_fields or [] if f.name == KEY_COLUMN]
             fields = [*fields, *(had or [_key_from(config, registry)])]
         schema = rows_schema(fields)
-        rows = IcebergTable.open(catalog, config.table, schema, partition_spec(schema, config.partition_by))
+        spec = partition_spec(schema, config.partition_by)
+        rows = IcebergTable.open(catalog, config.table, schema, spec, config.renames)
         dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
         source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
         return cls(config, source, rows, dead, fields, registry)
@@ -218,7 +220,8 @@ class Pipeline:
         fields = self.fields
         for writer in writers:
             try:
-                merged = merge(fields, [keys.key_field(writer)] if key else formats.fields_of(writer))
+                own = [keys.key_field(writer)] if key else renamed(formats.fields_of(writer), self.config.renames)
+                merged = merge(fields, own)
             except ValueError as error:
                 what = "a key column" if key else "a table's schema"
                 raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None
@@ -256,7 +259,7 @@ def _from_file(config: PipelineConfig) -> list[Field] | None:
         return None
     text = schema_file_text(config.schema_file)
     try:
-        own = formats.fields_of(WriterSchema(0, "AVRO", text))
+        own = renamed(formats.fields_of(WriterSchema(0, "AVRO", text)), config.renames)
     except ValueError as error:
         raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
     if config.schema_:
@@ -302,7 +305,7 @@ def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> l
     for topic in config.topic_specs:
         writer = registry.latest(topic.value_subject)
         try:
-            own = formats.fields_of(writer)
+            own = renamed(formats.fields_of(writer), config.renames)
             merged = merge(fields, own) if fields else Merged(tuple(own), ())
         except ValueError as error:
             raise ConfigError(

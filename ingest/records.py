@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -349,6 +349,18 @@ def merge(table: Sequence[Declared], writer: Sequence[Declared]) -> Merged:
     names = {f.name for f in table}
     fields += [Field(f.name, f.type, False, f.doc) for f in writer if f.name not in names]
     return Merged(tuple(fields), tuple(problems))
+
+
+def renamed(fields: Sequence[Declared], renames: Mapping[str, str]) -> list[Field]:
+    """A writer's top-level ``fields`` under the table's names: ``renames`` maps a field's old name
+    to the column's new one (``renames:`` in the config); a writer that has the new name already
+    keeps its own."""
+    names = {f.name for f in fields}
+    out = []
+    for f in fields:
+        name = renames.get(f.name, f.name)
+        out.append(Field(name if name not in names else f.name, f.type, f.required, f.doc))
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ do not cover every task exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -197,6 +198,8 @@ class TaskSpec:
     schema_text: str | None = None
     #: the keys' format (``key_format:`` of the topics), decoded into the key column; None: raw only
     key_format: str | None = None
+    #: top-level fields the writers renamed, old name → the table's (``renames:``)
+    renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -212,6 +215,7 @@ class TaskSpec:
             config.on_schema_change,
             schema_file_text(config.schema_file) if config.schema_file else None,
             config.key_format,
+            dict(config.renames),
         )
 
     def decoder(self) -> ValueDecoder:
@@ -230,20 +234,22 @@ class TaskSpec:
             return keys.KeyedDecoder(self.fields, values, keys.StringKeys())
         assert registry is not None  # checked in config
         key = next(f for f in self.fields if f.name == KEY_COLUMN)  # the pipeline adds it
-        reader = keys.RegistryKeys(key, registry, self._registry_format(self.key_format))
+        reader = keys.RegistryKeys(key, registry, self._registry_format(self.key_format, {}))
         return keys.KeyedDecoder(self.fields, values, reader)
 
     def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
         if self.format == "json":
-            return Decoder(fields)
+            return Decoder(fields, self.renames)
         if self.schema_text is not None:
             from ingest.formats.avro import AvroFileDecoder
 
-            return AvroFileDecoder(fields, self.schema_text)
+            return AvroFileDecoder(fields, self.schema_text, self.renames)
         assert registry is not None  # checked in config
-        return self._registry_format(self.format)(fields, registry)
+        return self._registry_format(self.format, self.renames)(fields, registry)
 
-    def _registry_format(self, name: str) -> Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder]:
+    def _registry_format(
+        self, name: str, renames: Mapping[str, str]
+    ) -> Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder]:
         """A registry format's decoder, given the fields and the registry."""
         # imported here: polars costs a JSON pipeline's workers ~90 ms at start
         from ingest.formats.avro import AvroDecoder
@@ -256,7 +262,7 @@ class TaskSpec:
             "json_schema": JsonSchemaDecoder,
         }
         decoder = formats[name]
-        return lambda fields, registry: decoder(fields, registry, self.on_schema_change)
+        return lambda fields, registry: decoder(fields, registry, self.on_schema_change, renames)
 
 
 def produce_ranges(

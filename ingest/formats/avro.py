@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, prefix
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, rows_schema
+from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, renamed, rows_schema
 
 #: Avro's primitives, as the table's types
 _PRIMITIVES = {
@@ -214,6 +214,15 @@ def _resolve(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> 
     return node
 
 
+def _renamed(node: _Node, renames: Mapping[str, str]) -> _Node:
+    """A record's top-level fields under the table's names (Avro's encoding has no names: the
+    values are read as they are)."""
+    if not renames:
+        return node
+    names = [f.name for f in renamed([Field(name, "string") for name, _ in node.fields], renames)]
+    return replace(node, fields=[(name, child) for name, (_, child) in zip(names, node.fields, strict=True)])
+
+
 def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
@@ -315,7 +324,7 @@ class AvroDecoder(RegistryDecoder):
 
     def plan(self, writer: WriterSchema) -> tuple[_Node, bytes]:
         """The writer's resolved type, and the envelope schema its values are decoded with."""
-        node = _resolve(writer.text, writer.references)
+        node = _renamed(_resolve(writer.text, writer.references), self.renames)
         envelope = {
             "type": "record",
             "name": "__envelope",
@@ -411,11 +420,11 @@ class AvroFileDecoder:
     position as an Avro ``long`` in the block, and the decoded positions must come back as
     ``0..n-1``: a value shorter or longer than its schema shifts them, and the block is bisected."""
 
-    def __init__(self, fields: Sequence[Declared], schema_text: str) -> None:
+    def __init__(self, fields: Sequence[Declared], schema_text: str, renames: Mapping[str, str] | None = None) -> None:
         self.fields = list(fields)
         self._schema = rows_schema(self.fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
-        self._node = _resolve(schema_text)
+        self._node = _renamed(_resolve(schema_text), renames or {})
         envelope = {
             "type": "record",
             "name": "__envelope",

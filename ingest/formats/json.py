@@ -9,7 +9,7 @@ that says what is wrong. Good chunks (the usual case) are parsed once, in C++.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -76,9 +76,15 @@ def _one_object_per_line(values: list[bytes | None]) -> bytes | None:
 class Decoder:
     """Decodes :class:`RawChunk` values against the declared fields."""
 
-    def __init__(self, fields: Sequence[Declared]) -> None:
+    def __init__(self, fields: Sequence[Declared], renames: Mapping[str, str] | None = None) -> None:
         self.fields = list(fields)
-        self._parse_schema = pa.schema([pa.field(f.name, _json_type(arrow_type(f.type))) for f in fields])
+        names = {f.name for f in fields}
+        #: a renamed column's old name, read too: records of either name land in the column
+        self._old = {new: old for old, new in (renames or {}).items() if new in names and old not in names}
+        parsed = [(f.name, f.type) for f in fields] + [
+            (self._old[f.name], f.type) for f in fields if f.name in self._old
+        ]
+        self._parse_schema = pa.schema([pa.field(name, _json_type(arrow_type(kind))) for name, kind in parsed])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
         self._schema = rows_schema(fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
@@ -164,6 +170,8 @@ class Decoder:
         columns = []
         for spec in self.fields:
             column = table.column(spec.name)
+            if spec.name in self._old:
+                column = pc.coalesce(column, table.column(self._old[spec.name]))
             target = arrow_type(spec.type)
             try:
                 if column.type != target:

@@ -158,7 +158,7 @@ class JsonSchemaDecoder(RegistryDecoder):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._json = Decoder(self.fields)
+        self._json = Decoder(self.fields, self.renames)  # JSON names the fields: read old names too
 
     def fields_of(self, writer: WriterSchema) -> list[Field]:
         return fields_of(writer.text, writer.references)

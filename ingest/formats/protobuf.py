@@ -40,7 +40,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, Field
+from ingest.records import RESERVED_COLUMNS, Field, renamed
 
 _WELL_KNOWN = (any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
 _SCALARS = {
@@ -261,6 +261,8 @@ class ProtobufDecoder(RegistryDecoder):
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]
     ) -> None:
         descriptor, cls, indexes = reading.plan
+        fields = [Field(f.name, "string") for f in descriptor.fields]
+        names = {f.name: g.name for f, g in zip(fields, renamed(fields, self.renames), strict=True) if f.name != g.name}
         rows: list[dict[str, Any]] = []
         good: list[int] = []
         for i in index:
@@ -274,7 +276,8 @@ class ProtobufDecoder(RegistryDecoder):
                         f"{descriptor.full_name} ({list(indexes)})"
                     )
                     continue
-                rows.append(_row(cls.FromString(value[start:])))
+                row = _row(cls.FromString(value[start:]))
+                rows.append({names.get(k, k): v for k, v in row.items()} if names else row)
             except DecodeError as error:
                 bad[i] = (
                     f"does not decode as Protobuf {descriptor.full_name} with schema id {reading.schema_id} "

@@ -13,7 +13,7 @@ table fields and the decoding of a group of values of one schema id.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from ingest.config import OnSchemaChange
 from ingest.errors import SchemaAhead, SchemaChangeRefused
 from ingest.formats.rows import assemble, dead_letters
 from ingest.ports import SchemaRegistry, WriterSchema
-from ingest.records import Declared, Decoded, Field, RawChunk, arrow_type, merge, rows_schema
+from ingest.records import Declared, Decoded, Field, RawChunk, arrow_type, merge, renamed, rows_schema
 
 PREFIX = 5
 
@@ -100,10 +100,18 @@ class RegistryDecoder:
     #: the format's name in messages
     label = ""
 
-    def __init__(self, fields: Sequence[Declared], registry: SchemaRegistry, on_change: OnSchemaChange) -> None:
+    def __init__(
+        self,
+        fields: Sequence[Declared],
+        registry: SchemaRegistry,
+        on_change: OnSchemaChange,
+        renames: Mapping[str, str] | None = None,
+    ) -> None:
         self.fields = list(fields)
         self.registry = registry
         self.on_change = on_change
+        #: top-level fields the writers renamed, old name → the table's (``renames:``)
+        self.renames = dict(renames or {})
         self._schema = rows_schema(self.fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
         self._readings: dict[int, Reading] = {}
@@ -111,11 +119,12 @@ class RegistryDecoder:
     # -- what a format supplies
 
     def fields_of(self, writer: WriterSchema) -> list[Field]:
-        """The table fields of a writer schema (raises :class:`Refused`)."""
+        """The table fields of a writer schema, under the writer's names (raises :class:`Refused`)."""
         raise NotImplementedError
 
     def plan(self, writer: WriterSchema) -> Any:
-        """What decoding records of ``writer`` (whose fields the table has) needs, made once per id."""
+        """What decoding records of ``writer`` (whose fields the table has, under the table's names:
+        ``self.renames`` applied) needs, made once per id."""
         return None
 
     def decode_group(self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts,
@@ -142,7 +151,7 @@ class RegistryDecoder:
                 reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
             )
         try:
-            writer_fields = self.fields_of(writer)
+            writer_fields = renamed(self.fields_of(writer), self.renames)
         except Refused as error:
             return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
         merged = merge(self.fields, writer_fields)

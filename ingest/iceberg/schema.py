@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -98,9 +98,12 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
     return PartitionSpec(*fields)
 
 
-def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -> bool:
-    """Stage in ``transaction`` what makes its table's schema take records of ``wanted``; True if
-    that changes the schema.
+def stage_evolution(
+    transaction: Transaction, identifier: str, wanted: Schema, renames: Mapping[str, str] | None = None
+) -> bool:
+    """Stage in ``transaction`` what makes its table's schema take records of ``wanted``, after
+    renaming its top-level columns by ``renames`` (old name → new; a column keeps its field id, so
+    rows written before read under the new name); True if that changes the schema.
 
     Allowed, as Iceberg allows them without rewriting data: new optional columns (nested ones
     too), widening (int→long, float→double, decimal precision), required→optional. Columns are
@@ -109,8 +112,22 @@ def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -
     (optional ones are written as nulls). Anything else (a narrower or different type, a new
     required column, a required column missing) raises :class:`TableMismatch`: the table is left
     as it is."""
-    update = transaction.update_schema()
     current = transaction.table_metadata.schema()
+    names = set(current.column_names)
+    pending = {old: new for old, new in (renames or {}).items() if old in names and new not in names}
+    clash = sorted(old for old, new in (renames or {}).items() if old in names and new in names)
+    if clash:
+        pairs = ", ".join(f"{old} and {(renames or {})[old]}" for old in clash)
+        raise TableMismatch(
+            f"table {identifier} has both {pairs}, so `renames:` cannot rename one to the other (records of the new "
+            "name already landed in a column of their own). Drop the rename from the config, or merge the columns "
+            "with your engine first."
+        )
+    if pending:
+        with transaction.update_schema() as rename:  # staged; the union below sees the new names
+            for old, new in pending.items():
+                rename.rename_column(old, new)
+    update = transaction.update_schema()
     try:
         update.union_by_name(wanted)
         evolved = update._apply()
@@ -127,8 +144,8 @@ def stage_evolution(transaction: Transaction, identifier: str, wanted: Schema) -
             f"table {identifier} exists with a schema that does not fit the configured one: {error}\n"
             "Fix `schema:` to match the table, or evolve the table's schema first."
         ) from None
-    if evolved == current:
-        return False
+    if evolved == transaction.table_metadata.schema():
+        return bool(pending)
     update.commit()  # staged in the transaction: committed with whatever else it holds
     return True
 

@@ -99,11 +99,13 @@ class IcebergTable:
         self._written_with: Schema | None = None
         #: the held metadata the evolved one for writes was derived from, and that evolved metadata
         self._for_writes: tuple[TableMetadata, TableMetadata] | None = None
+        #: top-level columns the evolution renames first, old name → new (``renames:``)
+        self._renames: dict[str, str] = {}
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
         handle = IcebergTable(self.catalog, self.identifier, self._table, branch)
-        handle._wanted = self._wanted
+        handle._wanted, handle._renames = self._wanted, self._renames
         return handle
 
     def evolve_to(self, fields: Sequence[Declared]) -> None:
@@ -116,7 +118,7 @@ class IcebergTable:
     def _evolve_to(self, schema: Schema) -> None:
         transaction = self._table.transaction()
         before = transaction.table_metadata.schema()
-        if stage_evolution(transaction, self.identifier, schema):
+        if stage_evolution(transaction, self.identifier, schema, self._renames):
             change = describe_change(before, transaction.table_metadata.schema())
             log.info("%s: the next commit evolves the schema: %s", self.identifier, change)
             self._wanted = schema
@@ -136,7 +138,7 @@ class IcebergTable:
         if self._for_writes is not None and self._for_writes[0] is held:
             return self._for_writes[1]
         transaction = self._table.transaction()
-        if not stage_evolution(transaction, self.identifier, self._wanted):
+        if not stage_evolution(transaction, self.identifier, self._wanted, self._renames):
             self._wanted = self._written_with = self._for_writes = None
             return held
         metadata = transaction.table_metadata
@@ -149,7 +151,7 @@ class IcebergTable:
         if files were written with an evolved schema this commit would not give the table."""
         transaction = _no_library_retry(self._table, metadata).transaction()
         if self._wanted is not None:
-            stage_evolution(transaction, self.identifier, self._wanted)
+            stage_evolution(transaction, self.identifier, self._wanted, self._renames)
             if self._written_with is not None and transaction.table_metadata.schema() != self._written_with:
                 raise SchemaMoved(
                     f"the schema of {self.identifier} changed while this batch's files were written with an "
@@ -176,8 +178,10 @@ class IcebergTable:
         identifier: str,
         schema: Schema,
         spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+        renames: Mapping[str, str] | None = None,
     ) -> IcebergTable:
-        """Load the table, creating it (and its namespace) if missing.
+        """Load the table, creating it (and its namespace) if missing; its columns renamed by
+        ``renames`` (old → new) with the next commit, before it takes ``schema``.
 
         A table this creates gets ``commit.retry.num-retries=0``, which tells other tools that
         library retries are unsafe here; an existing table is not changed (every commit made here
@@ -189,6 +193,7 @@ class IcebergTable:
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
         handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
+        handle._renames = dict(renames or {})
         handle._evolve_to(schema)
         return handle
 

@@ -587,6 +587,40 @@ def test_string_keys_of_json_values_land_decoded_and_a_key_that_is_not_utf8_is_a
     env.verify()
 
 
+def test_a_field_the_writers_renamed_lands_in_the_same_column_when_the_config_says_so(make_env, registry) -> None:
+    """v2 of the writer schema renames ``qty`` to ``quantity``; with ``renames: {qty: quantity}`` the
+    table's column keeps its field id under the new name (renamed in the batch's snapshot), and
+    records of v1 and v2 both land in it."""
+    env = avro_env(make_env, registry, partition_by=[])
+    writer = Avro(env, registry)
+    writer.produce(60)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    before = _table(env)
+    qty = before.schema().find_field("qty")
+    renamed = json.loads(json.dumps(V1))
+    renamed["fields"][10]["name"] = "quantity"
+    _set(env, renames={"qty": "quantity"})
+    new, old = writer.serializer(renamed), writer.serializer(V1)
+    records = []
+    for i in range(60, 100):
+        value = order(i)
+        if i < 80:
+            value["quantity"] = value.pop("qty")
+        records.append((i % env.partitions, f"k{i}".encode(), (new if i < 80 else old)(value, writer.context), []))
+    produce(env.bootstrap, env.topic, records)
+
+    done = env.cli("run", "--until-caught-up")
+
+    assert done.returncode == 0, done.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == len(before.metadata.snapshots) + 1
+    quantity = table.schema().find_field("quantity")
+    assert quantity.field_id == qty.field_id and "qty" not in table.schema().column_names
+    rows = table.scan(selected_fields=("order_id", "quantity")).to_arrow().sort_by("order_id").to_pylist()
+    assert rows == [{"order_id": i, "quantity": i % 100} for i in range(100)]
+    env.verify()
+
+
 def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env) -> None:
     """A topic of plain Avro bodies (no wire-format prefix, no registry: what fastavro's
     ``schemaless_writer`` writes), its writer schema in an ``.avsc`` file beside the config."""

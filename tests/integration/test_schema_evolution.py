@@ -226,3 +226,80 @@ def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_
     assert [r["order_id"] for r in rows] == list(range(360))
     assert [r["note"] for r in rows] == [None if i >= 60 and i % 3 == 0 else f"n{i}" for i in range(360)]
     env.verify()
+
+
+def _rename_qty(env) -> None:  # type: ignore[no-untyped-def]
+    """The writers renamed ``qty`` to ``quantity``: ``schema:`` says the new name, ``renames:`` the old."""
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [dict(f, name="quantity") if f["name"] == "qty" else f for f in data["schema"]]
+    data["renames"] = {"qty": "quantity"}
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def test_a_column_renamed_by_config_keeps_its_field_id_and_takes_records_of_either_name(make_env) -> None:
+    env = make_env(partitions=2)
+    _schema(env, {"name": "qty", "type": "int"})
+    _orders(env, 50, qty=lambda i: i)
+    assert env.cli("run").returncode == 0
+    before = _table(env)
+    qty = before.schema().find_field("qty")
+
+    _rename_qty(env)
+    _orders(env, 30, quantity=lambda i: i)
+    _orders(env, 20, qty=lambda i: i)  # producers not yet upgraded
+    renamed = env.cli("run", "--until-caught-up")
+
+    assert renamed.returncode == 0, renamed.stderr
+    table = _table(env)
+    assert len(table.metadata.snapshots) == len(before.metadata.snapshots) + 1  # rename, data and ledger: one
+    assert table.current_snapshot().schema_id == table.schema().schema_id  # type: ignore[union-attr]
+    quantity = table.schema().find_field("quantity")
+    assert (quantity.field_id, str(quantity.field_type)) == (qty.field_id, "int")
+    assert "qty" not in table.schema().column_names
+    rows = table.scan(selected_fields=("order_id", "quantity")).to_arrow().sort_by("order_id").to_pylist()
+    assert rows == [{"order_id": i, "quantity": i} for i in range(100)]  # rows written as qty read as quantity
+    assert env.cli("run").returncode == 0  # the rename is done: nothing more to change
+    assert len(_table(env).metadata.schemas) == len(table.metadata.schemas)
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_rename_onto_a_column_that_already_landed_stops_before_anything_moves(make_env) -> None:
+    env = make_env(partitions=1)
+    _schema(env, {"name": "qty", "type": "int"}, {"name": "quantity", "type": "int"})
+    _orders(env, 10, qty=1)
+    assert env.cli("run").returncode == 0
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = [f for f in data["schema"] if f["name"] != "qty"]
+    data["renames"] = {"qty": "quantity"}
+    env.config_path.write_text(yaml.safe_dump(data))
+    before = _table(env).metadata
+
+    result = env.cli("run")
+
+    assert result.returncode == 65, result.stderr
+    assert "has both qty and quantity" in result.stderr, result.stderr
+    after = _table(env).metadata
+    assert (after.current_schema_id, len(after.snapshots)) == (before.current_schema_id, len(before.snapshots))
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_at_each_step_of_a_renaming_batch_leaves_the_name_and_the_data_together(make_env, point) -> None:
+    env = make_env(partitions=2)
+    _schema(env, {"name": "qty", "type": "int"})
+    _orders(env, 40, qty=lambda i: i)
+    assert env.cli("run").returncode == 0
+    _rename_qty(env)
+    _orders(env, 40, quantity=lambda i: i)
+
+    killed = env.cli("run", env={"INGEST_FAILPOINT": point})
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    committed = point == "after-commit"
+    assert ("quantity" in _table(env).schema().column_names) is committed  # renamed with the batch, or not at all
+    rerun = env.cli("run", "--until-caught-up")
+    assert rerun.returncode == 0, rerun.stderr
+    rows = _table(env).scan(selected_fields=("order_id", "quantity")).to_arrow().sort_by("order_id").to_pylist()
+    assert rows == [{"order_id": i, "quantity": i} for i in range(80)]
+    env.verify()

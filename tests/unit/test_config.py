@@ -142,6 +142,18 @@ def test_a_missing_required_key_is_named(key: str) -> None:
         ("on_data_loss", "ignore", "on_data_loss: Input should be 'fail' or 'skip'"),
         ("topics", [], "topics: List should have at least 1 item"),
         ("dead_letter_table", "analytics.orders", "dead_letter_table must differ from table"),
+        ("renames", {"address.zip": "postcode"}, "renames: 'address.zip' is not a top-level column name"),
+        ("renames", {"qty": "quantity", "quantity": "units"}, "'qty' → 'quantity' → 'units' is a chain"),
+        ("renames", {"a": "c", "b": "c"}, "renames: two columns are renamed to the same name"),
+        ("renames", {"amount": "total"}, "schema: declares 'amount', which renames: renames to 'total'"),
+        ("renames", {"_kafka_key": "k"}, "renames: '_kafka_key' is a column the pipeline adds itself"),
+        ("topics", [{"name": "o", "key_subject": "o-key"}], "key_subject is for keys in a registry format"),
+        ("topics", [{"name": "o", "key_format": "avro"}], "key_format 'avro' needs `schema_registry:`"),
+        (
+            "topics",
+            [{"name": "o", "key_format": "string"}, {"name": "p"}],
+            "every topic of a pipeline has the same key_format",
+        ),
     ],
 )
 def test_invalid_values_are_reported_with_their_key(dotted: str, value: Any, expected: str) -> None:
@@ -151,7 +163,7 @@ def test_invalid_values_are_reported_with_their_key(dotted: str, value: Any, exp
     assert expected in error_of(data)
 
 
-@pytest.mark.parametrize("column", ["_kafka_offset", "_kafka_topic", "_kafka_key"])
+@pytest.mark.parametrize("column", ["_kafka_offset", "_kafka_topic", "_kafka_key", "_kafka_key_decoded"])
 def test_a_reserved_column_name_in_schema_is_rejected(column: str) -> None:
     data = minimal()
     data["schema"].append({"name": column, "type": "long"})

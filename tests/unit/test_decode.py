@@ -535,3 +535,17 @@ def test_a_nested_value_of_the_wrong_shape_is_a_dead_letter_naming_the_field(val
     assert_exactly_once(decoded, [100, 101])
     assert decoded.dead_letters.column("offset").to_pylist() == [101]
     assert reason in decoded.dead_letters.column("error")[0].as_py()
+
+
+def test_a_renamed_field_is_read_under_either_name_into_its_new_column() -> None:
+    fields = [FieldSpec(name="id", type="long", required=True), FieldSpec(name="quantity", type="int")]
+    values: list[bytes | None] = [b'{"id": 1, "quantity": 5}', b'{"id": 2, "qty": 7}', b'{"id": 3}']
+
+    decoded = Decoder(fields, {"qty": "quantity"}).decode(chunk(values))
+
+    assert decoded.rows.select(["id", "quantity"]).to_pylist() == [
+        {"id": 1, "quantity": 5},
+        {"id": 2, "quantity": 7},
+        {"id": 3, "quantity": None},
+    ]
+    assert decoded.rows.column_names[-2:] == ["id", "quantity"]  # the old name is no column

@@ -18,6 +18,7 @@ from google.protobuf.message_factory import GetMessageClass
 from ingest.formats.protobuf import ProtobufDecoder, fields_of
 from ingest.formats.wire import Refused
 from ingest.ports import WriterSchema
+from ingest.records import Field
 from tests.unit.test_json_schema import chunk
 
 F = descriptor_pb2.FieldDescriptorProto
@@ -197,3 +198,29 @@ def test_imported_files_are_built_from_the_schemas_references_by_their_import_na
     unresolved = WriterSchema(12, "PROTOBUF", writer(12, payment).text)
     with pytest.raises(Refused, match=r"imports shop/money\.proto, which the registry holds no reference for"):
         fields_of(unresolved)
+
+
+def test_a_field_the_writer_renamed_decodes_into_the_tables_column_by_config() -> None:
+    fields = [Field(name, kind) for name, kind in [("id", "long"), ("sku", "string"), ("quantity", "int")]]
+    line = classes_of_line()
+    registry = Registry(writer(1, line_file()))
+    decoder = ProtobufDecoder(fields, registry, "fail", {"qty": "quantity"})
+
+    rows = decoder.decode(chunk([framed(1, line(sku="a", qty=4), indexes=b"\x00")])).rows.to_pylist()
+
+    assert rows[0]["quantity"] == 4
+
+
+def line_file() -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(name="line.proto", package="shop", syntax="proto3")
+    message = file.message_type.add(name="Line")
+    message.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    message.field.add(name="sku", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    message.field.add(name="qty", number=3, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    return file
+
+
+def classes_of_line() -> Any:
+    pool = DescriptorPool()
+    pool.Add(line_file())
+    return GetMessageClass(pool.FindMessageTypeByName("shop.Line"))
