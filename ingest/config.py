@@ -18,7 +18,7 @@ import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
-from ingest.records import KEY_COLUMN, RESERVED_COLUMNS, arrow_type, parse_transform, type_name
+from ingest.records import KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_transform, type_name
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -58,7 +58,7 @@ class FieldSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, value: str) -> str:
-        if value in RESERVED_COLUMNS or value == KEY_COLUMN:
+        if value in OWN_COLUMNS:
             raise ValueError(f"{value!r} is a column the pipeline adds itself; rename the field")
         return value
 
@@ -310,8 +310,10 @@ class PipelineConfig(_Strict):
                         f"renames: {name!r} is not a top-level column name (nested columns are renamed with your "
                         "engine's ALTER TABLE ... RENAME COLUMN, then follow by name)"
                     )
-                if name in RESERVED_COLUMNS or name == KEY_COLUMN:
+                if name in OWN_COLUMNS:
                     raise ValueError(f"renames: {name!r} is a column the pipeline adds itself")
+            if new == old:
+                raise ValueError(f"renames: {old!r} → {new!r} renames nothing; leave it out")
             if new in self.renames:
                 raise ValueError(
                     f"renames: {old!r} → {new!r} → {self.renames[new]!r} is a chain; rename to the last name"

@@ -115,7 +115,7 @@ class SchemaAhead(RetryableError):
         super().__init__(message)
         #: parsed back from the message when only the text crossed a process (Spark rebuilds errors from it)
         self.schema_ids = schema_ids or tuple(int(i) for i in re.findall(r"schema id (\d+)", message))
-        self.key = key or message.startswith(KEYS_AHEAD)
+        self.key = key or KEYS_AHEAD in message  # Spark prefixes the task's message with its own
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_schema_ahead, (str(self), self.schema_ids, self.key))
@@ -209,3 +209,7 @@ class KafkaRefused(ConfigError):
 
 class RegistryRefused(ConfigError):
     """The Schema Registry turned this client away (401/403), or a configured subject does not exist."""
+
+
+class SubjectNotFound(RegistryRefused):
+    """The Schema Registry has no subject the pipeline derives a schema from."""

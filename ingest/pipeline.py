@@ -15,12 +15,12 @@ from typing import Literal
 
 from ingest import failpoints, formats
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig, schema_file_text
+from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSpec, schema_file_text
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.dead_letters import settle
-from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused
+from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound
 from ingest.formats import keys
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
@@ -99,12 +99,13 @@ class Pipeline:
         catalog = connect(config.catalog)
         # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
         from_file = _from_file(config)  # checked against `schema:` too
-        table_fields = IcebergTable.fields_of(catalog, config.table)
-        own = renamed([f for f in table_fields or [] if f.name != KEY_COLUMN], config.renames)
-        fields = config.schema_ or from_file or own
+        fields = config.schema_ or from_file
+        if not fields:
+            own = IcebergTable.fields_of(catalog, config.table) or []
+            fields = renamed([f for f in own if f.name != KEY_COLUMN], config.renames)
         fields = fields or _from_subjects(config, registry)
         if config.key_format is not None:  # the key column as the table has it, or as the keys are
-            had = [f for f in table_fields or [] if f.name == KEY_COLUMN]
+            had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN])
             fields = [*fields, *(had or [_key_from(config, registry)])]
         schema = rows_schema(fields)
         spec = partition_spec(schema, config.partition_by)
@@ -202,7 +203,7 @@ class Pipeline:
             if _values_in_registry(config):
                 self._evolve([registry.latest(t.value_subject) for t in config.topic_specs])
             if config.key_format in REGISTRY_FORMATS:
-                self._evolve([registry.latest(t.key_subject_name) for t in config.topic_specs], key=True)
+                self._evolve([_latest_key(registry, t) for t in config.topic_specs], key=True)
         for _ in range(MAX_SCHEMA_CATCH_UPS):
             try:
                 return engine.produce(batch, self.fields)
@@ -220,8 +221,15 @@ class Pipeline:
         fields = self.fields
         for writer in writers:
             try:
-                own = [keys.key_field(writer)] if key else renamed(formats.fields_of(writer), self.config.renames)
-                merged = merge(fields, own)
+                if key:  # the key column alone, in its place: the value columns are not the key writer's
+                    column = merge([f for f in fields if f.name == KEY_COLUMN], [keys.key_field(writer)])
+                    evolved = [
+                        column.fields[0] if f.name == KEY_COLUMN else Field(f.name, f.type, f.required, f.doc)
+                        for f in fields
+                    ]
+                    merged = Merged(tuple(evolved), column.problems)
+                else:
+                    merged = merge(fields, renamed(formats.fields_of(writer), self.config.renames))
             except ValueError as error:
                 what = "a key column" if key else "a table's schema"
                 raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None
@@ -282,7 +290,7 @@ def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
     assert registry is not None  # config requires a registry then
     fields: list[Field] = []
     for topic in config.topic_specs:
-        writer = registry.latest(topic.key_subject_name)
+        writer = _latest_key(registry, topic)
         try:
             own = [keys.key_field(writer)]
             merged = merge(fields, own) if fields else Merged(tuple(own), ())
@@ -295,6 +303,18 @@ def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
             raise ConfigError(f"the key subjects of `topics:` disagree: {'; '.join(merged.problems)}")
         fields = list(merged.fields)
     return fields[0]
+
+
+def _latest_key(registry: SchemaRegistry, topic: TopicSpec) -> WriterSchema:
+    try:
+        return registry.latest(topic.key_subject_name)
+    except SubjectNotFound:
+        raise SubjectNotFound(
+            f"the Schema Registry has no subject {topic.key_subject_name!r}, which the key column of topic "
+            f"{topic.name!r} is derived from (key_format: {topic.key_format}). Register the key schema first (a "
+            "producer's serializer does on its first record), set `key_subject:` on the topic, or leave "
+            "`key_format:` out to keep keys raw."
+        ) from None
 
 
 def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> list[Field]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -79,6 +79,8 @@ RESERVED_COLUMNS = ROWS.names
 #: the column record keys are decoded into when the topics have a ``key_format`` (the raw key stays
 #: in ``_kafka_key``); to the table it is one more optional field, evolved as value fields are
 KEY_COLUMN = "_kafka_key_decoded"
+#: the names the pipeline's own columns take, which no field of the records may
+OWN_COLUMNS = (*ROWS.names, KEY_COLUMN)
 
 KAFKA_COLUMNS = pa.schema(ROWS.fields())
 
@@ -351,16 +353,23 @@ def merge(table: Sequence[Declared], writer: Sequence[Declared]) -> Merged:
     return Merged(tuple(fields), tuple(problems))
 
 
+def renaming(names: Collection[str], renames: Mapping[str, str]) -> dict[str, str]:
+    """The ``renames`` (old name → the table's new one; ``renames:`` in the config) that apply to
+    a writer whose top-level fields are ``names``: not where the writer has the new name too (then
+    the new one is read, and the old is no column: it would be one beside the renamed column)."""
+    return {old: new for old, new in renames.items() if old in names and new not in names}
+
+
 def renamed(fields: Sequence[Declared], renames: Mapping[str, str]) -> list[Field]:
-    """A writer's top-level ``fields`` under the table's names: ``renames`` maps a field's old name
-    to the column's new one (``renames:`` in the config); a writer that has the new name already
-    keeps its own."""
-    names = {f.name for f in fields}
-    out = []
-    for f in fields:
-        name = renames.get(f.name, f.name)
-        out.append(Field(name if name not in names else f.name, f.type, f.required, f.doc))
-    return out
+    """A writer's top-level ``fields`` under the table's names (:func:`renaming`), a field whose
+    old name the writer has beside the new one left out."""
+    names = [f.name for f in fields]
+    apply = renaming(names, renames)
+    return [
+        Field(apply.get(f.name, f.name), f.type, f.required, f.doc)
+        for f in fields
+        if f.name in apply or f.name not in renames
+    ]
 
 
 @dataclass(frozen=True)

@@ -221,10 +221,11 @@ class TaskSpec:
     def decoder(self) -> ValueDecoder:
         """The decoder of this task's records: their values, and their keys with ``key_format``."""
         registry = None
-        if self.registry is not None:  # keys and values share the client and its cache
+        values_in_registry = self.format != "json" and self.schema_text is None
+        if values_in_registry or self.key_format not in (None, "string"):  # keys and values share the client
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
-            registry = Registry(self.registry)
+            registry = Registry(self.registry or {})  # config requires it for these formats
         if self.key_format is None:
             return self._values(self.fields, registry)
         from ingest.formats import keys
@@ -234,7 +235,8 @@ class TaskSpec:
             return keys.KeyedDecoder(self.fields, values, keys.StringKeys())
         assert registry is not None  # checked in config
         key = next(f for f in self.fields if f.name == KEY_COLUMN)  # the pipeline adds it
-        reader = keys.RegistryKeys(key, registry, self._registry_format(self.key_format, {}))
+        make = self._registry_format(self.key_format, {})
+        reader = keys.RegistryKeys(key, registry, make, avro=self.key_format == "avro")
         return keys.KeyedDecoder(self.fields, values, reader)
 
     def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:

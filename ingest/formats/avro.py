@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, prefix
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, renamed, rows_schema
+from ingest.records import OWN_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, renaming, rows_schema
 
 #: Avro's primitives, as the table's types
 _PRIMITIVES = {
@@ -219,8 +219,8 @@ def _renamed(node: _Node, renames: Mapping[str, str]) -> _Node:
     values are read as they are)."""
     if not renames:
         return node
-    names = [f.name for f in renamed([Field(name, "string") for name, _ in node.fields], renames)]
-    return replace(node, fields=[(name, child) for name, (_, child) in zip(names, node.fields, strict=True)])
+    apply = renaming([name for name, _ in node.fields], renames)
+    return replace(node, fields=[(apply.get(name, name), child) for name, child in node.fields])
 
 
 def _json(text: str, what: str) -> Any:
@@ -238,7 +238,7 @@ def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) ->
     may come from referenced schemas."""
     node = _resolve(text, references)
     for name, _ in node.fields:
-        if name in RESERVED_COLUMNS:
+        if name in OWN_COLUMNS:
             raise Refused(f"{name}: the pipeline adds a column of that name itself")
     return [Field(name, child.type_name(), not child.optional) for name, child in node.fields]
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from ingest.formats.json import Decoder
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, ROWS, Field, RawChunk
+from ingest.records import OWN_COLUMNS, ROWS, Field, RawChunk
 
 _STRING_FORMATS = {"date-time": "timestamptz", "date": "date"}
 _TYPES = {"integer": "long", "number": "double", "boolean": "boolean"}
@@ -136,7 +136,7 @@ def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) ->
     required = set(schema.get("required", []))
     fields = []
     for name, property_schema in schema["properties"].items():
-        if name in RESERVED_COLUMNS:
+        if name in OWN_COLUMNS:
             raise Refused(f"{name}: the pipeline adds a column of that name itself")
         kind, nullable = mapper.type_of(property_schema, name)
         fields.append(Field(name, kind, name in required and not nullable, property_schema.get("description")))

@@ -2,11 +2,12 @@
 the raw ``_kafka_key``.
 
 To the table the key column is one more optional field: ``string`` keys are a string column; a
-registry format's key is a ``struct<…>`` of its record's (message's, object's) fields, or, for an
-Avro key whose schema is not a record (``"string"``, ``"long"``), that type. It evolves as value
+Protobuf or JSON Schema key is a ``struct<…>`` of its message's (object's) fields, and an Avro key
+is the column of its schema's type: a record's ``struct<…>``, or a primitive's type
+(``"string"``, ``"long"``). It evolves as value
 fields do, in the batch's own snapshot: a newer key writer schema makes the batch be produced
 again (:class:`ingest.errors.SchemaAhead` with ``key=True``). A null key reads as null; a key that
-does not decode makes its record a dead letter whose reason starts with ``key:``.
+does not decode makes its record a dead letter whose reason starts with ``key``.
 
 :class:`KeyedDecoder` decodes the keys first, then the values of the records whose keys decoded,
 with whichever value decoder the topics' ``format`` has; the value decoders put the decoded keys
@@ -25,15 +26,14 @@ import numpy as np
 import pyarrow as pa
 
 from ingest import formats
-from ingest.errors import KEYS_AHEAD, SchemaAhead
+from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused
 from ingest.formats.rows import dead_letters
 from ingest.formats.wire import RegistryDecoder
 from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema
 from ingest.records import KEY_COLUMN, ROWS, Declared, Decoded, Field, RawChunk, arrow_type, rows_schema, type_name
 
-#: the field an Avro key schema that is not a record is read as (the encoding of a record of one
-#: field is the encoding of that field's value, so the bytes are read as they are)
-_SCALAR = "value"
+#: the one field of the record an Avro key schema is read as (:func:`wrapped`)
+_VALUE = "value"
 
 
 class KeyDecoder(Protocol):
@@ -62,40 +62,40 @@ class StringKeys:
         return pa.array(keys, pa.string()), bad
 
 
-def as_record(writer: WriterSchema) -> WriterSchema:
-    """An Avro key schema as a record: itself, or a record of one field of it (the same bytes)."""
+def wrapped(writer: WriterSchema) -> WriterSchema:
+    """An Avro key schema as a record of one field, ``value``, of it: the same bytes (a record's
+    encoding is its fields'), and one shape for every key schema (a record, a union with null, a
+    primitive, a named type of a referenced subject)."""
     if writer.kind != "AVRO":
         return writer
     try:
         schema = json.loads(writer.text)
     except ValueError:
         return writer  # the format says what is wrong with it
-    if isinstance(schema, dict) and schema.get("type") == "record":
-        return writer
-    record = {"type": "record", "name": "__key", "fields": [{"name": _SCALAR, "type": schema}]}
+    record = {"type": "record", "name": "__key", "fields": [{"name": _VALUE, "type": schema}]}
     return WriterSchema(writer.schema_id, writer.kind, json.dumps(record), writer.references)
 
 
 def key_field(writer: WriterSchema) -> Field:
     """The key column of a key writer schema (raises ValueError saying what does not map)."""
-    fields = formats.fields_of(as_record(writer))
-    if as_record(writer) is not writer:
+    fields = formats.fields_of(wrapped(writer))
+    if writer.kind == "AVRO":
         return Field(KEY_COLUMN, fields[0].type, False)
     return Field(KEY_COLUMN, "struct<" + ", ".join(f"{f.name}: {f.type}" for f in fields) + ">", False)
 
 
-class _AsRecords:
-    """A registry whose Avro schemas that are not records read as records (:func:`as_record`)."""
+class _Wrapped:
+    """A registry whose Avro schemas read as records of one field (:func:`wrapped`)."""
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
 
     def by_id(self, schema_id: int) -> WriterSchema | None:
         writer = self.registry.by_id(schema_id)
-        return None if writer is None else as_record(writer)
+        return None if writer is None else wrapped(writer)
 
     def latest(self, subject: str) -> WriterSchema:
-        return as_record(self.registry.latest(subject))
+        return wrapped(self.registry.latest(subject))
 
 
 class RegistryKeys:
@@ -107,11 +107,15 @@ class RegistryKeys:
         key: Declared,
         registry: SchemaRegistry,
         make: Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder],
+        *,
+        avro: bool,
     ) -> None:
         self.type = arrow_type(key.type)
-        self.scalar = not pa.types.is_struct(self.type)
-        children = [pa.field(_SCALAR, self.type)] if self.scalar else list(self.type)
-        self.decoder = make([Field(f.name, type_name(f.type), False) for f in children], _AsRecords(registry))
+        #: Avro keys are read wrapped (:func:`wrapped`): the column is the wrapper's one field
+        self.wrapped = avro
+        children = [pa.field(_VALUE, self.type)] if avro else list(self.type)
+        self.decoder = make([Field(f.name, type_name(f.type), False) for f in children], _Wrapped(registry))
+        self.decoder.part = "key"
 
     def decode(self, chunk: RawChunk) -> tuple[pa.Array, dict[int, str]]:
         n = len(chunk)
@@ -130,9 +134,11 @@ class RegistryKeys:
             decoded = self.decoder.decode(keys)
         except SchemaAhead as ahead:
             raise SchemaAhead(f"{KEYS_AHEAD}{ahead}", ahead.schema_ids, key=True) from None
+        except SchemaChangeRefused as refused:
+            raise SchemaChangeRefused(f"{KEYS_AHEAD}{refused}") from None
         rows = decoded.rows.sort_by(ROWS.offset)
-        if self.scalar:
-            column = rows.column(_SCALAR).combine_chunks()
+        if self.wrapped:
+            column = rows.column(_VALUE).combine_chunks()
         else:
             names = [f.name for f in self.type]
             column = pa.StructArray.from_arrays([rows.column(f).combine_chunks() for f in names], names=names)
@@ -141,7 +147,7 @@ class RegistryKeys:
         keys_decoded = column.take(pa.array(where, mask=where < 0)).cast(self.type)
         dead = decoded.dead_letters
         bad = {
-            int(position): f"key: {error}"
+            int(position): error if error.startswith("key ") else f"key: {error}"
             for position, error in zip(dead.column("offset").to_pylist(), dead.column("error").to_pylist(), strict=True)
         }
         return keys_decoded, bad

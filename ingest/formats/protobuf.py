@@ -40,7 +40,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder
 from ingest.ports import WriterSchema
-from ingest.records import RESERVED_COLUMNS, Field, renamed
+from ingest.records import OWN_COLUMNS, Field, renaming
 
 _WELL_KNOWN = (any_pb2, duration_pb2, empty_pb2, field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
 _SCALARS = {
@@ -166,7 +166,7 @@ def _element(field: FieldDescriptor, where: str, open_: frozenset[str]) -> str:
 def _fields(message: Descriptor) -> list[Field]:
     fields = []
     for field in message.fields:
-        if field.name in RESERVED_COLUMNS:
+        if field.name in OWN_COLUMNS:
             raise Refused(f"{field.name}: the pipeline adds a column of that name itself")
         required = bool(field.is_required)  # proto2 only; proto3 fields may be absent
         fields.append(Field(field.name, _type(field, field.name, frozenset({message.full_name})), required))
@@ -261,8 +261,7 @@ class ProtobufDecoder(RegistryDecoder):
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]
     ) -> None:
         descriptor, cls, indexes = reading.plan
-        fields = [Field(f.name, "string") for f in descriptor.fields]
-        names = {f.name: g.name for f, g in zip(fields, renamed(fields, self.renames), strict=True) if f.name != g.name}
+        names = renaming([f.name for f in descriptor.fields], self.renames)
         rows: list[dict[str, Any]] = []
         good: list[int] = []
         for i in index:

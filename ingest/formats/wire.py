@@ -51,13 +51,14 @@ def prefix(schema_id: int) -> bytes:
     return struct.pack(">bI", 0, schema_id)
 
 
-def framing_problem(value: bytes | None) -> str | None:
-    """Why ``value`` is not in the Confluent wire format (None: it is)."""
+def framing_problem(value: bytes | None, part: str = "value") -> str | None:
+    """Why ``value`` (a record's value, or its key: ``part``) is not in the Confluent wire format
+    (None: it is)."""
     if value is None:
-        return "value is null (a tombstone); expected a record in the Confluent wire format"
+        return f"{part} is null (a tombstone); expected a record in the Confluent wire format"
     if len(value) < PREFIX:
         return (
-            f"value is {len(value)} bytes; the Confluent wire format starts with 5 (a zero magic byte and the "
+            f"{part} is {len(value)} bytes; the Confluent wire format starts with 5 (a zero magic byte and the "
             "schema id)"
         )
     if value[0] != 0:
@@ -66,7 +67,7 @@ def framing_problem(value: bytes | None) -> str | None:
     return None
 
 
-def group(values: list[bytes | None], bad: dict[int, str]) -> dict[int, Sequence[int]]:
+def group(values: list[bytes | None], bad: dict[int, str], part: str = "value") -> dict[int, Sequence[int]]:
     """The positions of the framed values by schema id; the others go to ``bad`` with the reason."""
     n = len(values)
     if n and all(values):
@@ -83,7 +84,7 @@ def group(values: list[bytes | None], bad: dict[int, str]) -> dict[int, Sequence
                 return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
     groups: dict[int, list[int]] = {}
     for i, value in enumerate(values):
-        reason = framing_problem(value)
+        reason = framing_problem(value, part)
         if reason is not None:
             bad[i] = reason
         else:
@@ -112,6 +113,8 @@ class RegistryDecoder:
         self.on_change = on_change
         #: top-level fields the writers renamed, old name → the table's (``renames:``)
         self.renames = dict(renames or {})
+        #: what this decoder reads of each record, in messages: ``value``, or ``key``
+        self.part = "value"
         self._schema = rows_schema(self.fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
         self._readings: dict[int, Reading] = {}
@@ -182,7 +185,7 @@ class RegistryDecoder:
     def decode(self, chunk: RawChunk) -> Decoded:
         values = chunk.values
         bad: dict[int, str] = {}
-        groups = group(values, bad)
+        groups = group(values, bad, self.part)
         ahead = [schema_id for schema_id in groups if self._reading(schema_id).ahead]
         if ahead:
             ids = ", ".join(f"schema id {i}" for i in sorted(ahead))

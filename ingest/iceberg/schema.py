@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -55,12 +55,13 @@ def _type_name(kind: IcebergType) -> str:
     return name
 
 
-def declared_fields(schema: Schema) -> list[records.Field]:
-    """The rows table's fields as ``schema:`` would declare them (the Kafka columns left out)."""
+def declared_fields(schema: Schema, only: Collection[str] | None = None) -> list[records.Field]:
+    """The rows table's fields as ``schema:`` would declare them (the Kafka columns left out; with
+    ``only``, just those named so)."""
     return [
         records.Field(f.name, _type_name(f.field_type), f.required, f.doc)
         for f in schema.fields
-        if f.name not in records.RESERVED_COLUMNS
+        if f.name not in records.RESERVED_COLUMNS and (only is None or f.name in only)
     ]
 
 
@@ -178,6 +179,8 @@ def describe_change(before: Schema, after: Schema) -> str:
         if was is None:
             parts.append(f"added {field.name} ({field.field_type})")
         elif was != field:
+            if was.name != field.name:
+                parts.append(f"renamed {was.name} to {field.name}")
             if was.required and not field.required:
                 parts.append(f"{field.name}: required→optional")
             if was.field_type != field.field_type:

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -198,10 +198,11 @@ class IcebergTable:
         return handle
 
     @staticmethod
-    def fields_of(catalog: Catalog, identifier: str) -> list[Field] | None:
-        """The declared fields of the rows table ``identifier``; None if there is no such table."""
+    def fields_of(catalog: Catalog, identifier: str, only: Collection[str] | None = None) -> list[Field] | None:
+        """The declared fields of the rows table ``identifier`` (with ``only``, just those named so);
+        None if there is no such table."""
         try:
-            return declared_fields(catalog.load_table(identifier).schema())
+            return declared_fields(catalog.load_table(identifier).schema(), only)
         except NoSuchTableError:
             return None
         except TableMismatch:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from ingest.errors import RegistryRefused, RegistryUnavailable
+from ingest.errors import RegistryRefused, RegistryUnavailable, SubjectNotFound
 from ingest.ports import WriterSchema
 
 T = TypeVar("T")
@@ -101,7 +101,7 @@ class Registry:
         try:
             found = self._call(f"reading subject {subject!r}", lambda: self._client.get_latest_version(subject))
         except SchemaRegistryError:
-            raise RegistryRefused(
+            raise SubjectNotFound(
                 f"the Schema Registry at {self.url} has no subject {subject!r}, which the table's schema is derived "
                 "from. Register the topic's schema first, set `subject:` on the topic, or declare `schema:`."
             ) from None

@@ -324,3 +324,20 @@ def test_named_types_of_referenced_schemas_resolve_and_decode() -> None:
     assert rows[0]["total"] == {"currency": "USD", "units": 12}
     with pytest.raises(Refused, match=r"unknown type 'shop\.Money'"):
         fields_of(paid.text)
+
+
+def test_a_renamed_field_reads_under_the_tables_name_and_a_writer_with_both_names_by_the_new_one() -> None:
+    from ingest.records import Field, renamed
+
+    old = record("Line", ("id", "long"), ("qty", "int"))
+    both = record("Line", ("id", "long"), ("qty", "int"), ("quantity", "int"))
+    fields = [Field("id", "long", True), Field("quantity", "int", True)]
+    renames = {"qty": "quantity"}
+    decoder = AvroDecoder(fields, Registry((1, old), (2, both)), "fail", renames)
+
+    rows = decoder.decode(
+        chunk([framed(1, old, {"id": 1, "qty": 5}), framed(2, both, {"id": 2, "qty": 0, "quantity": 7})])
+    )
+
+    assert rows.rows.select(["id", "quantity"]).to_pylist() == [{"id": 1, "quantity": 5}, {"id": 2, "quantity": 7}]
+    assert [f.name for f in renamed(fields_of(json.dumps(both)), renames)] == ["id", "quantity"]  # no qty column

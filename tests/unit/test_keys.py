@@ -90,7 +90,7 @@ def test_avro_record_keys_are_a_struct_and_their_poison_and_value_poison_are_dea
     key = key_field(WriterSchema(1, "AVRO", json.dumps(KEY_V1)))
     assert key == Field(KEY_COLUMN, "struct<tenant: string, id: long>", False)
     fields = [*FIELDS, key]
-    decoder = keyed(fields, RegistryKeys(key, Registry((1, KEY_V1)), lambda f, r: AvroDecoder(f, r, "fail")))
+    decoder = keyed(fields, RegistryKeys(key, Registry((1, KEY_V1)), lambda f, r: AvroDecoder(f, r, "fail"), avro=True))
     keys = [avro(1, KEY_V1, {"tenant": "a", "id": i}) for i in range(4)]
     keys[1] = None
     keys[2] = b"\x00\x00\x00\x00\x09xx"  # an id the registry does not know
@@ -113,7 +113,7 @@ def test_a_primitive_avro_key_is_a_column_of_its_type_and_a_wider_writer_asks_to
     assert key == Field(KEY_COLUMN, "int", False)
     fields = [*FIELDS, key]
     registry = Registry((1, "int"), (2, "long"))
-    decoder = keyed(fields, RegistryKeys(key, registry, lambda f, r: AvroDecoder(f, r, "evolve")))
+    decoder = keyed(fields, RegistryKeys(key, registry, lambda f, r: AvroDecoder(f, r, "evolve"), avro=True))
     values: list[bytes | None] = [b'{"id": 1}', b'{"id": 2}']
 
     rows = decoder.decode(chunk([avro(1, "int", 7), avro(1, "int", -3)], values)).rows
@@ -124,7 +124,7 @@ def test_a_primitive_avro_key_is_a_column_of_its_type_and_a_wider_writer_asks_to
     assert ahead.value.key and ahead.value.schema_ids == (2,)
     assert str(ahead.value).startswith("record keys: ")
     widened = [*FIELDS, key_field(WriterSchema(2, "AVRO", '"long"'))]
-    evolved = keyed(widened, RegistryKeys(widened[-1], registry, lambda f, r: AvroDecoder(f, r, "evolve")))
+    evolved = keyed(widened, RegistryKeys(widened[-1], registry, lambda f, r: AvroDecoder(f, r, "evolve"), avro=True))
     assert evolved.decode(chunk([avro(2, "long", 2**40)], values[:1])).rows.column(KEY_COLUMN).to_pylist() == [2**40]
 
 
@@ -138,3 +138,35 @@ def test_a_keys_schema_ahead_stays_one_across_processes() -> None:
 
     assert (ahead.key, ahead.schema_ids) == (True, (4,)) == (from_text.key, from_text.schema_ids)
     assert not SchemaAhead("records were written with schema id 4").key
+
+
+def test_protobuf_keys_are_a_struct_of_the_messages_fields() -> None:
+    from ingest.formats.protobuf import ProtobufDecoder
+    from tests.unit.test_protobuf import Registry as Protobufs
+    from tests.unit.test_protobuf import classes_of_line, framed, line_file, writer
+
+    line = writer(5, line_file())
+    key = key_field(line)
+    assert key == Field(KEY_COLUMN, "struct<id: long, sku: string, qty: int>", False)
+    fields = [*FIELDS, key]
+    decoder = keyed(fields, RegistryKeys(key, Protobufs(line), lambda f, r: ProtobufDecoder(f, r, "fail"), avro=False))
+    message = classes_of_line()(id=3, sku="s", qty=2)
+
+    rows = decoder.decode(chunk([framed(5, message, indexes=b"\x00")], [b'{"id": 1}'])).rows
+
+    assert rows.column(KEY_COLUMN).to_pylist() == [{"id": 3, "sku": "s", "qty": 2}]
+
+
+def test_an_optional_avro_record_key_is_read_as_the_struct_it_maps_to() -> None:
+    """A key schema that is a union of null and a record (or a named type of another subject) reads
+    as the record's struct, the same shape the column was derived with."""
+    schema = ["null", KEY_V1]
+    key = key_field(WriterSchema(3, "AVRO", json.dumps(schema)))
+    assert key == Field(KEY_COLUMN, "struct<tenant: string, id: long>", False)
+    fields = [*FIELDS, key]
+    decoder = keyed(fields, RegistryKeys(key, Registry((3, schema)), lambda f, r: AvroDecoder(f, r, "fail"), avro=True))
+
+    keys = [avro(3, schema, {"tenant": "a", "id": 1}), avro(3, schema, None)]
+    rows = decoder.decode(chunk(keys, [b'{"id": 1}', b'{"id": 2}'])).rows
+
+    assert rows.column(KEY_COLUMN).to_pylist() == [{"tenant": "a", "id": 1}, None]
