@@ -138,6 +138,8 @@ def test_a_keys_schema_ahead_stays_one_across_processes() -> None:
 
     assert (ahead.key, ahead.schema_ids) == (True, (4,)) == (from_text.key, from_text.schema_ids)
     assert not SchemaAhead("records were written with schema id 4").key
+    spark = SchemaAhead(f"a Spark task of batch 3 failed: {ahead}")  # as the Spark engine words it
+    assert (spark.key, spark.schema_ids) == (True, (4,))
 
 
 def test_protobuf_keys_are_a_struct_of_the_messages_fields() -> None:
