@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -73,15 +73,21 @@ def _guarded(json_output: bool, action: Callable[[], T]) -> T:
     try:
         return action()
     except IngestError as error:
-        kind = "retryable" if error.retryable else ("config" if isinstance(error, ConfigError) else "fatal")
-        if json_output:
-            print(json.dumps({"error": str(error), "kind": kind, "type": type(error).__name__}))
-        err.print(
-            f"[bold red]error[/] ({kind}, {type(error).__name__}): {escape(str(error))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(int(error.exit_code)) from None
+        _fail(error, json_output)
+
+
+def _fail(error: IngestError, json_output: bool) -> NoReturn:
+    """Say why on stderr (and, with ``--json``, as the one JSON document on stdout), then exit with
+    the error's code."""
+    kind = "retryable" if error.retryable else ("config" if isinstance(error, ConfigError) else "fatal")
+    if json_output:
+        print(json.dumps({"error": str(error), "kind": kind, "type": type(error).__name__}))
+    err.print(
+        f"[bold red]error[/] ({kind}, {type(error).__name__}): {escape(str(error))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(int(error.exit_code)) from None
 
 
 def _open(path: Path) -> Any:
@@ -234,10 +240,11 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
         result = report.verify(_open(config))
         _emit(json_output, result.as_dict(), lambda: render.verification(result, out))
         if not result.ok:
-            raise VerificationFailed(
+            failed = VerificationFailed(
                 "verification failed: offsets are missing, duplicated or unexpected (listed above, "
                 f"at most {report.SAMPLE} per kind and partition)"
             )
+            _fail(failed, json_output=False)  # with --json, the result above is the one document
 
     _guarded(json_output, body)
 

@@ -61,6 +61,9 @@ def history(entries: Sequence[BatchEntry], out: Console) -> None:
 
 
 def verification(result: Verification, out: Console) -> None:
+    if result.note is not None:
+        out.print(f"{result.pipeline}: {result.note}; there is nothing to verify", highlight=False)
+        return
     table = Table(title=f"verify {result.pipeline}")
     for column in ("partition", "range", "in kafka", "rows", "dead letters", "result"):
         table.add_column(column)
@@ -75,8 +78,18 @@ def verification(result: Verification, out: Console) -> None:
             "ok" if p.ok else "; ".join(problems),
         )
     out.print(table)
+    for spans, what in (
+        (result.reread, "re-read on purpose (a backward reset): expected once more in the rows"),
+        (result.excluded, "skipped on purpose (a forward reset, or a loss with on_data_loss: skip): not expected"),
+    ):
+        if spans:
+            listed = ", ".join(f"{s.topic}[{s.partition}] [{s.start}, {s.end})" for s in spans)
+            out.print(f"{what}: {listed}", highlight=False)
     if result.ok:
-        out.print("[bold green]ok[/]: every offset is in the table or the dead letters exactly once")
+        out.print(
+            "[bold green]ok[/]: every offset is in the table or the dead letters as many times as the ledger read it "
+            "(once, unless a range above says otherwise)"
+        )
 
 
 def maintenance(result: Maintenance, out: Console) -> None:
