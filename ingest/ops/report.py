@@ -233,6 +233,11 @@ class Coverage:
     #: ranges a backward reset made the pipeline ingest once more
     reread: list[Range] = field(default_factory=list)
 
+    def lowest(self, tp: TopicPartition, end: int) -> int:
+        """The lowest offset of ``tp`` the pipeline read: where it began, or below, where a backward
+        reset moved it (``end`` if it has no record of the partition)."""
+        return min([self.origin.get(tp, end), *(lo for t, lo, _ in self.reread if t == tp)])
+
 
 def coverage(pipeline: Pipeline) -> Coverage:
     name = pipeline.config.pipeline
@@ -245,9 +250,12 @@ def coverage(pipeline: Pipeline) -> Coverage:
     for reset in remembered:
         for tp, was, moved_to in reset.moves:
             _claim(result, tp, was, moved_to)
-    for i, (snap, ledger) in enumerate(ledgers):
+    # where each partition began: the start of the oldest ledger that has it (after a backward
+    # reset below it, later ledgers start lower: those reads are the reset's, counted as such)
+    for _, ledger in reversed(ledgers):
         for tp, start in ledger.start_offsets.items():
-            result.origin[tp] = min(result.origin.get(tp, start), start)
+            result.origin.setdefault(tp, start)
+    for i, (snap, ledger) in enumerate(ledgers):
         result.excluded.extend((r.tp, r.start, r.end) for r in ledger.lost)
         reset_id = read_extra(name, snap.summary, "reset-id")
         if reset_id is None or read_extra(name, snap.summary, "restamped-by") or i + 1 == len(ledgers):
@@ -278,11 +286,12 @@ def _within(values: pa.Array, spans: list[Range], tp: TopicPartition) -> pa.Arra
 
 
 def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition) -> pa.Array:
-    """How many times the ledger's moves read each offset of ``values`` (at or past the origin, before
-    the ledger's end): once, plus once per backward move over it (a reset that re-reads), less once
-    per forward move over it (a reset that skips, a loss skipped). Counting crossings this way
-    gives the net effect of any sequence of resets, in whatever order they came."""
-    return pc.subtract(pc.add(_within(values, claims.reread, tp), 1), _within(values, claims.excluded, tp))
+    """How many times the ledger's moves read each offset of ``values`` (below the ledger's end):
+    once if at or past where the partition began, plus once per backward move over it (a reset
+    that re-reads), less once per forward move over it (a reset that skips, a loss skipped).
+    Counting crossings so gives the net effect of any sequence of resets, in whatever order."""
+    began = pc.cast(pc.greater_equal(values, claims.origin.get(tp, 0)), pa.int64())
+    return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 
 def _check(
@@ -361,7 +370,7 @@ def verify(pipeline: Pipeline) -> Verification:
     ranges = []
     for tp, end in sorted(found.ledger.offsets.items()):
         low = view.partitions[tp].low if tp in view.partitions else end
-        ranges.append((tp, max(claims.origin.get(tp, end), low), end))
+        ranges.append((tp, max(claims.lowest(tp, end), low), end))
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
     for chunk in pipeline.source.read(ranges):
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})

@@ -1,0 +1,95 @@
+"""``ingest verify``'s expectations under any sequence of batches and resets: for each offset it
+checks, it expects the rows to hold it as many times as the ledger's history read it.
+
+Batches and resets are committed by the real code (:func:`ingest.committer.commit_rows`,
+:func:`ingest.ops.reset.reset`) to in-memory tables; what verify expects is computed by the real
+:func:`ingest.ops.report.coverage` from those tables, and compared with a count kept here of which
+offsets each batch read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.committer import RowsCommit, commit_rows, observe
+from ingest.config import parse
+from ingest.core.ledger import BatchCounts, TopicPartition
+from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
+from ingest.ops.report import _expected, coverage
+from ingest.ops.reset import ResetTarget, reset
+from ingest.testing import MemoryCatalog
+
+TOPIC = "orders"
+PARTITIONS = [TopicPartition(TOPIC, p) for p in range(2)]
+CONFIG = parse(
+    {
+        "pipeline": "orders",
+        "kafka": {"bootstrap.servers": "unused:9092"},
+        "topics": [TOPIC],
+        "catalog": {"name": "memory"},
+        "table": "lake.orders",
+        "schema": [{"name": "id", "type": "long"}],
+    },
+    "memory.yaml",
+)
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("produce"), st.integers(0, 1), st.integers(1, 12)),
+        st.tuples(st.just("batch"), st.integers(1, 9), st.just(0)),
+        st.tuples(st.just("reset"), st.integers(0, 1), st.integers(0, 40)),  # to an offset of one partition
+        st.tuples(st.just("earliest"), st.just(0), st.just(0)),
+        st.tuples(st.just("latest"), st.just(0), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+class Source:
+    def __init__(self) -> None:
+        self.high = dict.fromkeys(PARTITIONS, 0)
+
+    def describe(self) -> KafkaView:
+        return KafkaView("cluster-A", {tp: Watermarks(0, high) for tp, high in self.high.items()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=STEPS)
+def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: list[tuple[str, int, int]]) -> None:
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
+    source = Source()
+    pipeline: Any = SimpleNamespace(config=CONFIG, rows=rows.table(), dead=dead.table(), source=source)
+    read: Counter[tuple[TopicPartition, int]] = Counter()
+    for number, (step, a, b) in enumerate(steps):
+        pipeline.rows.refresh()
+        if step == "produce":
+            source.high[PARTITIONS[a]] += b
+        elif step == "batch":
+            found = observe(pipeline.rows, CONFIG.pipeline)
+            batch = plan_batch(found.ledger if found else None, source.describe(), PlanPolicy("earliest", "fail", a))
+            if not batch.moves_ledger:
+                continue
+            for tp, start, end in batch.ranges():
+                read.update((tp, o) for o in range(start, end))
+            request = RowsCommit(CONFIG.pipeline, batch, batch.ledger(), [], BatchCounts(records=0), 3)
+            commit_rows(pipeline.rows, request)
+        else:
+            tp = PARTITIONS[a]
+            target = ResetTarget(step) if step != "reset" else ResetTarget("offsets", {tp: min(b, source.high[tp])})
+            reset(pipeline, target, f"step {number}")
+
+    pipeline.rows.refresh()
+    found = observe(pipeline.rows, CONFIG.pipeline)
+    if found is None:
+        return
+    claims = coverage(pipeline)
+    for tp, end in found.ledger.offsets.items():
+        start = claims.lowest(tp, end)
+        offsets = pa.array(range(start, end), pa.int64())
+        expected = _expected(offsets, claims, tp).to_pylist() if len(offsets) else []
+        assert expected == [read[(tp, o)] for o in range(start, end)], (tp, start, end, claims)
