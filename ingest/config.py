@@ -124,6 +124,20 @@ class BatchSpec(_Strict):
         raise ValueError(f"expected a number of processes from 1 to 256, or 'auto' (one per core); got {value!r}")
 
 
+class DeadLetterSpec(_Strict):
+    """Guardrails on poison records (``dead_letters:``): a batch whose share of dead letters is over
+    ``max_ratio`` (alone, if it has ``min_records``; or over the last ``window`` batches with it)
+    stops before anything is committed (exit 65): a table of dead letters never looks healthy."""
+
+    #: the largest share of dead letters among a batch's records (0-1); unset: no limit
+    max_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    #: batches the rolling share is taken over: this one and the ones committed before it
+    window: Annotated[int, Field(ge=1, le=1000)] = 10
+    #: a batch of fewer records is judged by the rolling share only (one poison record of two is
+    #: not a trend)
+    min_records: Annotated[int, Field(ge=1)] = 100
+
+
 class CommitSpec(_Strict):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 8
     #: how often a fenced batch is planned again within one run before giving up (retryable)
@@ -187,6 +201,7 @@ class PipelineConfig(_Strict):
     renames: dict[str, str] = {}
     partition_by: list[str] = []
     dead_letter_table: str | None = None
+    dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
     batch: BatchSpec = BatchSpec()
     commit: CommitSpec = CommitSpec()
     maintenance: MaintenanceSpec = MaintenanceSpec()

@@ -182,6 +182,10 @@ class SchemaChangeRefused(FatalError):
     not) evolve to; nothing of the batch was committed."""
 
 
+class TooManyDeadLetters(FatalError):
+    """A batch's share of dead letters is over ``dead_letters.max_ratio``; nothing was committed."""
+
+
 class VerificationFailed(FatalError):
     """``ingest verify`` found offsets missing or duplicated."""
 

@@ -7,8 +7,10 @@ files); planning and committing are here, shared. A run is assembled (config, ta
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,10 +19,11 @@ from ingest import failpoints, formats
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
 from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSpec, schema_file_text
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, merge_timestamps
+from ingest.core.ledger import BatchCounts, Found, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
+from ingest.core.poison import too_many
 from ingest.dead_letters import settle
-from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound
+from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound, TooManyDeadLetters
 from ingest.formats import keys
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
@@ -165,6 +168,7 @@ class Pipeline:
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = self._produce(batch, engine)
+        self._guard(batch, produced)
         config = self.config
         dead = commit_dead_letters(
             self.dead, DeadLettersCommit(config.pipeline, batch, produced.dead_letters, config.commit.max_attempts)
@@ -192,6 +196,31 @@ class Pipeline:
             bytes=produced.nbytes,
             seconds=time.monotonic() - started,
             ranges=ranges,
+        )
+
+    def _guard(self, batch: Batch, produced: Produced) -> None:
+        """Stop ``batch`` before it commits if its dead letters are over ``dead_letters.max_ratio``."""
+        policy = self.config.dead_letter_policy
+        if policy.max_ratio is None:
+            return
+        dead = produced.dead_letters.num_rows
+        this = BatchCounts(records=produced.records - dead, dead_letters=dead)
+        before = []
+        for snap in itertools.islice(self.rows.ancestry(), 4 * policy.window):  # resets and others' commits between
+            if decode(self.config.pipeline, snap.summary) is not None:
+                counts = decode_counts(self.config.pipeline, snap.summary)
+                if counts.records or counts.dead_letters:
+                    before.append(counts)
+        why = too_many(policy.max_ratio, policy.window, policy.min_records, this, before)
+        if why is None:
+            return
+        reasons = Counter(produced.dead_letters.column("error").to_pylist()).most_common(3)
+        listed = "; ".join(f"{n}× {reason}" for reason, n in reasons)
+        raise TooManyDeadLetters(
+            f"batch {batch.number} of {self.config.pipeline!r}: {why}, over dead_letters.max_ratio "
+            f"{policy.max_ratio:g}. Nothing was committed; the records stay in Kafka. The commonest reasons: {listed}. "
+            "Fix the producer, or `schema:` and its evolution, then run again; or raise dead_letters.max_ratio to "
+            "set such records aside as dead letters."
         )
 
     def _produce(self, batch: Batch, engine: Engine) -> Produced:

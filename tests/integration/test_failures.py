@@ -131,3 +131,31 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
         assert one_batch(pipeline).status == "committed"
         assert env.counts() == (2_000 - env.bad, env.bad)
         env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(make_env) -> None:
+    """300 records whose values drifted: with ``dead_letters.max_ratio`` the run exits 65 saying
+    why and commits nothing (the ledger, and so the data's valid-through, stays where it was),
+    instead of exiting 0 with 0 rows."""
+    env = make_env(partitions=2, dead_letters={"max_ratio": 0.1})
+    env.produce(100)
+    assert env.cli("run").returncode == 0
+    before = Pipeline.open(env.config).rows.table.metadata
+    env.produce(300, bad_every=1)
+
+    stopped = env.cli("run", "--until-caught-up")
+
+    assert stopped.returncode == 65, stopped.stderr
+    said = " ".join(stopped.stderr.split())
+    assert "300 of its 300 records (100.0%) are dead letters, over dead_letters.max_ratio 0.1" in said
+    assert "Nothing was committed; the records stay in Kafka. The commonest reasons: 60× " in said
+    after = Pipeline.open(env.config)
+    assert len(after.rows.table.metadata.snapshots) == len(before.snapshots)
+    assert after.dead.table.current_snapshot() is None
+    data = yaml.safe_load(env.config_path.read_text())
+    data["dead_letters"] = {"max_ratio": 1.0}  # the operator looked, and lets them be set aside
+    env.config_path.write_text(yaml.safe_dump(data))
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (100, 300)
+    env.verify()
