@@ -100,6 +100,19 @@ def _pipeline(config: Any) -> Any:
     return Pipeline.open(config)
 
 
+def _open_existing(config: Any) -> Any:
+    """The pipeline, for a command that only reads: None if its tables do not exist (none is created)."""
+    from ingest.pipeline import Pipeline
+
+    return Pipeline.open_existing(config)
+
+
+def _source(config: Any) -> Any:
+    from ingest.kafka.source import KafkaSource
+
+    return KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
+
+
 def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
     """A command's result: as one line of JSON (``--json``), or rendered for people (:mod:`ingest.render`)."""
     if json_output:
@@ -204,8 +217,13 @@ def status(config: ConfigOption, json_output: JsonOption = False) -> None:
 
     def body() -> None:
         from ingest import render
+        from ingest.ops import report
 
-        result = _status(_open(config))
+        loaded = config_module.load(config)
+        pipeline = _open_existing(loaded)
+        result = (
+            report.status(pipeline) if pipeline is not None else report.status_before_tables(loaded, _source(loaded))
+        )
         _emit(json_output, result.as_dict(), lambda: render.status(result, out))
 
     _guarded(json_output, body)
@@ -223,7 +241,8 @@ def history(
     def body() -> None:
         from ingest import render
 
-        entries = report.history(_open(config), limit=limit)
+        pipeline = _open_existing(config_module.load(config))
+        entries = report.history(pipeline, limit=limit) if pipeline is not None else []
         _emit(json_output, [e.as_dict() for e in entries], lambda: render.history(entries, out))
 
     _guarded(json_output, body)
@@ -237,7 +256,9 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
     def body() -> None:
         from ingest import render
 
-        result = report.verify(_open(config))
+        loaded = config_module.load(config)
+        pipeline = _open_existing(loaded)
+        result = report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
         _emit(json_output, result.as_dict(), lambda: render.verification(result, out))
         if not result.ok:
             failed = VerificationFailed(

@@ -117,6 +117,15 @@ class Pipeline:
         source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
         return cls(config, source, rows, dead, fields, registry)
 
+    @classmethod
+    def open_existing(cls, config: PipelineConfig) -> Pipeline | None:
+        """The pipeline if its tables exist, else None, creating nothing: what the read-only
+        commands (``status``, ``history``, ``verify``) open."""
+        catalog = connect(config.catalog)
+        if not all(IcebergTable.exists(catalog, t) for t in (config.table, config.dead_letters)):
+            return None
+        return cls.open(config)
+
     def on_branch(self, branch: str) -> Pipeline:
         """This pipeline committing rows to ``branch``, and dead letters to the dead-letter table's
         branch of the same name (a replay creates both; one begun by an older version has only the

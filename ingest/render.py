@@ -34,12 +34,16 @@ def batch(result: BatchResult, out: Console) -> None:
 
 
 def status(result: Status, out: Console) -> None:
-    table = Table(title=f"{result.pipeline} → {result.table} (batch {result.batch})")
+    batch = f"batch {result.batch}" if result.batch is not None else "no batch yet"
+    table = Table(title=f"{result.pipeline} → {result.table} ({batch})")
     for column in ("topic", "partition", "committed", "end", "lag"):
         table.add_column(column, justify="right" if column != "topic" else "left")
     for p in result.partitions:
-        table.add_row(p.topic, str(p.partition), str(p.committed), str(p.end), str(p.lag))
+        committed = str(p.committed) if p.committed is not None else "-"
+        table.add_row(p.topic, str(p.partition), committed, str(p.end), str(p.lag))
     out.print(table)
+    if result.note is not None:
+        out.print(result.note, highlight=False)
     out.print(f"total lag {result.lag}; data complete through {moment(result.valid_through_ms)}")
 
 

@@ -198,6 +198,13 @@ class IcebergTable:
         return handle
 
     @staticmethod
+    def exists(catalog: Catalog, identifier: str) -> bool:
+        try:
+            return bool(catalog.table_exists(identifier))
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot look up table {identifier}: {error}") from None
+
+    @staticmethod
     def fields_of(catalog: Catalog, identifier: str, only: Collection[str] | None = None) -> list[Field] | None:
         """The declared fields of the rows table ``identifier`` (with ``only``, just those named so);
         None if there is no such table."""

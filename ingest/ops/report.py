@@ -13,8 +13,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import records
-from ingest.core.ledger import TopicPartition, decode, decode_counts, read_extra
+from ingest.config import PipelineConfig
+from ingest.core.ledger import Found, TopicPartition, decode, decode_counts, read_extra
+from ingest.core.plan import KafkaView
 from ingest.core.ranges import Range
+from ingest.kafka.source import KafkaSource
 from ingest.pipeline import Pipeline
 
 #: how many offsets of each kind a verification report lists per partition
@@ -76,6 +79,8 @@ class Status:
     snapshot_id: int | None
     valid_through_ms: int | None
     partitions: tuple[PartitionLag, ...]
+    #: why there is no ledger to show, when there cannot be one (the tables do not exist yet)
+    note: str | None = None
 
     @property
     def lag(self) -> int:
@@ -90,16 +95,25 @@ class Status:
             "valid_through_ms": self.valid_through_ms,
             "lag": self.lag,
             "partitions": [p.as_dict() for p in self.partitions],
+            **({"note": self.note} if self.note else {}),
         }
 
 
 def status(pipeline: Pipeline) -> Status:
     found = pipeline.ledger()
-    view = pipeline.source.describe()
+    return _status(pipeline.config, pipeline.source.describe(), found)
+
+
+def status_before_tables(config: PipelineConfig, source: KafkaSource) -> Status:
+    """The status of a pipeline whose tables do not exist yet (no run created them): all of Kafka to read."""
+    return _status(config, source.describe(), None, note=f"table {config.table} does not exist yet: nothing committed")
+
+
+def _status(config: PipelineConfig, view: KafkaView, found: Found | None, note: str | None = None) -> Status:
     committed = dict(found.ledger.offsets) if found else {}
     return Status(
-        pipeline.config.pipeline,
-        pipeline.config.table,
+        config.pipeline,
+        config.table,
         found.ledger.batch if found else None,
         found.snapshot_id if found else None,
         found.ledger.valid_through if found else None,
@@ -107,6 +121,7 @@ def status(pipeline: Pipeline) -> Status:
             PartitionLag(tp.topic, tp.partition, committed.get(tp), wm.low, wm.high)
             for tp, wm in sorted(view.partitions.items())
         ),
+        note,
     )
 
 
@@ -355,6 +370,13 @@ class Verification:
             "reread_ranges": [r.as_dict() for r in self.reread],
             "partitions": [c.as_dict() for c in self.partitions],
         }
+
+
+def nothing_to_verify(config: PipelineConfig) -> Verification:
+    """What ``verify`` says of a pipeline whose tables do not exist yet."""
+    return Verification(
+        config.pipeline, None, None, (), (), (), note=f"nothing committed yet (table {config.table} does not exist)"
+    )
 
 
 def verify(pipeline: Pipeline) -> Verification:

@@ -111,3 +111,28 @@ def test_table_rows_carry_kafka_coordinates(make_env) -> None:
     assert first["_kafka_timestamp"] is not None
     assert str(first["amount"]) == "0.25"
     assert first["created_at"].isoformat() == "2026-11-01T10:00:00+00:00"
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_the_read_only_commands_create_nothing_before_the_first_run(make_env) -> None:
+    """``status``, ``history`` and ``verify`` on a pipeline that never ran: they say so, and the
+    catalog holds no table (and no namespace) afterwards."""
+    from ingest.iceberg.catalog import connect
+
+    env = make_env(partitions=2)
+    env.produce(30)
+
+    status = env.cli("status", "--json")
+    history = env.cli("history", "--json")
+    verify = env.cli("verify", "--json")
+    said = env.cli("status")
+
+    assert (status.returncode, history.returncode, verify.returncode) == (0, 0, 0), (status.stderr, verify.stderr)
+    data = json.loads(status.stdout)
+    assert data["batch"] is None and data["lag"] == 30 and "does not exist yet" in data["note"]
+    assert json.loads(history.stdout) == []
+    assert json.loads(verify.stdout)["note"].startswith("nothing committed yet")
+    assert "no batch yet" in said.stdout and " None " not in said.stdout
+    catalog = connect(env.config.catalog)
+    assert not catalog.table_exists(env.config.table) and not catalog.table_exists(env.config.dead_letters)
+    assert catalog.list_namespaces() == []

@@ -169,7 +169,8 @@ def test_verify_counts_the_net_effect_of_successive_resets(make_env, read_betwee
 def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(make_env) -> None:
     env = make_env(partitions=1)
     nothing = env.cli("verify")
-    assert nothing.returncode == 0 and "nothing committed yet; there is nothing to verify" in nothing.stdout
+    assert nothing.returncode == 0 and "nothing committed yet" in nothing.stdout
+    assert "there is nothing to verify" in " ".join(nothing.stdout.split())
     env.produce(20)
     assert env.cli("run").returncode == 0
     assert env.cli("reset", "--to-offsets", f"{env.topic}:0=10", "--reason", "re-read").returncode == 0
