@@ -94,6 +94,8 @@ class Pipeline:
 
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
+        # librdkafka checks its properties now: a misspelt one stops the run before any side effect
+        source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
         registry = None
         if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
@@ -114,7 +116,6 @@ class Pipeline:
         spec = partition_spec(schema, config.partition_by)
         rows = IcebergTable.open(catalog, config.table, schema, spec, config.renames)
         dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
-        source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
         return cls(config, source, rows, dead, fields, registry)
 
     @classmethod

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NotInstalledError
 
 from ingest.errors import CatalogUnavailable, ConfigError
 
@@ -20,7 +22,34 @@ def connect(properties: Mapping[str, str]) -> Catalog:
             catalog.engine.dispose()  # type: ignore[attr-defined]
             catalog = HeldSqlCatalog(catalog.name, **catalog.properties)
         return catalog
-    except (ValueError, NotImplementedError) as error:
+    except (ValueError, NotImplementedError, NotInstalledError, ImportError) as error:
         raise ConfigError(f"catalog: {error}") from None
     except Exception as error:  # driver errors of every catalog backend
+        mistake = _mistake(props, str(error))
+        if mistake is not None:
+            raise ConfigError(
+                f"catalog.uri: {mistake}. Fix `catalog:` in the config; retrying will not help."
+            ) from None
         raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
+
+
+#: what a PostgreSQL server says when the configuration, not the moment, is wrong
+_REFUSALS = ("does not exist", "password authentication failed", "no pg_hba.conf entry", "permission denied")
+
+
+def _mistake(props: Mapping[str, str], message: str) -> str | None:
+    """The configuration mistake a catalog's driver error shows, if it shows one (a missing SQLite
+    directory, a database or role the server does not have, credentials it refuses); None if the
+    error may heal by itself (a server down or unreachable)."""
+    uri = str(props.get("uri", ""))
+    if uri.startswith("sqlite:") and "unable to open database file" in message:
+        path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+        if not path.parent.is_dir():
+            return f"the directory {path.parent} of the SQLite catalog does not exist (create it, or fix the path)"
+        return f"SQLite cannot open {path} (check its permissions)"
+    first = message.splitlines()[0] if message else ""
+    if "FATAL:" in first and any(refusal in first for refusal in _REFUSALS):
+        return "the PostgreSQL server refused: " + first.split("FATAL:", 1)[1].strip()
+    if "no password supplied" in first:
+        return "the PostgreSQL server wants a password and the URI has none (user:${PGPASSWORD}@host)"
+    return None

@@ -13,8 +13,8 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -26,8 +26,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
-from ingest.errors import BrokerUnavailable, IngestError, KafkaRefused, TopicNotFound
+from ingest.errors import BrokerUnavailable, ConfigError, IngestError, KafkaRefused, TopicNotFound
 from ingest.records import Headers, RawChunk
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,21 @@ def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
 
 
+def _built(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
+    """A librdkafka client of ``conf``; a property librdkafka does not know, or a value it refuses,
+    is a configuration error naming it (librdkafka says which)."""
+    try:
+        return client(conf)
+    except KafkaException as error:
+        cause = error.args[0] if error.args else None
+        if isinstance(cause, KafkaError) and cause.code() == KafkaError._INVALID_ARG:
+            raise ConfigError(
+                f"kafka: librdkafka refused the configuration: {cause.str()}. Fix `kafka:` in the config (the keys "
+                "are librdkafka's, https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md)."
+            ) from None
+        raise
+
+
 class Stops:
     """Where a read of exact ranges has got to, and where each range ends.
 
@@ -112,7 +129,7 @@ class KafkaSource:
         #: the latest refusals librdkafka reported, from any of this source's clients
         self._refusals: collections.deque[KafkaError] = collections.deque(maxlen=4)
         admin: dict[str, Any] = {**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)}
-        self._admin = AdminClient({**admin, "error_cb": self._on_error})  # type: ignore[dict-item]  # stub omits callbacks
+        self._admin = _built(AdminClient, {**admin, "error_cb": self._on_error})
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in REFUSALS:
@@ -138,7 +155,9 @@ class KafkaSource:
             fetch["max.partition.fetch.bytes"] = min(
                 FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
             )
-        return Consumer({**fetch, **self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error})
+        return _built(
+            Consumer, {**fetch, **self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
+        )
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics."""
@@ -179,7 +198,9 @@ class KafkaSource:
         # (2.16 too) crashes the process with SIGSEGV when the broker answers that admin request
         # with NOT_COORDINATOR (librdkafka#5040; seen here on Apache Kafka 4.4 after a partition
         # was added), while a consumer handles that answer by looking for the coordinator again
-        consumer = Consumer({**self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error})
+        consumer = _built(
+            Consumer, {**self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
+        )
         try:
             found = consumer.committed([KafkaTP(tp.topic, tp.partition) for tp in view.partitions], self.timeout_s)
             stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in found}

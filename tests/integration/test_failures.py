@@ -22,7 +22,7 @@ from ingest.ports import Produced
 from ingest.records import Declared
 from tests.runs import one_batch
 
-from .conftest import REPO, Env
+from .conftest import POSTGRES_URI, REPO, Env
 
 pytestmark = pytest.mark.integration
 
@@ -159,3 +159,43 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (100, 300)
     env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"kafka": {"bootstrap.server": "x"}},
+            'kafka: librdkafka refused the configuration: No such configuration property: "bootstrap.server"',
+        ),
+        (
+            {"catalog": {"uri": "sqlite:////nonexistent/dir/catalog.db"}},
+            "catalog.uri: the directory /nonexistent/dir of the SQLite catalog does not exist",
+        ),
+        (
+            {"catalog": {"uri": POSTGRES_URI.rsplit("/", 1)[0] + "/no_such_db"}},
+            'catalog.uri: the PostgreSQL server refused: database "no_such_db" does not exist',
+        ),
+        ({"catalog": {"type": "glue"}}, "catalog: AWS glue support not installed: pip install 'pyiceberg[glue]'"),
+    ],
+)
+def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(make_env, change, says) -> None:
+    """Mistakes that cannot heal by themselves are configuration errors (78: an orchestrator does
+    not retry them forever), said before anything is created."""
+    env = make_env(partitions=1)
+    env.produce(5)
+    data = yaml.safe_load(env.config_path.read_text())
+    for section, values in change.items():
+        data[section] = {**data[section], **values}
+    env.config_path.write_text(yaml.safe_dump(data))
+
+    result = env.cli("run")
+
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    assert says in " ".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stderr
+    if "kafka" in change:  # the catalog was reachable: still, nothing was created in it
+        from ingest.iceberg.catalog import connect
+
+        assert connect(data["catalog"]).list_namespaces() == []
