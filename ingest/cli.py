@@ -10,7 +10,9 @@ import contextlib
 import json
 import logging
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -55,6 +57,9 @@ EngineOption = Annotated[
         "'lakehouse-ingest[spark]'; Spark settings from spark-submit and spark-defaults.conf).",
     ),
 ]
+
+#: ``ingest run``'s exit code after SIGTERM stopped it between batches (128 + SIGTERM, as a shell reports it)
+STOPPED_EXIT = 143
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
@@ -121,9 +126,20 @@ def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
         show()
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        print(f"lakehouse-ingest {version('lakehouse-ingest')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -150,13 +166,16 @@ def run(
     if until_caught_up and every:
         raise typer.BadParameter("use either --until-caught-up or --every")
     interval = parse_duration(every) if every else None
+    if interval is not None and interval < 1:
+        raise typer.BadParameter(f"--every {every} would run without pause; give at least 1s", param_hint="--every")
+    stop = threading.Event()  # SIGTERM (Airflow killing the task, a pod stopping): finish the batch in flight
 
     def body() -> None:
         with _open_run(config, engine) as opened_run:  # one engine (one Spark session) for every batch
-            while True:
+            while not stop.is_set():
                 started = time.monotonic()
                 try:
-                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output)
+                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
                 except RetryableError as error:
                     if interval is None:
                         raise
@@ -166,10 +185,21 @@ def run(
                         f"next try in {interval:.0f}s"
                     )
                 if interval is None:
-                    return
-                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+                    break
+                stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        if stop.is_set():
+            err.print(
+                "stopped by SIGTERM between batches: every batch that began was committed or left no trace; "
+                f"run again to continue (exit {STOPPED_EXIT})",
+                highlight=False,
+            )
+            raise typer.Exit(STOPPED_EXIT)
 
-    _guarded(json_output, body)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        _guarded(json_output, body)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -181,7 +211,9 @@ def _open_run(path: Path, name: EngineName) -> Iterator[Any]:
         yield run
 
 
-def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bool) -> None:
+def _run_once(
+    run: Any, catch_up: bool, max_batches: int | None, json_output: bool, stop: threading.Event | None = None
+) -> None:
     from ingest import render
 
     pipeline = run.pipeline
@@ -203,6 +235,8 @@ def _run_once(run: Any, catch_up: bool, max_batches: int | None, json_output: bo
                 print(json.dumps(result.as_dict()), flush=True)
             else:
                 render.batch(result, out)
+            if stop is not None and stop.is_set():
+                return
 
 
 def _status(pipeline: Any) -> Any:

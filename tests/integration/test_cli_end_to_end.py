@@ -136,3 +136,24 @@ def test_the_read_only_commands_create_nothing_before_the_first_run(make_env) ->
     catalog = connect(env.config.catalog)
     assert not catalog.table_exists(env.config.table) and not catalog.table_exists(env.config.dead_letters)
     assert catalog.list_namespaces() == []
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(make_env) -> None:
+    import signal
+
+    env = make_env(partitions=2)
+    env.produce(50)
+    loop = env.popen("run", "--every", "2s", "--json")
+    assert loop.stdout is not None
+    first = json.loads(loop.stdout.readline())  # the first batch is in
+    assert first["status"] == "committed"
+
+    loop.send_signal(signal.SIGTERM)
+    _, stderr = loop.communicate(timeout=60)
+
+    assert loop.returncode == 143, stderr
+    assert "stopped by SIGTERM between batches" in " ".join(stderr.split())
+    env.produce(10)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    env.verify()
