@@ -54,7 +54,7 @@ EngineOption = Annotated[
     typer.Option(
         "--engine",
         help="local: read, decode and write in this process. spark: in Spark tasks (needs "
-        "'lakehouse-ingest[spark]'; Spark settings from spark-submit and spark-defaults.conf).",
+        "'lakehouse-ingest\\[spark]'; Spark settings from spark-submit and spark-defaults.conf).",
     ),
 ]
 

@@ -265,6 +265,15 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"{managed!r} is set by the pipeline for exactly-once reads; remove it")
         return value
 
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_scalars(cls, value: Any) -> Any:
+        """``port: 5432`` as pyiceberg wants it, a string: catalog properties are strings."""
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+                    for k, v in value.items()}  # fmt: skip
+        return value
+
     @field_validator("catalog")
     @classmethod
     def _catalog(cls, value: dict[str, str]) -> dict[str, str]:
@@ -425,14 +434,17 @@ def interpolate(text: str, env: dict[str, str] | None = None) -> str:
     return result
 
 
-def _interpolate_values(data: Any, env: dict[str, str] | None) -> Any:
-    """Interpolate inside string values only (never keys or comments)."""
+def _interpolate_values(data: Any, env: dict[str, str] | None, where: str = "") -> Any:
+    """Interpolate inside string values only (never keys or comments); an error names the key."""
     if isinstance(data, str):
-        return interpolate(data, env)
+        try:
+            return interpolate(data, env)
+        except ConfigError as error:
+            raise ConfigError(f"{where or 'the config'}: {error}") from None
     if isinstance(data, dict):
-        return {k: _interpolate_values(v, env) for k, v in data.items()}
+        return {k: _interpolate_values(v, env, f"{where}.{k}" if where else str(k)) for k, v in data.items()}
     if isinstance(data, list):
-        return [_interpolate_values(v, env) for v in data]
+        return [_interpolate_values(v, env, f"{where}.{i}") for i, v in enumerate(data)]
     return data
 
 
@@ -486,6 +498,8 @@ def load(path: str | Path, env: dict[str, str] | None = None) -> PipelineConfig:
         data = _interpolate_values(yaml.safe_load(text), env)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
     if isinstance(data, dict):
         _resolve_paths(data, path.resolve().parent)
     return parse(data, str(path))

@@ -50,7 +50,8 @@ def status(result: Status, out: Console) -> None:
 def history(entries: Sequence[BatchEntry], out: Console) -> None:
     table = Table(title="batches (newest first)")
     for column in ("batch", "snapshot", "committed at", "records", "dead letters", "ranges"):
-        table.add_column(column)
+        # a snapshot id is what `replay --from-snapshot` takes: never cut, whatever the terminal's width
+        table.add_column(column, no_wrap=column == "snapshot", min_width=19 if column == "snapshot" else None)
     for entry in entries:
         ranges = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.ranges)
         table.add_row(

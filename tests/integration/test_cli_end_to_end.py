@@ -157,3 +157,15 @@ def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(m
     env.produce(10)
     assert env.cli("run", "--until-caught-up").returncode == 0
     env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_history_shows_whole_snapshot_ids_at_80_columns(make_env) -> None:
+    env = make_env(partitions=3)
+    env.produce(30)
+    result = json.loads(env.cli("run", "--json").stdout.splitlines()[-1])
+
+    shown = env.cli("history", env={"COLUMNS": "80"})
+
+    assert shown.returncode == 0, shown.stderr
+    assert str(result["snapshot_id"]) in shown.stdout  # what replay --from-snapshot takes, whole

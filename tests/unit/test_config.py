@@ -289,11 +289,25 @@ def test_the_process_environment_is_used_by_default(tmp_path: Path, monkeypatch)
     assert load(write(tmp_path, text)).kafka["bootstrap.servers"] == "from-env:9092"
 
 
-def test_an_unset_variable_without_default_is_named(tmp_path: Path) -> None:
+def test_an_unset_variable_without_default_is_named_with_its_key_and_file(tmp_path: Path) -> None:
     text = MINIMAL.replace('"broker:9092"', '"${KAFKA_BROKERS_UNSET}"')
+    path = write(tmp_path, text)
 
-    with pytest.raises(ConfigError, match="KAFKA_BROKERS_UNSET"):
-        load(write(tmp_path, text), env={})
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={})
+
+    assert str(caught.value) == (
+        f"{path}: kafka.bootstrap.servers: environment variable(s) KAFKA_BROKERS_UNSET referenced but not set"
+    )
+
+
+def test_catalog_values_may_be_numbers_and_booleans(tmp_path: Path) -> None:
+    data = minimal()
+    data["catalog"] |= {"port": 5432, "ssl": True, "timeout": 2.5}
+
+    config = parse(data)
+
+    assert (config.catalog["port"], config.catalog["ssl"], config.catalog["timeout"]) == ("5432", "true", "2.5")
 
 
 def test_a_variable_inside_a_yaml_comment_is_not_interpolated(tmp_path: Path) -> None:
