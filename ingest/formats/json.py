@@ -73,6 +73,12 @@ def _one_object_per_line(values: list[bytes | None]) -> bytes | None:
     return payload if bool((data[breaks + 1] == _BRACE).all()) else None
 
 
+def _read(payload: bytes, block_size: int, options: pj.ParseOptions) -> pa.Table:
+    """Arrow's JSON reader over ``payload``, in blocks of ``block_size`` bytes (a document must fit one)."""
+    read = pj.ReadOptions(block_size=block_size, use_threads=True)
+    return pj.read_json(pa.py_buffer(payload), read_options=read, parse_options=options)
+
+
 class Decoder:
     """Decodes :class:`RawChunk` values against the declared fields."""
 
@@ -157,10 +163,16 @@ class Decoder:
     def _try(self, candidates: list[bytes], lo: int, hi: int, payload: bytes | None = None) -> pa.Table:
         if payload is None:
             payload = b"\n".join(candidates[lo:hi])
-        options = pj.ReadOptions(block_size=max(1 << 20, len(payload) // 4 + 1), use_threads=True)
         try:
-            table = pj.read_json(pa.py_buffer(payload), read_options=options, parse_options=self._options)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            table = _read(payload, max(1 << 20, len(payload) // 4 + 1), self._options)
+        except pa.ArrowInvalid as error:
+            if "straddl" not in str(error):
+                raise _Bad(str(error)) from None
+            try:  # a value longer than a block (a 5 MB document): read the payload as one block
+                table = _read(payload, len(payload) + 1, self._options)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as again:
+                raise _Bad(str(again)) from None
+        except pa.ArrowNotImplementedError as error:
             raise _Bad(str(error)) from None
         if table.num_rows != hi - lo:
             raise _Bad(f"value holds {table.num_rows} JSON documents; expected one object")
@@ -262,7 +274,7 @@ class Decoder:
             probe = Decoder([FieldSpec(name=spec.name, type=spec.type)])
             line = json.dumps({spec.name: document[spec.name]}).encode()
             try:
-                probe._finish(pj.read_json(pa.py_buffer(line), parse_options=probe._options))
+                probe._finish(_read(line, len(line) + 1, probe._options))
             except _Bad as error:
                 return str(error)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:

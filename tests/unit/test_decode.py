@@ -549,3 +549,18 @@ def test_a_renamed_field_is_read_under_either_name_into_its_new_column() -> None
         {"id": 3, "quantity": None},
     ]
     assert decoded.rows.column_names[-2:] == ["id", "quantity"]  # the old name is no column
+
+
+@pytest.mark.parametrize("megabytes", [5, 20])
+def test_a_value_larger_than_a_reader_block_decodes(megabytes: int) -> None:
+    """Arrow's JSON reader reads in blocks and refuses a document that straddles two; a large valid
+    value is read in a block of its own rather than dead-lettered."""
+    fields = [FieldSpec(name="id", type="long", required=True), FieldSpec(name="blob", type="string")]
+    big = json.dumps({"id": 10, "blob": "x" * (megabytes << 20)}).encode()
+    values: list[bytes | None] = [b'{"id": %d, "blob": "y"}' % i for i in range(20)]
+    values[10] = big
+
+    decoded = Decoder(fields).decode(chunk(values))
+
+    assert decoded.dead_letters.num_rows == 0
+    assert len(decoded.rows.column("blob")[10].as_py()) == megabytes << 20
