@@ -24,7 +24,7 @@ from pyiceberg.transforms import (
 from pyiceberg.types import DecimalType, FixedType, IcebergType, ListType, MapType, StructType
 
 from ingest import records
-from ingest.errors import TableMismatch
+from ingest.errors import ConfigError, TableMismatch
 
 
 def _iceberg_schema(arrow: pa.Schema) -> Schema:
@@ -88,15 +88,41 @@ def partition_spec(schema: Schema, partition_by: Sequence[str]) -> PartitionSpec
         transform = records.parse_transform(item)
         assert transform is not None  # validated in config
         source = schema.find_field(transform.column)
-        fields.append(
-            PartitionField(
-                source_id=source.field_id,
-                field_id=1000 + i,
-                transform=_TRANSFORMS[transform.function](transform.width),
-                name=transform.field_name,
+        function = _TRANSFORMS[transform.function](transform.width)
+        if not function.can_transform(source.field_type):
+            raise ConfigError(
+                f"partition_by: {item!r}: {transform.function} cannot partition {transform.column}, a "
+                f"{source.field_type} column ({_TRANSFORM_TYPES[transform.function]}). Nothing was created."
             )
+        fields.append(
+            PartitionField(source_id=source.field_id, field_id=1000 + i, transform=function, name=transform.field_name)
         )
     return PartitionSpec(*fields)
+
+
+#: what each transform partitions, as Iceberg's spec says
+_TRANSFORM_TYPES = {
+    "identity": "any primitive column",
+    "year": "date and timestamp columns",
+    "month": "date and timestamp columns",
+    "day": "date and timestamp columns",
+    "hour": "timestamp columns",
+    "bucket": "int, long, decimal, date, time, timestamp, string, binary and uuid columns",
+    "truncate": "int, long, decimal, string and binary columns",
+}
+
+
+def spec_difference(table: Schema, spec: PartitionSpec, wanted_schema: Schema, wanted: PartitionSpec) -> str | None:
+    """How an existing table's partition spec differs from the configured one (None: it does not),
+    by source column and transform."""
+
+    def described(schema: Schema, of: PartitionSpec) -> list[str]:
+        return [f"{f.transform}({schema.find_column_name(f.source_id)})" for f in of.fields]
+
+    have, want = described(table, spec), described(wanted_schema, wanted)
+    if have == want:
+        return None
+    return f"the table is partitioned by [{', '.join(have)}], the config says [{', '.join(want)}]"
 
 
 def stage_evolution(

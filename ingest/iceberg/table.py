@@ -56,7 +56,7 @@ from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, SchemaMoved, TableMismatch
-from ingest.iceberg.schema import declared_fields, describe_change, rows_schema, stage_evolution
+from ingest.iceberg.schema import declared_fields, describe_change, rows_schema, spec_difference, stage_evolution
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
 from ingest.records import Declared, Field
@@ -192,6 +192,13 @@ class IcebergTable:
             raise
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
+        difference = spec_difference(table.schema(), table.spec(), schema, spec)
+        if difference is not None:
+            raise TableMismatch(
+                f"table {identifier}: {difference}. A table's partitioning does not change with the config: "
+                "set `partition_by:` to the table's, or evolve the table's spec with your engine first (Spark: "
+                "ALTER TABLE ... ADD/DROP PARTITION FIELD); new data then follows it."
+            )
         handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
         handle._renames = dict(renames or {})
         handle._evolve_to(schema)

@@ -178,6 +178,10 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
             'catalog.uri: the PostgreSQL server refused: database "no_such_db" does not exist',
         ),
         ({"catalog": {"type": "glue"}}, "catalog: AWS glue support not installed: pip install 'pyiceberg[glue]'"),
+        (
+            {"partition_by": ["day(order_id)"]},
+            "partition_by: 'day(order_id)': day cannot partition order_id, a long column",
+        ),
     ],
 )
 def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(make_env, change, says) -> None:
@@ -187,7 +191,7 @@ def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(ma
     env.produce(5)
     data = yaml.safe_load(env.config_path.read_text())
     for section, values in change.items():
-        data[section] = {**data[section], **values}
+        data[section] = {**data[section], **values} if isinstance(values, dict) else values
     env.config_path.write_text(yaml.safe_dump(data))
 
     result = env.cli("run")
@@ -195,7 +199,27 @@ def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(ma
     assert result.returncode == ExitCode.CONFIG, result.stderr
     assert says in " ".join(result.stderr.split()), result.stderr
     assert "Traceback" not in result.stderr
-    if "kafka" in change:  # the catalog was reachable: still, nothing was created in it
+    if "kafka" in change or "partition_by" in change:  # the catalog was reachable: still, nothing was created in it
         from ingest.iceberg.catalog import connect
 
         assert connect(data["catalog"]).list_namespaces() == []
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make_env) -> None:
+    env = make_env(partitions=1, partition_by=["day(created_at)"])
+    env.produce(10)
+    assert env.cli("run").returncode == 0
+    data = yaml.safe_load(env.config_path.read_text())
+    data["partition_by"] = ["bucket(8, order_id)"]
+    env.config_path.write_text(yaml.safe_dump(data))
+    env.produce(10)
+
+    result = env.cli("run")
+
+    assert result.returncode == ExitCode.FATAL, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "the table is partitioned by [day(created_at)], the config says [bucket[8](order_id)]" in said
+    from ingest.iceberg.catalog import connect
+
+    assert connect(data["catalog"]).load_table(env.config.table).scan().to_arrow().num_rows == 10
