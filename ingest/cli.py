@@ -246,6 +246,22 @@ def _status(pipeline: Any) -> Any:
 
 
 @app.command()
+def check(config: ConfigOption, json_output: JsonOption = False) -> None:
+    """Check the config against Kafka, the registry, the catalog and the tables, changing nothing."""
+
+    def body() -> None:
+        from ingest import render
+        from ingest.ops.check import check as run_checks
+
+        result = run_checks(config_module.load(config))
+        _emit(json_output, result.as_dict(), lambda: render.check(result, out))
+        if not result.ok:
+            raise typer.Exit(result.exit_code)
+
+    _guarded(json_output, body)
+
+
+@app.command()
 def status(config: ConfigOption, json_output: JsonOption = False) -> None:
     """Per partition: the committed offset, the end offset, and the lag."""
 

@@ -25,9 +25,9 @@ from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound, TooManyDeadLetters
 from ingest.formats import keys
-from ingest.iceberg.catalog import connect
+from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
-from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
 from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
@@ -94,34 +94,19 @@ class Pipeline:
 
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
-        # librdkafka checks its properties now: a misspelt one stops the run before any side effect
-        source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-        registry = None
-        if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
-            from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
-
-            registry = Registry(config.schema_registry or {})
-        catalog = connect(config.catalog)
-        # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
-        from_file = _from_file(config)  # checked against `schema:` too
-        fields = config.schema_ or from_file
-        if not fields:
-            own = IcebergTable.fields_of(catalog, config.table) or []
-            fields = renamed([f for f in own if f.name != KEY_COLUMN], config.renames)
-        fields = fields or _from_subjects(config, registry)
-        if config.key_format is not None:  # the key column as the table has it, or as the keys are
-            had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN])
-            fields = [*fields, *(had or [_key_from(config, registry)])]
-        schema = rows_schema(fields)
-        spec = partition_spec(schema, config.partition_by)
-        rows = IcebergTable.open(catalog, config.table, schema, spec, config.renames)
-        dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
-        return cls(config, source, rows, dead, fields, registry)
+        """The pipeline of ``config``: its tables opened, created if missing (see :func:`layout`)."""
+        planned = layout(config)
+        assert planned.catalog is not None
+        rows = IcebergTable.open(planned.catalog, config.table, planned.schema, planned.spec, config.renames)
+        dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
+        return cls(config, planned.source, rows, dead, planned.fields, planned.registry)
 
     @classmethod
     def open_existing(cls, config: PipelineConfig) -> Pipeline | None:
         """The pipeline if its tables exist, else None, creating nothing: what the read-only
         commands (``status``, ``history``, ``verify``) open."""
+        if absent(config.catalog) is not None:  # opening the catalog would create its file
+            return None
         catalog = connect(config.catalog)
         if not all(IcebergTable.exists(catalog, t) for t in (config.table, config.dead_letters)):
             return None
@@ -315,6 +300,48 @@ def _from_file(config: PipelineConfig) -> list[Field] | None:
             raise ConfigError(f"schema_file {config.schema_file} does not fit `schema:`: {'; '.join(problems)}")
         return None
     return own
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a pipeline is before any table is touched: its clients, and the rows table's fields,
+    schema and partition spec as the config, the registry and an existing table make them."""
+
+    source: KafkaSource
+    registry: SchemaRegistry | None
+    #: None: not opened (``catalog_absent``)
+    catalog: Catalog | None
+    fields: list[Declared]
+    schema: Schema
+    spec: PartitionSpec
+
+
+def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
+    """The layout of ``config``'s pipeline, checked as far as it can be without writing anything:
+    librdkafka's properties, the catalog, the registry subjects, the partition transforms against
+    the columns' types. Raises what a run would, before its first side effect. With
+    ``catalog_absent`` (a SQLite catalog whose file does not exist yet) the catalog is not opened:
+    it holds no table."""
+    # librdkafka checks its properties now: a misspelt one stops the run before any side effect
+    source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
+    registry = None
+    if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
+        from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
+
+        registry = Registry(config.schema_registry or {})
+    catalog = None if catalog_absent else connect(config.catalog)
+    # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
+    from_file = _from_file(config)  # checked against `schema:` too
+    fields: list[Declared] = list(config.schema_ or from_file or [])
+    if not fields and catalog is not None:
+        own = IcebergTable.fields_of(catalog, config.table) or []
+        fields = list(renamed([f for f in own if f.name != KEY_COLUMN], config.renames))
+    fields = fields or list(_from_subjects(config, registry))
+    if config.key_format is not None:  # the key column as the table has it, or as the keys are
+        had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
+        fields = [*fields, *(had or [_key_from(config, registry)])]
+    schema = rows_schema(fields)
+    return Layout(source, registry, catalog, fields, schema, partition_spec(schema, config.partition_by))
 
 
 def _values_in_registry(config: PipelineConfig) -> bool:

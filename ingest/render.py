@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ingest.ops.check import CheckResult
 from ingest.ops.maintain import Maintenance
 from ingest.ops.replay import ReplayResult
 from ingest.ops.report import BatchEntry, Status, Verification
@@ -31,6 +33,14 @@ def batch(result: BatchResult, out: Console) -> None:
         + (f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""),
         highlight=False,
     )
+
+
+def check(result: CheckResult, out: Console) -> None:
+    for step in result.steps:
+        mark = "[bold green]ok[/]" if step.ok else "[bold red]failed[/]"
+        out.print(f"{mark} {step.name}: {escape(step.detail)}", highlight=False)
+    if result.ok:
+        out.print(f"[bold green]ok[/]: {result.pipeline} can run; nothing was changed")
 
 
 def status(result: Status, out: Console) -> None:

@@ -11,6 +11,16 @@ from pyiceberg.exceptions import NotInstalledError
 from ingest.errors import CatalogUnavailable, ConfigError
 
 
+def absent(properties: Mapping[str, str]) -> Path | None:
+    """The file of a SQLite catalog that does not exist yet (opening it would create it); None for
+    any other catalog."""
+    uri = str(properties.get("uri", ""))
+    if not uri.startswith("sqlite:///") or ":memory:" in uri:
+        return None
+    path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    return None if path.exists() else path
+
+
 def connect(properties: Mapping[str, str]) -> Catalog:
     props = dict(properties)
     name = props.pop("name")

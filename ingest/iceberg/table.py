@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import Catalog as Catalog  # re-exported: a pipeline's layout names these
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
@@ -35,8 +35,9 @@ from pyiceberg.io.pyarrow import (
     _dataframe_to_data_files,
 )
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.partitioning import PartitionSpec as PartitionSpec
+from pyiceberg.schema import Schema as Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType

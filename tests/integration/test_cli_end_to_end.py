@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 pytestmark = pytest.mark.integration
@@ -169,3 +172,48 @@ def test_history_shows_whole_snapshot_ids_at_80_columns(make_env) -> None:
 
     assert shown.returncode == 0, shown.stderr
     assert str(result["snapshot_id"]) in shown.stdout  # what replay --from-snapshot takes, whole
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """The catalog's database and the warehouse's files, byte for byte (the config beside them left out)."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.suffix != ".yaml"
+    }
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env) -> None:
+    """``ingest check`` before the first run, after it, and on broken configs: the right step fails
+    with the right code and message, and the catalog's database and the warehouse's files are
+    byte-identical before and after every check."""
+    env = make_env(partitions=2)
+    env.produce(20)
+    root = env.config_path.parent
+    before = _files(root)
+
+    fresh = env.cli("check", "--json")
+
+    assert fresh.returncode == 0, fresh.stderr
+    steps = {s["name"]: s for s in json.loads(fresh.stdout)["steps"]}
+    assert [name for name in steps] == ["kafka", "catalog", "tables"] and all(s["ok"] for s in steps.values())
+    assert "2 partitions" in steps["kafka"]["detail"] and "not created yet" in steps["tables"]["detail"]
+    assert _files(root) == before
+
+    assert env.cli("run").returncode == 0
+    original = env.config_path.read_text()
+    ran = _files(root)
+    assert env.cli("check").returncode == 0
+    broken: list[tuple[dict[str, Any], int, str, str]] = [
+        ({"kafka": {"bootstrap.servers": env.bootstrap, "socket.timeout.mz": 5}}, 78, "kafka", "socket.timeout.mz"),
+        ({"topics": ["no-such-topic"]}, 65, "kafka", "no-such-topic"),
+        ({"partition_by": ["bucket(4, order_id)"]}, 65, "tables", "the table is partitioned by"),
+        ({"schema": [dict(f, type="string") if f["name"] == "order_id" else f for f in yaml.safe_load(original)["schema"]]},
+         65, "tables", "order_id"),
+    ]  # fmt: skip
+    for change, code, name, says in broken:
+        env.config_path.write_text(yaml.safe_dump({**yaml.safe_load(original), **change}))
+        result = env.cli("check", "--json")
+        assert result.returncode == code, (change, result.stdout, result.stderr)
+        failed = [s for s in json.loads(result.stdout)["steps"] if not s["ok"]]
+        assert [s["name"] for s in failed] == [name] and says in failed[0]["detail"], (change, failed)
+        assert _files(root) == ran, change

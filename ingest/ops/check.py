@@ -1,0 +1,122 @@
+"""``ingest check``: everything a run checks before its first side effect, changing nothing.
+
+In order, each step only if the ones it needs passed: the config (loaded before this module is
+called); Kafka (librdkafka's properties, the brokers, the topics); the Schema Registry (the subjects
+the table's schema or key column come from); the catalog; the tables (an existing one's schema and
+partition spec against the config, as a run would evolve or refuse them; a missing one's layout, as
+the first run would create it). A failed step says what is wrong and how to fix it, and the command
+exits with its code (78 for a configuration mistake, 75 for what may heal, 65 for a table that does
+not fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.errors import ExitCode, IngestError
+from ingest.iceberg.catalog import absent, connect
+from ingest.iceberg.table import IcebergTable
+from ingest.kafka.source import KafkaSource
+from ingest.pipeline import Pipeline, layout
+from ingest.records import KEY_COLUMN
+
+
+@dataclass(frozen=True)
+class Step:
+    """One check: what was checked, and what was found (or why it failed)."""
+
+    name: str
+    ok: bool
+    detail: str
+    exit_code: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    pipeline: str
+    steps: tuple[Step, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        return next((step.exit_code for step in self.steps if not step.ok), int(ExitCode.OK))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "ok": self.ok, "steps": [s.as_dict() for s in self.steps]}
+
+
+def check(config: PipelineConfig) -> CheckResult:
+    steps: list[Step] = []
+
+    def step(name: str, action: Callable[[], str]) -> bool:
+        try:
+            steps.append(Step(name, True, action()))
+        except IngestError as error:
+            steps.append(Step(name, False, str(error), int(error.exit_code)))
+            return False
+        return True
+
+    def kafka() -> str:
+        view = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s).describe()
+        held = sum(wm.high - wm.low for wm in view.partitions.values())
+        return f"{len(view.partitions)} partitions of {', '.join(config.topics)}; {held} records held"
+
+    def registry() -> str:
+        from ingest.kafka.registry import Registry
+
+        client = Registry(config.schema_registry or {})
+        subjects = []
+        for topic in config.topic_specs:
+            if topic.format in REGISTRY_FORMATS and topic.schema_file is None and config.schema_ is None:
+                subjects.append(topic.value_subject)
+            if topic.key_format in REGISTRY_FORMATS:
+                subjects.append(topic.key_subject_name)
+        found = [f"{s} (schema id {client.latest(s).schema_id})" for s in subjects]
+        return f"{client.url}: " + (", ".join(found) if found else "reachable")
+
+    file = absent(config.catalog)
+
+    def catalog() -> str:
+        if file is not None:
+            return f"{config.catalog['name']}: its SQLite database {file} does not exist yet; the first run creates it"
+        return f"{config.catalog['name']} ({type(connect(config.catalog)).__name__})"
+
+    def tables() -> str:
+        catalog = connect(config.catalog) if file is None else None
+        names = (config.table, config.dead_letters)
+        exists = {t: catalog is not None and IcebergTable.exists(catalog, t) for t in names}
+        if all(exists.values()):
+            pipeline = Pipeline.open(config)  # loads, and stages what the next batch would evolve: commits nothing
+            columns = [f.name for f in pipeline.fields]
+            return (
+                f"{config.table} and {config.dead_letters} exist and fit the config ({len(columns)} columns"
+                f"{', a key column' if KEY_COLUMN in columns else ''}; partition spec as configured)"
+            )
+        planned = layout(
+            config, catalog_absent=file is not None
+        )  # the columns and the partition transforms, checked against each other
+        spec = f"partitioned by {', '.join(config.partition_by)}" if config.partition_by else "unpartitioned"
+        missing = [t for t, there in exists.items() if not there]
+        return (
+            f"not created yet: {', '.join(missing)}; the first run creates them, {config.table} with "
+            f"{len(planned.fields)} columns, {spec}"
+        )
+
+    reachable = step("kafka", kafka)
+    uses_registry = config.key_format in REGISTRY_FORMATS or (
+        config.format in REGISTRY_FORMATS and config.schema_file is None
+    )
+    if uses_registry:
+        reachable = step("schema registry", registry) and reachable
+    if step("catalog", catalog) and reachable:
+        step("tables", tables)
+    return CheckResult(config.pipeline, tuple(steps))
