@@ -195,6 +195,9 @@ def run(
             )
             raise typer.Exit(STOPPED_EXIT)
 
+    if threading.current_thread() is not threading.main_thread():  # called as a function (a test, a thread)
+        _guarded(json_output, body)
+        return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     try:
         _guarded(json_output, body)

@@ -126,8 +126,8 @@ class BatchSpec(_Strict):
 
 class DeadLetterSpec(_Strict):
     """Guardrails on poison records (``dead_letters:``): a batch whose share of dead letters is over
-    ``max_ratio`` (alone, if it has ``min_records``; or over the last ``window`` batches with it)
-    stops before anything is committed (exit 65): a table of dead letters never looks healthy."""
+    ``max_ratio`` stops before anything is committed (exit 65) if it has ``min_records``, or if the
+    last ``window`` batches with it are over it together: a table of dead letters never looks healthy."""
 
     #: the largest share of dead letters among a batch's records (0-1); unset: no limit
     max_ratio: Annotated[float, Field(ge=0, le=1)] | None = None

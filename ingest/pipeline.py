@@ -103,14 +103,13 @@ class Pipeline:
 
     @classmethod
     def open_existing(cls, config: PipelineConfig) -> Pipeline | None:
-        """The pipeline if its tables exist, else None, creating nothing: what the read-only
+        """The pipeline if its rows table exists, else None, creating nothing: what the read-only
         commands (``status``, ``history``, ``verify``) open."""
         if absent(config.catalog) is not None:  # opening the catalog would create its file
             return None
-        catalog = connect(config.catalog)
-        if not all(IcebergTable.exists(catalog, t) for t in (config.table, config.dead_letters)):
+        if not IcebergTable.exists(connect(config.catalog), config.table):
             return None
-        return cls.open(config)
+        return cls.open(config)  # the dead-letter table too: missing (renamed in the config?), it is created empty
 
     def on_branch(self, branch: str) -> Pipeline:
         """This pipeline committing rows to ``branch``, and dead letters to the dead-letter table's

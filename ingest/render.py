@@ -58,6 +58,9 @@ def status(result: Status, out: Console) -> None:
 
 
 def history(entries: Sequence[BatchEntry], out: Console) -> None:
+    if not entries:
+        out.print("no batches yet: nothing was committed", highlight=False)
+        return
     table = Table(title="batches (newest first)")
     for column in ("batch", "snapshot", "committed at", "records", "dead letters", "ranges"):
         # a snapshot id is what `replay --from-snapshot` takes: never cut, whatever the terminal's width

@@ -270,7 +270,10 @@ def _serve(connection: Connection) -> None:
 
 def main(argv: Sequence[str]) -> None:
     fd, parent = int(argv[0]), int(argv[1])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the engine decides
+    # Ctrl-C and a SIGTERM to the process group (Airflow's killpg, systemd) reach every worker: the
+    # engine's process decides (it finishes the batch in flight on SIGTERM); its death ends us (_watch)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s")
     importlib.import_module(

@@ -18,7 +18,8 @@ def absent(properties: Mapping[str, str]) -> Path | None:
     if not uri.startswith("sqlite:///") or ":memory:" in uri:
         return None
     path = Path(uri.removeprefix("sqlite:///").split("?")[0])
-    return None if path.exists() else path
+    # a missing directory is a mistake, not a catalog to come: opening it says so (78)
+    return path if path.parent.is_dir() and not path.exists() else None
 
 
 def connect(properties: Mapping[str, str]) -> Catalog:

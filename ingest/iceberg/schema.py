@@ -19,6 +19,7 @@ from pyiceberg.transforms import (
     MonthTransform,
     Transform,
     TruncateTransform,
+    VoidTransform,
     YearTransform,
 )
 from pyiceberg.types import DecimalType, FixedType, IcebergType, ListType, MapType, StructType
@@ -112,14 +113,27 @@ _TRANSFORM_TYPES = {
 }
 
 
-def spec_difference(table: Schema, spec: PartitionSpec, wanted_schema: Schema, wanted: PartitionSpec) -> str | None:
+def spec_difference(
+    table: Schema,
+    spec: PartitionSpec,
+    wanted_schema: Schema,
+    wanted: PartitionSpec,
+    renames: Mapping[str, str] | None = None,
+) -> str | None:
     """How an existing table's partition spec differs from the configured one (None: it does not),
-    by source column and transform."""
+    by source column (under its new name, where ``renames`` renames it) and transform; a dropped
+    field of a format-v1 table (a ``void`` transform) partitions nothing."""
 
-    def described(schema: Schema, of: PartitionSpec) -> list[str]:
-        return [f"{f.transform}({schema.find_column_name(f.source_id)})" for f in of.fields]
+    def described(schema: Schema, of: PartitionSpec, names: Mapping[str, str]) -> list[str]:
+        shown = []
+        for f in of.fields:
+            if isinstance(f.transform, VoidTransform):
+                continue
+            name = schema.find_column_name(f.source_id) or str(f.source_id)
+            shown.append(f"{f.transform}({names.get(name, name)})")
+        return shown
 
-    have, want = described(table, spec), described(wanted_schema, wanted)
+    have, want = described(table, spec, renames or {}), described(wanted_schema, wanted, {})
     if have == want:
         return None
     return f"the table is partitioned by [{', '.join(have)}], the config says [{', '.join(want)}]"

@@ -178,22 +178,23 @@ class IcebergTable:
         catalog: Catalog,
         identifier: str,
         schema: Schema,
-        spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+        spec: PartitionSpec | None = None,
         renames: Mapping[str, str] | None = None,
     ) -> IcebergTable:
         """Load the table, creating it (and its namespace) if missing; its columns renamed by
-        ``renames`` (old → new) with the next commit, before it takes ``schema``.
+        ``renames`` (old → new) with the next commit, before it takes ``schema``. An existing table
+        whose partitioning differs from ``spec`` (when given) is refused (:class:`TableMismatch`).
 
         A table this creates gets ``commit.retry.num-retries=0``, which tells other tools that
         library retries are unsafe here; an existing table is not changed (every commit made here
         forces the retries off itself)."""
         try:
-            table = _load_or_create(catalog, identifier, schema, spec)
+            table = _load_or_create(catalog, identifier, schema, spec or UNPARTITIONED_PARTITION_SPEC)
         except (ConfigError, TableMismatch):
             raise
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
-        difference = spec_difference(table.schema(), table.spec(), schema, spec)
+        difference = spec_difference(table.schema(), table.spec(), schema, spec, renames) if spec is not None else None
         if difference is not None:
             raise TableMismatch(
                 f"table {identifier}: {difference}. A table's partitioning does not change with the config: "

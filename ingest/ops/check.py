@@ -76,7 +76,8 @@ def check(config: PipelineConfig) -> CheckResult:
         client = Registry(config.schema_registry or {})
         subjects = []
         for topic in config.topic_specs:
-            if topic.format in REGISTRY_FORMATS and topic.schema_file is None and config.schema_ is None:
+            values = topic.format in REGISTRY_FORMATS and topic.schema_file is None
+            if values and (config.schema_ is None or config.on_schema_change == "evolve"):  # as a run reads them
                 subjects.append(topic.value_subject)
             if topic.key_format in REGISTRY_FORMATS:
                 subjects.append(topic.key_subject_name)

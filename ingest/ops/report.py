@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -247,10 +248,16 @@ class Coverage:
     excluded: list[Range] = field(default_factory=list)
     #: ranges a backward reset made the pipeline ingest once more
     reread: list[Range] = field(default_factory=list)
+    #: whether the history reaches back to the pipeline's first ledger (none of it was expired):
+    #: then ``origin`` is where each partition began, and every offset read is accounted for
+    complete: bool = False
 
     def lowest(self, tp: TopicPartition, end: int) -> int:
-        """The lowest offset of ``tp`` the pipeline read: where it began, or below, where a backward
-        reset moved it (``end`` if it has no record of the partition)."""
+        """The lowest offset of ``tp`` whose reads the history accounts for: where the partition
+        began, or below, where a backward reset moved it (``end`` if it has no record of the
+        partition). With the history's start expired, the oldest ledger's start."""
+        if not self.complete:
+            return self.origin.get(tp, end)
         return min([self.origin.get(tp, end), *(lo for t, lo, _ in self.reread if t == tp)])
 
 
@@ -266,10 +273,15 @@ def coverage(pipeline: Pipeline) -> Coverage:
         for tp, was, moved_to in reset.moves:
             _claim(result, tp, was, moved_to)
     # where each partition began: the start of the oldest ledger that has it (after a backward
-    # reset below it, later ledgers start lower: those reads are the reset's, counted as such)
+    # reset below it, later ledgers start lower: those reads are the reset's, counted as such).
+    # Once the first ledgers are expired, the lowest start there is (reads below it are not checked)
+    result.complete = bool(ledgers) and ledgers[-1][1].batch == 1
     for _, ledger in reversed(ledgers):
         for tp, start in ledger.start_offsets.items():
-            result.origin.setdefault(tp, start)
+            if result.complete:
+                result.origin.setdefault(tp, start)
+            else:
+                result.origin[tp] = min(result.origin.get(tp, start), start)
     for i, (snap, ledger) in enumerate(ledgers):
         result.excluded.extend((r.tp, r.start, r.end) for r in ledger.lost)
         reset_id = read_extra(name, snap.summary, "reset-id")
@@ -305,7 +317,10 @@ def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition) -> pa.Arra
     once if at or past where the partition began, plus once per backward move over it (a reset
     that re-reads), less once per forward move over it (a reset that skips, a loss skipped).
     Counting crossings so gives the net effect of any sequence of resets, in whatever order."""
-    began = pc.cast(pc.greater_equal(values, claims.origin.get(tp, 0)), pa.int64())
+    if claims.complete:
+        began = pc.cast(pc.greater_equal(values, claims.origin.get(tp, 0)), pa.int64())
+    else:  # where reading began is expired: every offset is taken as read once before the resets
+        began = pa.array(np.ones(len(values), np.int64))
     return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 

@@ -26,3 +26,11 @@ def test_small_batches_are_judged_together_over_the_window() -> None:
     assert too_many(0.2, 3, 10, small, [counts(100, 0), counts(100, 0)]) is None  # diluted by good batches
     assert too_many(0.2, 2, 10, small, [counts(6, 2), counts(0, 50)]) is not None  # only the window counts
     assert too_many(0.2, 2, 10, counts(8, 0), [counts(0, 50)]) is None  # this batch has none
+
+
+def test_a_batch_under_the_ratio_passes_after_one_that_was_let_through() -> None:
+    """The operator raised the ratio to let a bad batch through, then lowered it: the steady low
+    rate of poison after it does not stop every batch while the bad one is in the window."""
+    let_through = counts(0, 300)
+    assert too_many(0.05, 10, 100, counts(990, 10), [let_through]) is None
+    assert too_many(0.05, 10, 100, counts(8, 1), [let_through]) is not None  # a small one over it: a trend

@@ -93,3 +93,34 @@ def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: l
         offsets = pa.array(range(start, end), pa.int64())
         expected = _expected(offsets, claims, tp).to_pylist() if len(offsets) else []
         assert expected == [read[(tp, o)] for o in range(start, end)], (tp, start, end, claims)
+
+
+def test_after_expiry_the_resets_ledgers_remember_still_count() -> None:
+    """Read [0,20), reset back to 5, read [5,30); then expiry keeps only the newest ledger: offsets
+    5..19 are still expected twice (the newest ledger remembers the reset's move)."""
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
+    source = Source()
+    pipeline: Any = SimpleNamespace(config=CONFIG, rows=rows.table(), dead=dead.table(), source=source)
+    tp = PARTITIONS[0]
+
+    def batch(n: int) -> None:
+        pipeline.rows.refresh()
+        found = observe(pipeline.rows, CONFIG.pipeline)
+        planned = plan_batch(found.ledger if found else None, source.describe(), PlanPolicy("earliest", "fail", n))
+        commit_rows(pipeline.rows, RowsCommit(CONFIG.pipeline, planned, planned.ledger(), [], BatchCounts(), 3))
+
+    source.high[tp] = 20
+    batch(10), batch(10)
+    pipeline.rows.refresh()
+    reset(pipeline, ResetTarget("offsets", {tp: 5}), "back")
+    batch(15)
+    source.high[tp] = 30
+    batch(10)
+    pipeline.rows.refresh()
+    newest = next(iter(pipeline.rows.ancestry()))
+    pipeline.rows.ancestry = lambda: iter([newest])  # what expiry leaves
+
+    claims = coverage(pipeline)
+
+    assert not claims.complete and claims.lowest(tp, 30) == 20
+    assert _expected(pa.array(range(5, 30), pa.int64()), claims, tp).to_pylist() == [2] * 15 + [1] * 10
