@@ -11,7 +11,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -353,21 +353,37 @@ def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
     if config.key_format == "string":
         return Field(KEY_COLUMN, "string", False)
     assert registry is not None  # config requires a registry then
+    fix = "Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
+    merged = _merged_subjects(config, lambda t: _latest_key(registry, t), lambda w: [keys.key_field(w)], "key", fix)
+    return merged[0]
+
+
+def _merged_subjects(
+    config: PipelineConfig,
+    latest: Callable[[TopicSpec], WriterSchema],
+    own: Callable[[WriterSchema], list[Field]],
+    part: Literal["value", "key"],
+    fix: str,
+) -> list[Field]:
+    """The fields of the topics' latest ``part`` schemas (``latest``, mapped by ``own``), merged in
+    the order of ``topics:``; a schema that maps to none, or subjects that disagree, are config errors."""
     fields: list[Field] = []
     for topic in config.topic_specs:
-        writer = _latest_key(registry, topic)
+        writer = latest(topic)
+        subject = topic.key_subject_name if part == "key" else topic.value_subject
         try:
-            own = [keys.key_field(writer)]
-            merged = merge(fields, own) if fields else Merged(tuple(own), ())
+            mine = own(writer)
+            merged = merge(fields, mine) if fields else Merged(tuple(mine), ())
         except ValueError as error:
+            what = "a key column" if part == "key" else "a table's schema"
             raise ConfigError(
-                f"the latest schema of subject {topic.key_subject_name!r} (id {writer.schema_id}) cannot be a key "
-                f"column: {error}. Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
+                f"the latest schema of subject {subject!r} (id {writer.schema_id}) cannot be {what}: {error}. {fix}"
             ) from None
         if merged.problems:
-            raise ConfigError(f"the key subjects of `topics:` disagree: {'; '.join(merged.problems)}")
+            kind = "key subjects" if part == "key" else "subjects"
+            raise ConfigError(f"the {kind} of `topics:` disagree: {'; '.join(merged.problems)}")
         fields = list(merged.fields)
-    return fields[0]
+    return fields
 
 
 def _latest_key(registry: SchemaRegistry, topic: TopicSpec) -> WriterSchema:
@@ -386,20 +402,13 @@ def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> l
     """The rows table's fields when ``schema:`` is omitted: the latest schemas of the topics'
     subjects, merged (in the order of ``topics:``)."""
     assert registry is not None  # config requires a registry format then
-    fields: list[Field] = []
-    for topic in config.topic_specs:
-        writer = registry.latest(topic.value_subject)
-        try:
-            own = renamed(formats.fields_of(writer), config.renames)
-            merged = merge(fields, own) if fields else Merged(tuple(own), ())
-        except ValueError as error:
-            raise ConfigError(
-                f"the latest schema of subject {topic.value_subject!r} (id {writer.schema_id}) cannot be a table's "
-                f"schema: {error}. Declare `schema:` for the fields you want, or fix the subject."
-            ) from None
-        if merged.problems:
-            raise ConfigError(f"the subjects of `topics:` disagree: {'; '.join(merged.problems)}")
-        fields = list(merged.fields)
+    fields = _merged_subjects(
+        config,
+        lambda t: registry.latest(t.value_subject),
+        lambda w: renamed(formats.fields_of(w), config.renames),
+        "value",
+        "Declare `schema:` for the fields you want, or fix the subject.",
+    )
     names = {f.name for f in fields} | ({KEY_COLUMN} if config.key_format == "string" else set())
     for item in config.partition_by:
         transform = parse_transform(item)

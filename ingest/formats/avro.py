@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.formats.rows import assemble, dead_letters
-from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, prefix
+from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json, prefix
 from ingest.ports import WriterSchema
 from ingest.records import OWN_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, renaming, rows_schema
 
@@ -200,15 +200,9 @@ def _resolve(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> 
     """The record ``text`` declares, its named types looked up in the schemas it refers to too
     (an Avro reference names a schema of another subject that defines them)."""
     resolver = _Resolver()
-
-    def define(name: str, referenced: WriterSchema) -> None:
-        for inner in referenced.references:
-            define(*inner)
-        resolver.node(_json(referenced.text, f"referenced schema {name!r}"), name)
-
-    for reference in references:
-        define(*reference)
-    node = resolver.node(_json(text, "the schema"), "")
+    for name, referenced in dependencies(references):
+        resolver.node(parse_json(referenced.text, f"referenced schema {name!r}"), name)
+    node = resolver.node(parse_json(text, "the schema"), "")
     if node.kind != "record" or node.optional:
         raise Refused(f"the schema is a {node.type_name()}, not a record: a table needs named fields")
     return node
@@ -221,13 +215,6 @@ def _renamed(node: _Node, renames: Mapping[str, str]) -> _Node:
         return node
     apply = renaming([name for name, _ in node.fields], renames)
     return replace(node, fields=[(apply.get(name, name), child) for name, child in node.fields])
-
-
-def _json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise Refused(f"{what} is not JSON: {error}") from None
 
 
 def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.formats.json import Decoder
-from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder
+from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json
 from ingest.ports import WriterSchema
 from ingest.records import OWN_COLUMNS, ROWS, Field, RawChunk
 
@@ -109,17 +109,8 @@ def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) ->
     ``date-time`` as timestamptz and ``date`` as date), objects with properties as structs, arrays as
     lists; a property is required when ``required`` lists it and its type does not allow null.
     ``$ref`` s may name the documents of referenced schemas."""
-    root = _json(text, "the schema")
-    documents: dict[str, Any] = {}
-
-    def add(name: str, referenced: WriterSchema) -> None:
-        if name not in documents:
-            documents[name] = _json(referenced.text, f"referenced schema {name!r}")
-            for inner in referenced.references:
-                add(*inner)
-
-    for reference in references:
-        add(*reference)
+    root = parse_json(text, "the schema")
+    documents = {name: parse_json(d.text, f"referenced schema {name!r}") for name, d in dependencies(references)}
     mapper = _Mapper(root, documents)
     schema: Any = root
     seen: set[str] = set()
@@ -141,13 +132,6 @@ def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) ->
         kind, nullable = mapper.type_of(property_schema, name)
         fields.append(Field(name, kind, name in required and not nullable, property_schema.get("description")))
     return fields
-
-
-def _json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise Refused(f"{what} is not JSON: {error}") from None
 
 
 class JsonSchemaDecoder(RegistryDecoder):

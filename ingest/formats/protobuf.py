@@ -38,7 +38,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder
+from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies
 from ingest.ports import WriterSchema
 from ingest.records import OWN_COLUMNS, Field, renaming
 
@@ -88,10 +88,7 @@ def _file(writer: WriterSchema) -> FileDescriptor:
         proto = _proto(schema)
         if name is not None:
             proto.name = name
-        for dependency, referenced in schema.references:
-            if dependency not in added:
-                added.add(dependency)
-                add(referenced, dependency)
+            added.add(name)
         missing = [d for d in proto.dependency if d not in added]
         if missing:
             raise Refused(
@@ -103,6 +100,9 @@ def _file(writer: WriterSchema) -> FileDescriptor:
         except (TypeError, KeyError) as error:
             raise Refused(f"its descriptor does not build: {error}") from None
 
+    for name, referenced in dependencies(writer.references):  # each after the files it imports
+        if name not in added:
+            add(referenced, name)
     return add(writer, None)
 
 

@@ -12,6 +12,7 @@ table fields and the decoding of a group of values of one schema id.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,33 @@ class Reading:
     plan: Any = None
     reason: str | None = None
     ahead: bool = False
+
+
+def parse_json(text: str, what: str) -> Any:
+    """A schema's JSON text (Avro's, JSON Schema's) parsed; :class:`Refused` if it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise Refused(f"{what} is not JSON: {error}") from None
+
+
+def dependencies(references: Sequence[tuple[str, WriterSchema]]) -> list[tuple[str, WriterSchema]]:
+    """Every schema ``references`` names, directly or through their own, each once by its name,
+    each after the schemas it refers to (the order to define or build them in)."""
+    ordered: dict[str, WriterSchema] = {}
+    visiting: set[str] = set()
+
+    def visit(name: str, schema: WriterSchema) -> None:
+        if name in ordered or name in visiting:  # a registry refuses cycles; never loop on one
+            return
+        visiting.add(name)
+        for inner in schema.references:
+            visit(*inner)
+        ordered[name] = schema
+
+    for reference in references:
+        visit(*reference)
+    return list(ordered.items())
 
 
 def prefix(schema_id: int) -> bytes:
