@@ -89,6 +89,15 @@ def payload(i: int) -> bytes:
     )
 
 
+#: the topics of the poison stages: every 100th record poisoned, and every record
+POISON_TOPICS = {"poison_1": ("-poison1", 100), "poison_100": ("-poison100", 1)}
+
+
+def poisoned(i: int) -> bytes:
+    """:func:`payload` with a drifted type, the usual poison: ``amount`` a string where a double is declared."""
+    return payload(i).replace(b'"amount":', b'"amount":"').replace(b',"created_at"', b'","created_at"')
+
+
 # --- stages (each runs in its own process) ---------------------------------------------------
 
 
@@ -313,6 +322,17 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     return _ingest(args, {})
 
 
+def stage_poison_1(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage, on the same orders with every 100th one poisoned (its
+    ``amount`` a string): each poison record a dead letter naming the field."""
+    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_1"][0]]})
+
+
+def stage_poison_100(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage, on the same orders all poisoned: a batch of dead letters only."""
+    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_100"][0]]})
+
+
 def stage_avro_ingest(args: argparse.Namespace) -> dict[str, Any]:
     """`ingest` as the ``ingest`` stage, on the same orders as Avro values through the registry,
     the table's schema derived from the subject."""
@@ -510,6 +530,8 @@ STAGES = {
     "avro_decode": stage_avro_decode,
     "avro_naive": stage_avro_naive,
     "avro_ingest": stage_avro_ingest,
+    "poison_1": stage_poison_1,
+    "poison_100": stage_poison_100,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
 }
@@ -578,6 +600,17 @@ def orchestrate(args: argparse.Namespace) -> None:
         console.print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f}s")
         create_topic(args.bootstrap, args.topic + "-fixed", 4)
         stages = ["raw", "decode", "parquet", "naive", "ingest", "catchup"]
+        for name, (suffix, every) in POISON_TOPICS.items():
+            create_topic(args.bootstrap, args.topic + suffix, args.partitions)
+            produce(
+                args.bootstrap,
+                args.topic + suffix,
+                (
+                    (i % args.partitions, None, poisoned(i) if i % every == 0 else payload(i), None)
+                    for i in range(args.records)
+                ),
+            )
+            stages.append(name)
         if spark_installed():
             stages.append("spark")
             create_topic(args.bootstrap, args.topic + "-warmup", args.partitions)
@@ -620,6 +653,10 @@ def orchestrate(args: argparse.Namespace) -> None:
             "catchup_vs_naive": results["catchup"]["records_per_s"] / results["naive"]["records_per_s"],
         },
     }
+    report["ratios"] |= {
+        f"{name}_vs_ingest": results[name]["records_per_s"] / results["ingest"]["records_per_s"]
+        for name in POISON_TOPICS
+    }
     if "avro_ingest" in results:
         report["ratios"] |= {
             "avro_ingest_vs_ingest": results["avro_ingest"]["records_per_s"] / results["ingest"]["records_per_s"],
@@ -639,6 +676,8 @@ def orchestrate(args: argparse.Namespace) -> None:
             "ingest": f"ingest ({r.get('processes')} processes, started by the run)",
             "catchup": f"ingest, 2nd batch of a catch-up ({r.get('processes')} processes, running)",
             "avro_ingest": f"ingest, Avro values ({r.get('processes')} processes, started by the run)",
+            "poison_1": "ingest, 1% poison (dead letters)",
+            "poison_100": "ingest, 100% poison (dead letters)",
         }.get(name, name)
         table.add_row(label, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
     console.print(table)
@@ -652,6 +691,10 @@ def orchestrate(args: argparse.Namespace) -> None:
     console.print(
         f"catch-up, second batch of {results['catchup']['records']:,} on running workers: / raw = "
         f"{ratios['catchup_vs_raw']:.2f}, / naive = {ratios['catchup_vs_naive']:.1f}×"
+    )
+    console.print(
+        f"poison, one batch: 1% dead letters / all good = {ratios['poison_1_vs_ingest']:.2f}, "
+        f"100% dead letters / all good = {ratios['poison_100_vs_ingest']:.2f} (records/s; was ~1/15 for 100%)"
     )
     if "spark" in results:
         spark = results["spark"]
