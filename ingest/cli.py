@@ -41,6 +41,17 @@ log = logging.getLogger("ingest")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML file.", show_default=False)]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def _verbose(on: bool) -> None:
+    if on:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+#: ``-v`` after the subcommand too (``ingest run -c x.yaml -v``), as before it
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", callback=_verbose, help="Log progress to stderr.", show_default=False)
+]
 T = TypeVar("T")
 
 
@@ -151,6 +162,7 @@ def _main(
 @app.command()
 def run(
     config: ConfigOption,
+    verbose: VerboseOption = False,
     until_caught_up: Annotated[
         bool,
         typer.Option("--until-caught-up", help="Run batches until the end offsets seen at start are in."),
@@ -249,7 +261,7 @@ def _status(pipeline: Any) -> Any:
 
 
 @app.command()
-def check(config: ConfigOption, json_output: JsonOption = False) -> None:
+def check(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
     """Check the config against Kafka, the registry, the catalog and the tables, changing nothing."""
 
     def body() -> None:
@@ -265,7 +277,7 @@ def check(config: ConfigOption, json_output: JsonOption = False) -> None:
 
 
 @app.command()
-def status(config: ConfigOption, json_output: JsonOption = False) -> None:
+def status(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
     """Per partition: the committed offset, the end offset, and the lag."""
 
     def body() -> None:
@@ -285,6 +297,7 @@ def status(config: ConfigOption, json_output: JsonOption = False) -> None:
 @app.command()
 def history(
     config: ConfigOption,
+    verbose: VerboseOption = False,
     json_output: JsonOption = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest N batches.")] = 50,
 ) -> None:
@@ -302,7 +315,7 @@ def history(
 
 
 @app.command()
-def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
+def verify(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
     """Exit 0 only if every ledger offset still in Kafka is in the table or dead letters exactly once."""
     from ingest.ops import report
 
@@ -324,7 +337,7 @@ def verify(config: ConfigOption, json_output: JsonOption = False) -> None:
 
 
 @app.command()
-def maintain(config: ConfigOption, json_output: JsonOption = False) -> None:
+def maintain(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
     from ingest.ops.maintain import maintain as do_maintain
 
@@ -351,6 +364,7 @@ def _timestamp_ms(text: str) -> int:
 def reset(
     config: ConfigOption,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the snapshot summary).")],
+    verbose: VerboseOption = False,
     to_offsets: Annotated[
         str | None,
         typer.Option(
@@ -410,6 +424,7 @@ def reset(
 @app.command()
 def replay(
     config: ConfigOption,
+    verbose: VerboseOption = False,
     from_snapshot: Annotated[int | None, typer.Option("--from-snapshot", help="Snapshot id S to replay from.")] = None,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Replay from main as of this ISO-8601 time.")] = None,
     publish: Annotated[bool, typer.Option("--publish", help="Move main to the caught-up replay branch.")] = False,
@@ -442,6 +457,7 @@ def demo(
     config: Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML for the demo.")] = Path(
         "conf/orders.yaml"
     ),
+    verbose: VerboseOption = False,
 ) -> None:
     """Start the embedded broker, produce order events, ingest them, show the result, stop."""
     from ingest import demo as demo_module

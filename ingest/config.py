@@ -466,10 +466,26 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         catalog["uri"] = prefix + str((base / uri[len(prefix) :]).resolve())
 
 
-def _format(error: ValidationError) -> str:
+def _where(data: Any, loc: tuple[int | str, ...]) -> str:
+    """A validation error's place in the config as people find it: ``schema[1] 'amount'.type``, an
+    entry of a list named by its ``name`` (the field, the topic) besides its index."""
+    where = ""
+    for step in loc:
+        if isinstance(step, int):
+            where += f"[{step}]"
+            data = data[step] if isinstance(data, list) and step < len(data) else None
+            if isinstance(data, dict) and isinstance(data.get("name"), str):
+                where += f" {data['name']!r}"
+        else:
+            where += f".{step}" if where else str(step)
+            data = data.get(step) if isinstance(data, dict) else None
+    return where
+
+
+def _format(error: ValidationError, data: Any) -> str:
     lines = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"])
+        where = _where(data, item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see conf/orders.yaml for the keys)"
@@ -485,7 +501,7 @@ def parse(data: Any, source: str = "<config>") -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(f"{source} is invalid:\n{_format(error)}") from None
+        raise ConfigError(f"{source} is invalid:\n{_format(error, data)}") from None
 
 
 def load(path: str | Path, env: dict[str, str] | None = None) -> PipelineConfig:

@@ -127,6 +127,7 @@ class _Kind:
 
 
 _NEWLINE, _BRACE = ord("\n"), ord("{")
+_BOM = b"\xef\xbb\xbf"
 
 
 class _Bad(Exception):
@@ -267,7 +268,7 @@ class Decoder:
                 if value is None:
                     bad[i] = "value is null (a tombstone); expected a JSON object"
                     continue
-                value = value.lstrip()
+                value = value.lstrip().removeprefix(_BOM).lstrip()  # a BOM is no data: RFC 8259 lets parsers skip it
                 if not value.startswith(b"{"):
                     bad[i] = self._explain(value, "")
                     continue
@@ -420,4 +421,4 @@ class Decoder:
                     return f"field {spec.name!r}: expected {spec.type}, got a JSON {kind} {got}"
                 reason = str(error).removeprefix("JSON parse error: ")
                 return f"field {spec.name!r}: cannot convert {got} to {spec.type}: {reason}"
-        return arrow_message
+        return arrow_message or "Arrow's JSON reader refused the value without a reason"

@@ -63,6 +63,13 @@ EXACT_READ: dict[str, Any] = {
 REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
 #: the same, answered per topic in metadata
 TOPIC_REFUSALS = (KafkaError.TOPIC_AUTHORIZATION_FAILED,)
+#: how long every bootstrap broker may refuse connections before the cluster counts as unreachable
+#: (a broker that accepts but answers slowly is given ``batch.read_timeout_s``)
+UNREACHABLE_S = 5.0
+#: librdkafka's own log lines (connection failures while it retries, ...): with ``-v`` only, the
+#: error that ends the command says what happened
+LIBRDKAFKA_LOG = logging.getLogger("ingest.kafka.librdkafka")
+LIBRDKAFKA_LOG.addFilter(lambda record: logging.getLogger().isEnabledFor(logging.INFO))
 REFUSED_HINT = (
     "Check `kafka:` in the config: security.protocol, sasl.mechanism, sasl.username and sasl.password "
     "(usually ${ENV} references), ssl.ca.location, and the principal's ACLs. Retrying will not help."
@@ -78,7 +85,7 @@ def _built(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
     """A librdkafka client of ``conf``; a property librdkafka does not know, or a value it refuses,
     is a configuration error naming it (librdkafka says which)."""
     try:
-        return client(conf)
+        return client({"logger": LIBRDKAFKA_LOG, **conf})
     except KafkaException as error:
         cause = error.args[0] if error.args else None
         if isinstance(cause, KafkaError) and cause.code() == KafkaError._INVALID_ARG:
@@ -128,12 +135,15 @@ class KafkaSource:
         self._group_id = group_id
         #: the latest refusals librdkafka reported, from any of this source's clients
         self._refusals: collections.deque[KafkaError] = collections.deque(maxlen=4)
+        self._all_down = False  # every bootstrap broker refused a connection since the last check
         admin: dict[str, Any] = {**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)}
         self._admin = _built(AdminClient, {**admin, "error_cb": self._on_error})
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in REFUSALS:
             self._refusals.append(error)
+        elif error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._all_down = True
 
     def _failed(self, what: str, error: KafkaException | None = None) -> IngestError:
         """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable
@@ -161,10 +171,7 @@ class KafkaSource:
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics."""
-        try:
-            metadata = self._admin.list_topics(timeout=self.timeout_s)
-        except KafkaException as error:
-            raise self._failed(f"cannot reach Kafka at {self._props['bootstrap.servers']}", error) from None
+        metadata = self._metadata()
         tps: list[TopicPartition] = []
         for topic in self.topics:
             info = metadata.topics.get(topic)
@@ -187,6 +194,24 @@ class KafkaSource:
             cluster_id=metadata.cluster_id,
             partitions={tp: Watermarks(low[tp], max(low[tp], high[tp])) for tp in tps},
         )
+
+    def _metadata(self) -> Any:
+        """The cluster's metadata: waits ``timeout_s`` for a broker that answers slowly, but gives up
+        after :data:`UNREACHABLE_S` when every bootstrap broker refuses connections."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._all_down = False
+            try:
+                return self._admin.list_topics(timeout=max(0.1, min(UNREACHABLE_S, deadline - time.monotonic())))
+            except KafkaException as error:
+                self._admin.poll(0)  # serves error_cb
+                if self._all_down or self._refusals or time.monotonic() >= deadline - 0.1:
+                    waited = self.timeout_s - max(0.0, deadline - time.monotonic())
+                    raise self._failed(
+                        f"cannot reach Kafka at {self._props['bootstrap.servers']} (waited {waited:.0f}s"
+                        + (", every broker refused the connection)" if self._all_down else ")"),
+                        error,
+                    ) from None
 
     def backlog(self) -> int:
         """Records past the consumer group's offsets (the low watermark where it has none), over

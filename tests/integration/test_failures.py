@@ -84,6 +84,19 @@ def test_broker_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
     assert "cannot reach Kafka" in result.stderr
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_broker_refusing_connections_fails_fast_with_one_clear_line(make_env, tmp_path: Path) -> None:
+    # read_timeout_s is for a broker that answers slowly; no broker at all is known within seconds
+    # (it took the whole 30 s before, with librdkafka's retry lines on stderr labelled "producer")
+    path = _write(tmp_path, make_env(), kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    result = _cli("status", "-c", str(path))
+    assert result.returncode == ExitCode.RETRYABLE
+    assert "every broker refused the connection" in result.stderr
+    assert "rdkafka" not in result.stderr  # librdkafka's own lines only with -v
+    verbose = _cli("status", "-c", str(path), "-v")  # -v after the subcommand, too
+    assert "ingest.kafka.librdkafka" in verbose.stderr and "Connection refused" in verbose.stderr
+
+
 @pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)
 def test_catalog_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
     env = make_env()

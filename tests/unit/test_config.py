@@ -119,8 +119,8 @@ def test_a_missing_required_key_is_named(key: str) -> None:
 @pytest.mark.parametrize(
     ("dotted", "value", "expected"),
     [
-        ("schema/1/type", "integer", "schema.1.type: unknown Iceberg type 'integer'"),
-        ("schema/1/type", "decimal(12)", "schema.1.type: unknown Iceberg type"),
+        ("schema/1/type", "integer", "schema[1] 'amount'.type: unknown Iceberg type 'integer'"),
+        ("schema/1/type", "decimal(12)", "schema[1] 'amount'.type: unknown Iceberg type"),
         ("pipeline", "orders on host-7", "pipeline: must be a stable id"),
         ("pipeline", "orders.v2", "pipeline: must be a stable id"),
         ("table", "orders", "table: must be 'namespace.table'"),
@@ -168,7 +168,7 @@ def test_a_reserved_column_name_in_schema_is_rejected(column: str) -> None:
     data = minimal()
     data["schema"].append({"name": column, "type": "long"})
 
-    assert f"schema.3.name: '{column}' is a column the pipeline adds itself" in error_of(data)
+    assert f"schema[3] '{column}'.name: '{column}' is a column the pipeline adds itself" in error_of(data)
 
 
 def test_duplicate_field_names_are_rejected() -> None:
@@ -217,7 +217,7 @@ def test_decimal_precision_and_scale_are_validated(type_name: str) -> None:
     data = minimal()
     data["schema"][1]["type"] = type_name
 
-    assert "schema.1.type:" in error_of(data)
+    assert "schema[1] 'amount'.type:" in error_of(data)
 
 
 @pytest.mark.parametrize("type_name", ["decimal(1,0)", "decimal(38,38)", "decimal(38, 0)"])
@@ -467,7 +467,7 @@ def test_a_bad_nested_type_is_refused_naming_the_field(declared: str, says: str)
     data = minimal()
     data["schema"][1]["type"] = declared
 
-    assert says in error_of(data) and "schema.1.type" in error_of(data)
+    assert says in error_of(data) and "schema[1] 'amount'.type" in error_of(data)
 
 
 def test_a_map_is_refused_for_json_values_only() -> None:

@@ -646,3 +646,18 @@ def test_a_chunk_with_drifted_types_is_read_by_arrow_a_few_times_not_once_per_re
     assert decoded.dead_letters.num_rows == 100
     assert decoded.dead_letters.column("error")[0].as_py() == """field 'x': expected double, got a JSON string "0\""""
     assert len(reads) <= 2  # the whole chunk, then the good records as one block
+
+
+@pytest.mark.parametrize("size", [1, 30], ids=["alone", "in-a-big-chunk"])
+def test_a_byte_order_mark_before_the_object_is_skipped_as_rfc_8259_allows(size) -> None:
+    # it was a dead letter with an empty reason
+    bom = b"\xef\xbb\xbf"
+    values = [bom + good(0), bom, bom + b'"x"'] + [good(i) for i in range(1, size)]
+
+    decoded = decode(values)
+
+    assert decoded.rows.column("id").to_pylist() == list(range(size))
+    assert decoded.dead_letters.column("error").to_pylist() == [
+        "value is empty; expected a JSON object",
+        "JSON value is not an object (got str)",
+    ]
