@@ -136,6 +136,9 @@ class DeadLetterSpec(_Strict):
     #: a batch of fewer records is judged by the rolling share only (one poison record of two is
     #: not a trend)
     min_records: Annotated[int, Field(ge=1)] = 100
+    #: a record whose value is longer is a dead letter saying so; unset: as long as Kafka lets
+    #: through (the topic's ``max.message.bytes``, the consumer's ``receive.message.max.bytes``)
+    max_value_bytes: Annotated[int, Field(ge=1)] | None = None
 
 
 class CommitSpec(_Strict):

@@ -26,6 +26,7 @@ from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
+from ingest.formats.rows import SizeLimited
 from ingest.kafka.source import KafkaSource, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, SchemaRegistry, ValueDecoder
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KEY_COLUMN, ROWS, Coordinates, Declared, Field, RawChunk
@@ -200,6 +201,8 @@ class TaskSpec:
     key_format: str | None = None
     #: top-level fields the writers renamed, old name → the table's (``renames:``)
     renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: a longer value is a dead letter (``dead_letters.max_value_bytes``); None: no limit of ours
+    max_value_bytes: int | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -216,10 +219,16 @@ class TaskSpec:
             schema_file_text(config.schema_file) if config.schema_file else None,
             config.key_format,
             dict(config.renames),
+            config.dead_letter_policy.max_value_bytes,
         )
 
     def decoder(self) -> ValueDecoder:
-        """The decoder of this task's records: their values, and their keys with ``key_format``."""
+        """The decoder of this task's records: their values, and their keys with ``key_format``,
+        values over ``max_value_bytes`` set aside first."""
+        decoder = self._decoder()
+        return decoder if self.max_value_bytes is None else SizeLimited(decoder, self.max_value_bytes)
+
+    def _decoder(self) -> ValueDecoder:
         registry = None
         values_in_registry = self.format != "json" and self.schema_text is None
         if values_in_registry or self.key_format not in (None, "string"):  # keys and values share the client

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from ingest.records import DEAD_LETTER_SCHEMA, KEY_COLUMN, RawChunk
+from ingest.ports import ValueDecoder
+from ingest.records import DEAD_LETTER_SCHEMA, KEY_COLUMN, Decoded, RawChunk
 
 
 def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -42,3 +43,25 @@ def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
         pa.array([bad[i] for i in order], type=pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
+
+
+class SizeLimited:
+    """Values longer than ``max_bytes`` (``dead_letters.max_value_bytes``) as dead letters saying
+    so; the others decoded by ``decoder``, whatever the format."""
+
+    def __init__(self, decoder: ValueDecoder, max_bytes: int) -> None:
+        self.decoder = decoder
+        self.max_bytes = max_bytes
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        limit = self.max_bytes
+        over = {
+            i: f"value is {len(value):,} bytes, over dead_letters.max_value_bytes ({limit:,}); "
+            "raise it to take such records"
+            for i, value in enumerate(chunk.values)
+            if value is not None and len(value) > limit
+        }
+        if not over:
+            return self.decoder.decode(chunk)
+        decoded = self.decoder.decode(chunk.take([i for i in range(len(chunk)) if i not in over]))
+        return Decoded(decoded.rows, pa.concat_tables([dead_letters(chunk, over), decoded.dead_letters]))

@@ -8,6 +8,7 @@ Apache Kafka (the suite's default broker) or an external cluster.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime
 
@@ -286,4 +287,46 @@ def test_a_compacted_topic_is_read_whole_across_the_offsets_cleaning_removed(mak
     assert len(batches) == 8 and sum(b["records"] for b in batches) == len(settled), batches
     status = json.loads(env.cli("status", "--json").stdout)
     assert [p["committed"] for p in status["partitions"]] == [200]  # complete by position, gaps and all
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_values_of_tens_of_megabytes_land_whole_and_one_over_max_value_bytes_is_a_dead_letter_saying_so(
+    make_env,
+) -> None:
+    # Kafka's defaults stop at 1 MB; a topic raised to 30 MB delivers 5 and 20 MB values, which
+    # must land whole (they were dead letters, "straddling object straddles two block boundaries")
+    env = make_env(partitions=1, schema=[{"name": "order_id", "type": "long", "required": True},
+                                         {"name": "blob", "type": "string"}],
+                   dead_letters={"max_value_bytes": 24 << 20}, partition_by=[])  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, env.topic)
+    resource.add_incremental_config(
+        ConfigEntry("max.message.bytes", str(30 << 20), incremental_operation=AlterConfigOpType.SET)
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": env.bootstrap, "message.max.bytes": 30 << 20, "compression.type": "none"})
+    sizes = {1: 5 << 20, 3: 20 << 20, 4: 25 << 20}  # order_id -> MB of incompressible text
+    for i in range(6):
+        blob = os.urandom(sizes.get(i, 30) * 3 // 4).hex()[: sizes.get(i, 30)] if i in sizes else f"small-{i}"
+        producer.produce(env.topic, json.dumps({"order_id": i, "blob": blob}).encode(), partition=0)
+        producer.flush(60)
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    assert result.returncode == 0, result.stderr
+    from ingest.pipeline import Pipeline
+
+    pipeline = Pipeline.open(env.config)
+    rows = pipeline.rows.table.scan(selected_fields=("order_id", "blob")).to_arrow().sort_by("order_id")
+    assert rows.column("order_id").to_pylist() == [0, 1, 2, 3, 5]
+    assert [len(b) for b in rows.column("blob").to_pylist()] == [7, 5 << 20, 7, 20 << 20, 7]
+    [dead] = pipeline.dead.table.scan(selected_fields=("offset", "error")).to_arrow().to_pylist()
+    assert dead["offset"] == 4
+    assert (
+        dead["error"].startswith("value is 26,214,4")
+        and "over dead_letters.max_value_bytes (25,165,824)" in dead["error"]
+    )
+    env.produced = 6
     env.verify()

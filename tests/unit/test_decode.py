@@ -661,3 +661,27 @@ def test_a_byte_order_mark_before_the_object_is_skipped_as_rfc_8259_allows(size)
         "value is empty; expected a JSON object",
         "JSON value is not an object (got str)",
     ]
+
+
+def test_a_value_over_max_value_bytes_is_a_dead_letter_saying_so_whatever_the_format() -> None:
+    from ingest.formats.rows import SizeLimited
+
+    values = [good(0), good(1, s="x" * 200), None, good(3)]
+    limited = SizeLimited(Decoder(FIELDS), max_bytes=100)
+
+    decoded = limited.decode(chunk(values))
+
+    assert sorted(decoded.dead_letters.column("offset").to_pylist()) == [101, 102]
+    assert decoded.rows.column("id").to_pylist() == [0, 3]
+    reasons = dict(
+        zip(
+            decoded.dead_letters.column("offset").to_pylist(),
+            decoded.dead_letters.column("error").to_pylist(),
+            strict=True,
+        )
+    )
+    assert (
+        reasons[101]
+        == f"value is {len(values[1])} bytes, over dead_letters.max_value_bytes (100); raise it to take such records"
+    )
+    assert reasons[102].startswith("value is null")
