@@ -350,6 +350,28 @@ def maintain(config: ConfigOption, json_output: JsonOption = False, verbose: Ver
     _guarded(json_output, body)
 
 
+@app.command()
+def redrive(
+    config: ConfigOption,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Decode and report; change nothing.")] = False,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Decode the dead letters again (after a fix) and move those that decode now to the table, exactly once."""
+    from ingest.ops.redrive import Redrive
+    from ingest.ops.redrive import redrive as do_redrive
+
+    def body() -> None:
+        from ingest import render
+
+        loaded = config_module.load(config)
+        pipeline = _open_existing(loaded)  # no table: no dead letters, and nothing is created
+        result = do_redrive(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
+        _emit(json_output, result.as_dict(), lambda: render.redrive(result, out))
+
+    _guarded(json_output, body)
+
+
 def _timestamp_ms(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

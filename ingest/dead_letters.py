@@ -9,7 +9,9 @@ from ``L`` on again, maybe under a changed decoding (that is often why one repla
   dead-letter ledger (the floor) to ``L`` (:func:`rewind`);
 - a **replay** gives the dead-letter table a branch of the same name, rewound the same way at its
   start; the replay's dead letters go there, and **publish** makes it the dead-letter table's main
-  with the same carry-over as the rows (:func:`publish_branch`).
+  with the same carry-over as the rows (:func:`publish_branch`);
+- a **redrive** (``ingest redrive``, :mod:`ingest.ops.redrive`) commits the dead letters that now
+  decode to the rows, and then removes them from the dead-letter table (:func:`remove_redriven`).
 
 Two tables cannot change atomically. The rows table moves first, and the rows snapshot it moves to
 carries a :class:`~ingest.core.ledger.DeadLetterSync` marker. Every batch on main settles the
@@ -115,6 +117,41 @@ def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str,
     )
 
 
+def remove_redriven(
+    dead: IcebergTable,
+    pipeline: str,
+    redriven: Mapping[TopicPartition, Sequence[tuple[int, int]]],
+    sync_id: str,
+    max_attempts: int,
+) -> None:
+    """Remove the dead letters ``ingest redrive`` committed to the rows table (``redriven``), in one
+    commit that remembers ``sync_id`` and records what it removed; a no-op once remembered. The
+    floor stays where it is: these records are stored, in the rows now."""
+
+    def attempt(number: int) -> None:
+        found = observe(dead, pipeline, recovering=True)
+        if found is not None and found.ledger.remembers(sync_id):
+            return
+        base = found.ledger if found is not None else Ledger(batch=0, offsets={})
+        ledger = replace(
+            base, batch=base.batch + 1, start_offsets=dict(base.offsets), resets=_remembering(base, sync_id), sync=None
+        )
+        removed = sum(hi - lo for spans in redriven.values() for lo, hi in spans)
+        extra = {"synced-by": sync_id, "redriven": str(removed)}
+        dead.remove_dead_letters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra))
+
+    settled(
+        attempt,
+        max_attempts,
+        lambda: CommitGaveUp(
+            f"removing the re-driven dead letters of {pipeline!r} from {dead.identifier} ({sync_id}) did not "
+            f"settle after {max_attempts} attempts. Nothing was lost; run `ingest redrive` again (or the next run "
+            "finishes it)."
+        ),
+        f"dead-letter removal {sync_id} on {dead.identifier}",
+    )
+
+
 def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str) -> None:
     """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``."""
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
@@ -129,7 +166,9 @@ def settle(dead: IcebergTable, pipeline: str, topics: Sequence[str], ledger: Led
     sync = ledger.sync if ledger is not None else None
     if sync is None:
         return
-    if sync.branch is not None:
+    if sync.redriven is not None:
+        remove_redriven(dead, pipeline, sync.redriven, sync.sync_id, attempts)
+    elif sync.branch is not None:
         publish_branch(dead, pipeline, sync.branch, sync.sync_id, attempts)
     elif sync.rewind_to is not None:
         rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts)

@@ -231,12 +231,17 @@ class Pipeline:
             try:
                 return engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
-                if registry is None:
-                    raise
                 log.info("batch %d: %s", batch.number, ahead)
-                writers = [registry.by_id(i) for i in ahead.schema_ids]
-                self._evolve([w for w in writers if w is not None], key=ahead.key)
+                self.catch_up(ahead)
         return engine.produce(batch, self.fields)
+
+    def catch_up(self, ahead: SchemaAhead) -> None:
+        """Evolve the table's fields to take the writer schemas records turned out to need
+        (``ahead``, raised by a decoder); without a registry, ``ahead`` is raised again."""
+        if self.registry is None:
+            raise ahead
+        writers = [self.registry.by_id(i) for i in ahead.schema_ids]
+        self._evolve([w for w in writers if w is not None], key=ahead.key)
 
     def _evolve(self, writers: Sequence[WriterSchema], *, key: bool = False) -> None:
         """Make the table's fields (and, with the batch's commit, its schema) take ``writers``'

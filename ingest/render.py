@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ingest.ops.check import CheckResult
 from ingest.ops.maintain import Maintenance
+from ingest.ops.redrive import Redrive
 from ingest.ops.replay import ReplayResult
 from ingest.ops.report import BatchEntry, Status, Verification
 from ingest.ops.reset import ResetResult
@@ -122,6 +123,21 @@ def maintenance(result: Maintenance, out: Console) -> None:
             f"{label}: {compaction.files_removed} small files rewritten into {compaction.files_added}{skipped}, "
             f"{done.snapshots_expired} snapshots expired, {done.orphans_removed} orphan files removed"
         )
+
+
+def redrive(result: Redrive, out: Console) -> None:
+    if result.examined == 0:
+        out.print(f"{result.pipeline}: no dead letters to redrive", highlight=False)
+        return
+    verb = "would be committed to the rows (dry run: nothing changed)" if result.dry_run else "committed to the rows"
+    where = f" in snapshot(s) {', '.join(map(str, result.snapshots))}" if result.snapshots else ""
+    out.print(
+        f"{result.pipeline}: {result.examined} dead letters decoded again: [bold]{result.redriven}[/] {verb}{where}, "
+        f"{result.still_dead} still dead letters",
+        highlight=False,
+    )
+    for reason, count in result.reasons:
+        out.print(f"  {count}× {escape(reason)}", highlight=False)
 
 
 def reset(result: ResetResult, out: Console, err: Console) -> None:

@@ -72,6 +72,9 @@ class DeadLetterSync:
     sync_id: str
     branch: str | None = None
     rewind_to: Mapping[TopicPartition, int] | None = None
+    #: ``ingest redrive``: the dead letters this snapshot's rows were decoded from, ``[start, end)``
+    #: offset ranges per partition, to be removed from the dead-letter table
+    redriven: Mapping[TopicPartition, tuple[tuple[int, int], ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,11 @@ def encode(
         sync: dict[str, object] = {"id": ledger.sync.sync_id, "branch": ledger.sync.branch}
         if ledger.sync.rewind_to is not None:
             sync["rewind-to"] = json.loads(_encode_offsets(ledger.sync.rewind_to))
+        if ledger.sync.redriven is not None:
+            redriven: dict[str, dict[str, list[list[int]]]] = {}
+            for tp, spans in sorted(ledger.sync.redriven.items()):
+                redriven.setdefault(tp.topic, {})[str(tp.partition)] = [[lo, hi] for lo, hi in spans]
+            sync["redriven"] = redriven
         props[_key(pipeline, "dead-letter-sync")] = json.dumps(sync, separators=(",", ":"), sort_keys=True)
     return props
 
@@ -176,8 +184,18 @@ def _decode_sync(text: str | None) -> DeadLetterSync | None:
         return None
     data = json.loads(text)
     rewind = data.get("rewind-to")
+    redriven = data.get("redriven")
     return DeadLetterSync(
-        data["id"], data.get("branch"), _decode_offsets(json.dumps(rewind)) if rewind is not None else None
+        data["id"],
+        data.get("branch"),
+        _decode_offsets(json.dumps(rewind)) if rewind is not None else None,
+        None
+        if redriven is None
+        else {
+            TopicPartition(topic, int(partition)): tuple((int(lo), int(hi)) for lo, hi in spans)
+            for topic, partitions in redriven.items()
+            for partition, spans in partitions.items()
+        },
     )
 
 

@@ -17,6 +17,7 @@ which any other writer may change. So each commit is built on metadata whose pro
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import time
@@ -30,6 +31,16 @@ from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchTableError,
     TableAlreadyExistsError,
+)
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+    Or,
 )
 from pyiceberg.io.pyarrow import (
     _dataframe_to_data_files,
@@ -450,12 +461,67 @@ class IcebergTable:
             self._commit(transaction)
         return self.branch_head(self.branch)
 
+    def dead_letters_of(self, topics: Collection[str]) -> pa.Table:
+        """The dead letters of ``topics`` on the branch head (columns: the dead-letter table's)."""
+        head = self.branch_head(self.branch)
+        if head is None or not topics:
+            return self._table.schema().as_arrow().empty_table()
+        return self._table.scan(
+            row_filter=_is(In, records.DEAD_LETTERS.topic, set(topics)), snapshot_id=head
+        ).to_arrow()
+
+    def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
+        """The coordinates (topic, partition, offset) of the dead letters in ``spans`` on the branch head."""
+        c = records.DEAD_LETTERS
+        head = self.branch_head(self.branch)
+        if head is None or not spans:
+            return self._table.schema().as_arrow().empty_table().select([c.topic, c.partition, c.offset])
+        return self._table.scan(
+            row_filter=_spans(spans), snapshot_id=head, selected_fields=(c.topic, c.partition, c.offset)
+        ).to_arrow()
+
+    def remove_dead_letters(
+        self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], summary: Mapping[str, str]
+    ) -> int | None:
+        """One commit on the branch, requiring its head, that removes the dead letters in ``spans``
+        (``[start, end)`` offset ranges per partition) and carries ``summary``; returns the new head."""
+        if self.dead_letter_coordinates(spans).num_rows == 0:
+            return self.try_commit([], summary, {})
+        with nogc.paused():
+            transaction = self._transaction()
+            transaction.delete(_spans(spans), snapshot_properties=dict(summary), branch=self.branch)
+            self._commit(transaction)
+        return self.branch_head(self.branch)
+
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         if snapshot_id is None:
             snapshot_id = self.branch_head(self.branch)
             if snapshot_id is None:
                 return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
+
+
+def _is(predicate: type[BooleanExpression], column: str, value: object) -> BooleanExpression:
+    """``predicate(column, value)``: pyiceberg's predicates take these positionally at run time,
+    where their typed signature (pydantic's) names other fields."""
+    return predicate(column, value)  # type: ignore[call-arg]
+
+
+def _spans(spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> BooleanExpression:
+    """Dead letters in ``[start, end)`` offset ranges per partition, as an Iceberg row filter."""
+    c = records.DEAD_LETTERS
+    per_partition: list[BooleanExpression] = []
+    for tp, ranges in sorted(spans.items()):
+        singles = {lo for lo, hi in ranges if hi == lo + 1}
+        wide: list[BooleanExpression] = [
+            And(_is(GreaterThanOrEqual, c.offset, lo), _is(LessThan, c.offset, hi)) for lo, hi in ranges if hi > lo + 1
+        ]
+        if singles:
+            wide.append(_is(In, c.offset, singles))
+        if wide:
+            where = And(_is(EqualTo, c.topic, tp.topic), _is(EqualTo, c.partition, tp.partition))
+            per_partition.append(And(where, functools.reduce(Or, wide)))
+    return functools.reduce(Or, per_partition) if per_partition else AlwaysFalse()
 
 
 def _ours(data_file: WrittenFile) -> DataFile:

@@ -177,6 +177,28 @@ def _check_retained(pipeline: Pipeline, start: Found) -> None:
         )
 
 
+def _check_redrives(pipeline: Pipeline, target: int, start: Found) -> None:
+    """Refuse to replay from ``target`` if a redrive since moved dead letters of records before it
+    to the rows: going back to it drops those rows, and the dead letters are gone (re-reading
+    starts at its ledger, past them)."""
+    name = pipeline.config.pipeline
+    for snap in pipeline.rows.ancestry(pipeline.rows.branch_head(MAIN)):
+        if snap.snapshot_id == target:
+            return
+        found = find_ledger(name, [snap])
+        redriven = found.ledger.sync.redriven if found is not None and found.ledger.sync is not None else None
+        below = sorted(
+            str(tp) for tp, spans in (redriven or {}).items() if spans[0][0] < start.ledger.offsets.get(tp, 0)
+        )
+        if below:
+            raise ReplayImpossible(
+                f"replay from snapshot {target} refused: `ingest redrive` committed dead letters of records before it "
+                f"to the rows in snapshot {snap.snapshot_id} ({', '.join(below)}); going back to it would lose them "
+                "(their dead letters are removed, and the replay reads on from its ledger). Nothing was changed. "
+                f"Replay from snapshot {snap.snapshot_id} or a later one."
+            )
+
+
 def replay(
     run: Run,
     snapshot_id: int | None = None,
@@ -198,6 +220,7 @@ def replay(
             f"snapshot {target} has no ledger of pipeline {name!r} in its ancestry; nothing to replay from"
         )
     _check_retained(pipeline, start)
+    _check_redrives(pipeline, target, start)
     if rollback:
         main, discarded = _rollback(pipeline, target, start)
         return ReplayResult(

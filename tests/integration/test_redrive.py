@@ -1,0 +1,177 @@
+"""``ingest redrive``: dead letters that decode after a fix move to the rows exactly once, through
+crashes between the two tables, racing copies, and batches planned before it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest.kafka.admin import produce
+from ingest.ops.redrive import redrive
+from ingest.pipeline import Pipeline
+from tests.runs import one_batch
+
+from .conftest import SCHEMA, Env
+
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
+
+#: created_at required: records without it are dead letters until the fix makes it optional
+STRICT = [{**f, "required": True} if f["name"] == "created_at" else f for f in SCHEMA]
+
+
+def _setup(make_env: Any) -> Env:
+    """40 orders on 2 partitions: 8 poison for good (BAD_VALUES), 6 without created_at."""
+    env = make_env(partitions=2, schema=STRICT)
+    env.produce(40, bad_every=5)
+    undated = [json.dumps({"order_id": i, "amount": "1.50"}).encode() for i in range(40, 46)]
+    produce(env.bootstrap, env.topic, [(i % 2, None, value, None) for i, value in enumerate(undated)])
+    env.produced = 46
+    result = env.cli("run", "--until-caught-up", "--json")
+    assert result.returncode == 0, result.stderr
+    assert env.counts() == (32, 14)
+    return env
+
+
+def _json(env: Env, *args: str) -> dict[str, Any]:
+    result = env.cli(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _fix(env: Env) -> None:
+    data = yaml.safe_load(env.config_path.read_text())
+    data["schema"] = SCHEMA  # created_at optional
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def _summaries(env: Env) -> tuple[dict[str, str], dict[str, str]]:
+    pipeline = Pipeline.open(env.config)
+    return (
+        pipeline.rows.table.current_snapshot().summary.additional_properties,
+        pipeline.dead.table.current_snapshot().summary.additional_properties,
+    )
+
+
+def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) -> None:
+    env = _setup(make_env)
+    assert _json(env, "redrive")["redriven"] == 0  # nothing decodes before the fix
+    _fix(env)
+
+    dry = _json(env, "redrive", "--dry-run")
+    assert (dry["examined"], dry["redriven"], dry["still_dead"], dry["snapshots"]) == (14, 6, 8, [])
+    assert env.counts() == (32, 14)  # a dry run changes nothing
+
+    report = _json(env, "redrive")
+    assert (report["examined"], report["redriven"], report["still_dead"], len(report["snapshots"])) == (14, 6, 8, 1)
+    assert env.counts() == (38, 8)
+    rows, dead = _summaries(env)
+    assert dead["ingest.orders.synced-by"] == rows["ingest.orders.redrive-id"]  # the dead letters say what went
+    assert dead["ingest.orders.redriven"] == "6"
+    env.verify()
+    ids = Pipeline.open(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
+    assert sorted(i for i in ids if i >= 40) == list(range(40, 46))
+
+    again = _json(env, "redrive")  # an orchestrator's retry: nothing twice
+    assert (again["examined"], again["redriven"], again["snapshots"]) == (8, 0, [])
+    env.produce(10)  # and the batches go on from the same ledger
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (48, 8)
+    env.verify()
+
+
+@pytest.mark.parametrize("finisher", ["redrive", "run"])
+def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command(make_env, finisher) -> None:
+    env = _setup(make_env)
+    _fix(env)
+
+    killed = env.cli("redrive", env={"INGEST_FAILPOINT": "between-tables"})
+
+    assert killed.returncode == -9
+    assert env.counts() == (38, 14)  # the rows committed, their dead letters not removed yet
+    assert _json(env, "redrive", "--dry-run")["examined"] == 8  # it knows
+    env.produce(4)
+    assert env.cli(finisher, *(["--until-caught-up"] if finisher == "run" else [])).returncode == 0
+    rows, dead = env.counts()
+    assert dead == 8 and rows == (38 if finisher == "redrive" else 42)
+    env.verify()
+
+
+def test_racing_redrives_move_each_dead_letter_once(make_env) -> None:
+    env = _setup(make_env)
+    _fix(env)
+
+    copies = [env.popen("redrive", "--json") for _ in range(3)]
+    reports = []
+    for copy in copies:
+        out, err = copy.communicate(timeout=300)
+        assert copy.returncode == 0, err
+        reports.append(json.loads(out))
+
+    assert sum(len(r["snapshots"]) for r in reports) >= 1
+    assert env.counts() == (38, 8)
+    env.verify()
+
+
+def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_commits(make_env) -> None:
+    env = _setup(make_env)
+    _fix(env)
+    env.produce(6)
+    running = Pipeline.open(env.config)
+    planned = running.plan()  # a batch in flight on the ledger before the redrive
+
+    done = redrive(Pipeline.open(env.config))
+
+    assert done.redriven == 6
+    from ingest.runner import engine_for
+
+    with engine_for(running) as run:
+        assert run.pipeline._attempt(planned, run.engine) is None  # fenced: the ledger moved under it
+    assert one_batch(running).status == "committed"
+    assert env.counts() == (44, 8)
+    env.verify()
+
+
+def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env, monkeypatch) -> None:
+    # the copies above may not overlap; here the other copy commits everything between this one's
+    # decoding and its commit
+    import ingest.ops.redrive as module
+
+    env = _setup(make_env)
+    _fix(env)
+    real, raced = module._groups, []
+
+    def overtaken(rows, max_records):  # type: ignore[no-untyped-def]
+        if not raced:
+            monkeypatch.setattr(module, "_groups", real)  # the other copy runs unhindered
+            raced.append(redrive(Pipeline.open(env.config)))
+        yield from real(rows, max_records)
+
+    monkeypatch.setattr(module, "_groups", overtaken)
+    mine = redrive(Pipeline.open(env.config))
+
+    assert raced[0].redriven == 6 and len(raced[0].snapshots) == 1
+    assert mine.redriven == 6 and mine.snapshots == []  # decoded, but all taken by then
+    assert env.counts() == (38, 8)
+    env.verify()
+
+
+@pytest.mark.parametrize("mode", ["--rollback", "--branch"])
+def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothing(make_env, mode) -> None:
+    from ingest.errors import ExitCode
+
+    env = _setup(make_env)
+    before = Pipeline.open(env.config).rows.branch_head("main")
+    _fix(env)
+    assert _json(env, "redrive")["redriven"] == 6
+    head = Pipeline.open(env.config).rows.branch_head("main")
+
+    refused = env.cli("replay", "--from-snapshot", str(before), *([mode] if mode == "--rollback" else []))
+
+    assert refused.returncode == ExitCode.FATAL, refused.stderr
+    assert "ingest redrive" in refused.stderr and f"Replay from snapshot {head}" in refused.stderr
+    assert Pipeline.open(env.config).rows.branch_head("main") == head
+    assert env.counts() == (38, 8)
+    env.verify()
