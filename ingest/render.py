@@ -56,6 +56,15 @@ def status(result: Status, out: Console) -> None:
     if result.note is not None:
         out.print(result.note, highlight=False)
     out.print(f"total lag {result.lag}; data complete through {moment(result.valid_through_ms)}")
+    dead = result.dead_letters
+    if dead.count:
+        out.print(
+            f"{dead.count} dead letters, the newest of {moment(dead.newest_ms)}; the newest are:", highlight=False
+        )
+        for reason, count in dead.reasons:
+            out.print(f"  {count}× {escape(reason)}", highlight=False)
+    else:
+        out.print("no dead letters", highlight=False)
 
 
 def history(entries: Sequence[BatchEntry], out: Console) -> None:

@@ -461,13 +461,16 @@ class IcebergTable:
             self._commit(transaction)
         return self.branch_head(self.branch)
 
-    def dead_letters_of(self, topics: Collection[str]) -> pa.Table:
-        """The dead letters of ``topics`` on the branch head (columns: the dead-letter table's)."""
+    def dead_letters_of(self, topics: Collection[str], columns: Sequence[str] | None = None) -> pa.Table:
+        """The dead letters of ``topics`` on the branch head (``columns`` of the dead-letter table; all by default)."""
         head = self.branch_head(self.branch)
         if head is None or not topics:
-            return self._table.schema().as_arrow().empty_table()
+            empty = self._table.schema().as_arrow().empty_table()
+            return empty.select(list(columns)) if columns else empty
         return self._table.scan(
-            row_filter=_is(In, records.DEAD_LETTERS.topic, set(topics)), snapshot_id=head
+            row_filter=_is(In, records.DEAD_LETTERS.topic, set(topics)),
+            snapshot_id=head,
+            selected_fields=tuple(columns) if columns else ("*",),
         ).to_arrow()
 
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:

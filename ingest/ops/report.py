@@ -6,7 +6,8 @@ for people (:mod:`ingest.render`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -70,9 +71,27 @@ class PartitionLag:
         }
 
 
+#: the newest dead letters whose reasons ``status`` counts
+NEWEST_DEAD_LETTERS = 1_000
+
+
+@dataclass(frozen=True)
+class DeadLetterCount:
+    """The pipeline's dead letters, for ``status``: how many, and why the newest are."""
+
+    count: int
+    #: the Kafka timestamp of the newest (ms since epoch)
+    newest_ms: int | None = None
+    #: the commonest reasons among the newest :data:`NEWEST_DEAD_LETTERS`, with their counts
+    reasons: tuple[tuple[str, int], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "newest_ms": self.newest_ms, "reasons": [list(r) for r in self.reasons]}
+
+
 @dataclass(frozen=True)
 class Status:
-    """``ingest status``: where the ledger is, per partition against Kafka's end."""
+    """``ingest status``: where the ledger is, per partition against Kafka's end, and the dead letters."""
 
     pipeline: str
     table: str
@@ -82,6 +101,7 @@ class Status:
     partitions: tuple[PartitionLag, ...]
     #: why there is no ledger to show, when there cannot be one (the tables do not exist yet)
     note: str | None = None
+    dead_letters: DeadLetterCount = DeadLetterCount(0)
 
     @property
     def lag(self) -> int:
@@ -96,13 +116,30 @@ class Status:
             "valid_through_ms": self.valid_through_ms,
             "lag": self.lag,
             "partitions": [p.as_dict() for p in self.partitions],
+            "dead_letters": self.dead_letters.as_dict(),
             **({"note": self.note} if self.note else {}),
         }
 
 
 def status(pipeline: Pipeline) -> Status:
     found = pipeline.ledger()
-    return _status(pipeline.config, pipeline.source.describe(), found)
+    view = pipeline.source.describe()
+    return replace(_status(pipeline.config, view, found), dead_letters=dead_letter_count(pipeline))
+
+
+def dead_letter_count(pipeline: Pipeline) -> DeadLetterCount:
+    """The pipeline's dead letters (those of its topics) on its dead-letter table's main."""
+    d = records.DEAD_LETTERS
+    pipeline.dead.refresh()
+    dead = pipeline.dead.dead_letters_of(pipeline.config.topics, [d.timestamp, d.offset, "error"])
+    if dead.num_rows == 0:
+        return DeadLetterCount(0)
+    newest = dead.sort_by([(d.timestamp, "descending"), (d.offset, "descending")]).slice(0, NEWEST_DEAD_LETTERS)
+    stamp = newest.column(d.timestamp)[0]
+    reasons = Counter(newest.column("error").to_pylist()).most_common(3)
+    return DeadLetterCount(
+        dead.num_rows, int(stamp.value // 1000) if stamp.is_valid else None, tuple((r, n) for r, n in reasons)
+    )
 
 
 def status_before_tables(config: PipelineConfig, source: KafkaSource) -> Status:

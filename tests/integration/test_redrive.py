@@ -58,6 +58,9 @@ def _summaries(env: Env) -> tuple[dict[str, str], dict[str, str]]:
 def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) -> None:
     env = _setup(make_env)
     assert _json(env, "redrive")["redriven"] == 0  # nothing decodes before the fix
+    dead = _json(env, "status")["dead_letters"]  # status shows them, with the newest reasons
+    assert dead["count"] == 14 and dead["newest_ms"] is not None
+    assert dict(dead["reasons"])["required field(s) 'created_at' missing or null"] == 6
     _fix(env)
 
     dry = _json(env, "redrive", "--dry-run")
@@ -67,6 +70,8 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
     report = _json(env, "redrive")
     assert (report["examined"], report["redriven"], report["still_dead"], len(report["snapshots"])) == (14, 6, 8, 1)
     assert env.counts() == (38, 8)
+    assert _json(env, "status")["dead_letters"]["count"] == 8
+    assert "8 dead letters" in env.cli("status").stdout
     rows, dead = _summaries(env)
     assert dead["ingest.orders.synced-by"] == rows["ingest.orders.redrive-id"]  # the dead letters say what went
     assert dead["ingest.orders.redriven"] == "6"
