@@ -77,6 +77,10 @@ def history(entries: Sequence[BatchEntry], out: Console) -> None:
         table.add_column(column, no_wrap=column == "snapshot", min_width=19 if column == "snapshot" else None)
     for entry in entries:
         ranges = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.ranges)
+        if entry.redriven:
+            listed = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.redriven[:3])
+            more = f" and {len(entry.redriven) - 3} more" if len(entry.redriven) > 3 else ""
+            ranges = f"redrive of dead letters {listed}{more}"
         table.add_row(
             str(entry.batch),
             str(entry.snapshot_id),

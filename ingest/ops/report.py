@@ -178,6 +178,8 @@ class BatchEntry:
     ranges: tuple[Span, ...]
     #: ranges lost to retention that ``on_data_loss: skip`` recorded
     lost: tuple[Span, ...]
+    #: ``ingest redrive``: the dead letters this snapshot committed to the rows (it read no range)
+    redriven: tuple[Span, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +192,7 @@ class BatchEntry:
             "valid_through_ms": self.valid_through_ms,
             "ranges": [r.as_dict() for r in self.ranges],
             "lost": [r.as_dict() for r in self.lost],
+            "redriven": [r.as_dict() for r in self.redriven],
         }
 
 
@@ -218,6 +221,11 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[BatchEntry]:
                     if ledger.start_offsets.get(tp, end) != end
                 ),
                 tuple(Span.of(r.tp, r.start, r.end) for r in ledger.lost),
+                tuple(
+                    Span.of(tp, lo, hi)
+                    for tp, spans in sorted(((ledger.sync.redriven if ledger.sync else None) or {}).items())
+                    for lo, hi in spans
+                ),
             )
         )
         if limit is not None and len(entries) >= limit:

@@ -72,6 +72,11 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
     assert env.counts() == (38, 8)
     assert _json(env, "status")["dead_letters"]["count"] == 8
     assert "8 dead letters" in env.cli("status").stdout
+    [entry, *_] = _json(env, "history")  # the redrive is in the history, naming what it moved
+    assert (
+        entry["records"] == 6 and entry["ranges"] == [] and sum(s["end"] - s["start"] for s in entry["redriven"]) == 6
+    )
+    assert "redrive" in env.cli("history").stdout  # (wrapped at 80 columns)
     rows, dead = _summaries(env)
     assert dead["ingest.orders.synced-by"] == rows["ingest.orders.redrive-id"]  # the dead letters say what went
     assert dead["ingest.orders.redriven"] == "6"
