@@ -202,6 +202,9 @@ class PipelineConfig(_Strict):
     #: columns renamed by the writers, old top-level name → new: the table's column (its field id)
     #: is renamed with the next batch's commit, and records of either name land in it
     renames: dict[str, str] = {}
+    #: what a JSON record's fields that ``schema:`` does not declare become: ``drop``ped (counted),
+    #: ``capture``d as one JSON object in the column ``_extra``, or the record a ``dead_letter``
+    unknown_fields: Literal["drop", "capture", "dead_letter"] = "drop"
     partition_by: list[str] = []
     dead_letter_table: str | None = None
     dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
@@ -321,6 +324,11 @@ class PipelineConfig(_Strict):
             if not registry and self.schema_file is None:
                 raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
             return self._common_checks([])
+        if self.unknown_fields != "drop" and self.format != "json":
+            raise ValueError(
+                f"unknown_fields: {self.unknown_fields} is for JSON values; {self.format} values have a writer schema, "
+                "and the table evolves to take its fields (on_schema_change)"
+            )
         for field in self.schema_ if self.format == "json" else []:
             if _has_map(arrow_type(field.type)):
                 raise ValueError(

@@ -30,7 +30,7 @@ from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schem
 from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
+from ingest.records import EXTRA_COLUMN, KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class BatchResult:
     bytes: int = 0
     seconds: float = 0.0
     ranges: list[tuple[str, int, int, int]] = field(default_factory=list)
+    #: records with JSON fields the table does not declare (dropped, captured or dead letters: ``unknown_fields``)
+    unknown_fields: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -68,6 +70,7 @@ class BatchResult:
             "bytes": self.bytes,
             "seconds": round(self.seconds, 3),
             "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in self.ranges],
+            "unknown_fields": self.unknown_fields,
         }
 
 
@@ -173,6 +176,7 @@ class Pipeline:
             records=produced.records - produced.dead_letters.num_rows,
             dead_letters=produced.dead_letters.num_rows,
             bytes=produced.nbytes,
+            unknown_fields=produced.unknown,
         )
         request = RowsCommit(config.pipeline, batch, ledger, produced.files, counts, config.commit.max_attempts)
         outcome = commit_rows(self.rows, request)
@@ -190,6 +194,7 @@ class Pipeline:
             bytes=produced.nbytes,
             seconds=time.monotonic() - started,
             ranges=ranges,
+            unknown_fields=counts.unknown_fields if outcome.decision is Decision.COMMIT else 0,
         )
 
     def _guard(self, batch: Batch, produced: Produced) -> None:
@@ -344,6 +349,11 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
     if config.key_format is not None:  # the key column as the table has it, or as the keys are
         had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
         fields = [*fields, *(had or [_key_from(config, registry)])]
+    if config.unknown_fields == "capture" and all(f.name != EXTRA_COLUMN for f in fields):
+        fields = [
+            *fields,
+            Field(EXTRA_COLUMN, "string", False, "fields the records had that the table does not declare"),
+        ]
     schema = rows_schema(fields)
     return Layout(source, registry, catalog, fields, schema, partition_spec(schema, config.partition_by))
 

@@ -100,6 +100,8 @@ class Produced:
     nbytes: int
     #: newest record timestamp read per partition (ms)
     timestamps: dict[TopicPartition, int]
+    #: records with fields the table does not declare (``unknown_fields``)
+    unknown: int = 0
 
 
 class Engine(Protocol):

@@ -79,8 +79,11 @@ RESERVED_COLUMNS = ROWS.names
 #: the column record keys are decoded into when the topics have a ``key_format`` (the raw key stays
 #: in ``_kafka_key``); to the table it is one more optional field, evolved as value fields are
 KEY_COLUMN = "_kafka_key_decoded"
+#: the column a JSON record's fields the table does not declare are kept in, as one JSON object
+#: (``unknown_fields: capture``)
+EXTRA_COLUMN = "_extra"
 #: the names the pipeline's own columns take, which no field of the records may
-OWN_COLUMNS = (*ROWS.names, KEY_COLUMN)
+OWN_COLUMNS = (*ROWS.names, KEY_COLUMN, EXTRA_COLUMN)
 
 KAFKA_COLUMNS = pa.schema(ROWS.fields())
 
@@ -148,6 +151,8 @@ class Decoded:
 
     rows: pa.Table
     dead_letters: pa.Table
+    #: records (rows or dead letters) with fields the table does not declare (JSON values)
+    unknown: int = 0
 
 
 class Declared(Protocol):

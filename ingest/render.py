@@ -31,6 +31,7 @@ def batch(result: BatchResult, out: Console) -> None:
     out.print(
         f"batch {result.batch}: [bold]{result.status}[/] {result.records} rows, "
         f"{result.dead_letters} dead letters, {result.bytes / 1e6:.1f} MB in {result.seconds:.2f}s"
+        + (f", {result.unknown_fields} with unknown fields" if result.unknown_fields else "")
         + (f" (snapshot {result.snapshot_id})" if result.snapshot_id else ""),
         highlight=False,
     )

@@ -110,6 +110,8 @@ class BatchCounts:
     records: int = 0
     dead_letters: int = 0
     bytes: int = 0
+    #: records with fields the table does not declare (``unknown_fields``)
+    unknown_fields: int = 0
 
 
 def _key(pipeline: str, name: str) -> str:
@@ -150,6 +152,8 @@ def encode(
         _key(pipeline, "dead-letters"): str(counts.dead_letters),
         _key(pipeline, "bytes"): str(counts.bytes),
     }
+    if counts.unknown_fields:
+        props[_key(pipeline, "unknown-fields")] = str(counts.unknown_fields)
     if ledger.cluster_id is not None:
         props[_key(pipeline, "kafka-cluster")] = ledger.cluster_id
     if ledger.valid_through is not None:
@@ -250,6 +254,7 @@ def decode_counts(pipeline: str, summary: Mapping[str, str]) -> BatchCounts:
         records=int(summary.get(_key(pipeline, "records"), "0")),
         dead_letters=int(summary.get(_key(pipeline, "dead-letters"), "0")),
         bytes=int(summary.get(_key(pipeline, "bytes"), "0")),
+        unknown_fields=int(summary.get(_key(pipeline, "unknown-fields"), "0")),
     )
 
 

@@ -142,7 +142,7 @@ def decode_and_write(
     files: list[DataFile] = []
     dead: list[pa.Table] = []
     held: list[pa.Table] = []
-    held_rows = records = nbytes = 0
+    held_rows = records = nbytes = unknown = 0
     timestamps: dict[TopicPartition, int] = {}
 
     def write() -> None:
@@ -158,6 +158,7 @@ def decode_and_write(
         decoded = decoder.decode(chunk)
         records += len(chunk)
         nbytes += chunk.nbytes
+        unknown += decoded.unknown
         timestamps = merge_timestamps(
             [
                 timestamps,
@@ -173,7 +174,7 @@ def decode_and_write(
     if held_rows:
         write()
     dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
-    return Produced(files, dead_letters, records, nbytes, timestamps)
+    return Produced(files, dead_letters, records, nbytes, timestamps, unknown)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,8 @@ class TaskSpec:
     renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: a longer value is a dead letter (``dead_letters.max_value_bytes``); None: no limit of ours
     max_value_bytes: int | None = None
+    #: JSON fields the table does not declare: dropped, captured into ``_extra``, or dead letters
+    unknown_fields: str = "drop"
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -220,6 +223,7 @@ class TaskSpec:
             config.key_format,
             dict(config.renames),
             config.dead_letter_policy.max_value_bytes,
+            config.unknown_fields,
         )
 
     def decoder(self) -> ValueDecoder:
@@ -250,7 +254,7 @@ class TaskSpec:
 
     def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
         if self.format == "json":
-            return Decoder(fields, self.renames)
+            return Decoder(fields, self.renames, self.unknown_fields)
         if self.schema_text is not None:
             from ingest.formats.avro import AvroFileDecoder
 
@@ -307,6 +311,8 @@ class TaskOutput:
     timestamps: dict[TopicPartition, int]
     #: the offsets the task read, ``[start, end)`` per partition
     ranges: tuple[Range, ...]
+    #: records with fields the table does not declare
+    unknown: int = 0
 
 
 def run_task(
@@ -327,6 +333,7 @@ def run_task(
         produced.nbytes,
         produced.timestamps,
         tuple(stops.ranges()),  # once the read is over, what it covered
+        produced.unknown,
     )
 
 
@@ -355,4 +362,5 @@ def combine(
         records=sum(output.records for output in ordered),
         nbytes=sum(output.nbytes for output in ordered),
         timestamps=merge_timestamps(output.timestamps for output in ordered),
+        unknown=sum(output.unknown for output in ordered),
     )

@@ -11,6 +11,7 @@ until each bad record stands alone, and a value msgspec cannot parse is tried on
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ import pyarrow.json as pj
 
 from ingest.config import FieldSpec
 from ingest.formats.rows import assemble, dead_letters
-from ingest.records import Declared, Decoded, RawChunk, arrow_type, rows_schema, type_name
+from ingest.records import EXTRA_COLUMN, Declared, Decoded, RawChunk, arrow_type, rows_schema, type_name
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
@@ -126,6 +127,25 @@ class _Kind:
         return None
 
 
+def _document(value: bytes | None) -> dict[str, object] | None:
+    """``value`` parsed, if it is one JSON object (msgspec; Python's parser for what msgspec refuses
+    and Arrow may take: NaN, a byte order mark)."""
+    if not value:
+        return None
+    try:
+        document = msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        try:
+            document = json.loads(value.decode("utf-8-sig"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+    return document if isinstance(document, dict) else None
+
+
+def _encode(extra: dict[str, object] | None) -> str | None:
+    return None if extra is None else msgspec.json.encode(extra).decode()
+
+
 _NEWLINE, _BRACE = ord("\n"), ord("{")
 _BOM = b"\xef\xbb\xbf"
 
@@ -162,18 +182,27 @@ def _read(payload: bytes, block_size: int, options: pj.ParseOptions) -> pa.Table
 class Decoder:
     """Decodes :class:`RawChunk` values against the declared fields."""
 
-    def __init__(self, fields: Sequence[Declared], renames: Mapping[str, str] | None = None) -> None:
-        self.fields = list(fields)
-        names = {f.name for f in fields}
+    def __init__(
+        self, fields: Sequence[Declared], renames: Mapping[str, str] | None = None, unknown_fields: str = "drop"
+    ) -> None:
+        #: the fields read from the values (``_extra`` is filled here, with ``unknown_fields: capture``)
+        self.fields = [f for f in fields if f.name != EXTRA_COLUMN]
+        self._extra_at = next((i for i, f in enumerate(fields) if f.name == EXTRA_COLUMN), None)
+        self._unknown_fields = unknown_fields
+        names = {f.name for f in self.fields}
         #: a renamed column's old name, read too: records of either name land in the column
         self._old = {new: old for old, new in (renames or {}).items() if new in names and old not in names}
-        parsed = [(f.name, f.type) for f in fields] + [
-            (self._old[f.name], f.type) for f in fields if f.name in self._old
+        parsed = [(f.name, f.type) for f in self.fields] + [
+            (self._old[f.name], f.type) for f in self.fields if f.name in self._old
         ]
         self._parse_schema = pa.schema([pa.field(name, _json_type(arrow_type(kind))) for name, kind in parsed])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
+        #: the fast path's: fields the table does not declare come out as columns of their own,
+        #: which tell which records have them (as fast as ignoring them)
+        self._inferring = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="infer")
+        self._known = frozenset(self._parse_schema.names)
         self._schema = rows_schema(fields)
-        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in fields])
+        self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
         #: each parsed name with the type its values must fit (a renamed column's old name too)
         self._kinds = [(name, kind) for name, declared in parsed if (kind := _Kind.of(arrow_type(declared)))]
         self._probes: dict[str, Decoder] = {}  # one field's decoder, built once, to name what Arrow refused
@@ -192,13 +221,17 @@ class Decoder:
                 candidates, index = self._normalise_line_breaks(candidates, list(index), bad)
                 payload = None
         parts: list[tuple[Sequence[int], pa.Table]] = []
+        unknown: set[int] = set()  # positions of the records with fields the table does not declare
         if len(candidates) > _SINGLES:
             try:
-                self._keep(self._try(candidates, 0, len(candidates), payload), index, parts, bad)
+                found: list[int] = []
+                self._keep(self._try(candidates, 0, len(candidates), payload, found), index, parts, bad)
+                unknown.update(index[k] for k in found)
             except _Bad:
-                self._isolate(candidates, index, parts, bad)
+                self._isolate(candidates, index, parts, bad, unknown)
         else:
             self._parse(candidates, index, 0, len(candidates), parts, bad, payload)
+            unknown.update(i for indices, _ in parts for i in indices if self._extra_of(values[i]))
         if len(parts) == 1 and len(parts[0][0]) == len(values):
             good: Sequence[int] | None = None  # every record decoded: no gather needed
         else:
@@ -208,8 +241,29 @@ class Decoder:
             order = np.argsort(np.asarray(good), kind="stable")  # a value tried on its own: back in offset order
             fields = fields.take(pa.array(order))
             good = [good[i] for i in order]
+        positions: Sequence[int] = range(len(values)) if good is None else good
+        unknown.intersection_update(positions)  # a dead letter for another reason is not counted
+        if unknown and self._unknown_fields == "dead_letter":
+            for i in unknown:
+                names = ", ".join(map(repr, sorted(self._extra_of(values[i]) or {})[:5]))
+                bad[i] = f"unknown field(s) {names}: the table does not declare them (unknown_fields: dead_letter)"
+            fields = fields.filter(pa.array([i not in unknown for i in positions]))
+            good = positions = [i for i in positions if i not in unknown]
+        if self._extra_at is not None:
+            extra = pa.array(
+                [_encode(self._extra_of(values[i])) if i in unknown else None for i in positions], pa.string()
+            )
+            fields = fields.add_column(self._extra_at, pa.field(EXTRA_COLUMN, pa.string()), extra)
         rows = assemble(chunk, good, fields, self._schema)
-        return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad))
+        return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad), unknown=len(unknown))
+
+    def _extra_of(self, value: bytes | None) -> dict[str, object] | None:
+        """The fields of the JSON object ``value`` the table does not declare (None: none, or not an object)."""
+        document = _document(value)
+        if document is None:
+            return None
+        extra = {k: v for k, v in document.items() if k not in self._known and v is not None}
+        return extra or None
 
     def _isolate(
         self,
@@ -217,6 +271,7 @@ class Decoder:
         index: Sequence[int],
         parts: list[tuple[Sequence[int], pa.Table]],
         bad: dict[int, str],
+        unknown: set[int],
     ) -> None:
         """Decode a chunk Arrow refused as a whole (it holds poison) at about the cost of a good one.
 
@@ -239,11 +294,17 @@ class Decoder:
             if error is None:
                 kept.append(value)
                 kept_index.append(index[k])
+                if isinstance(document, dict) and any(
+                    v is not None for key, v in document.items() if key not in self._known
+                ):
+                    unknown.add(index[k])
             else:
                 bad[index[k]] = error
         self._parse(kept, kept_index, 0, len(kept), parts, bad)
         for k in alone:
             self._parse(candidates, index, k, k + 1, parts, bad)
+            if self._extra_of(candidates[k]):
+                unknown.add(index[k])
 
     def _kind_error(self, document: dict[str, object]) -> str | None:
         for name, kind in self._kinds:
@@ -293,22 +354,30 @@ class Decoder:
             kept_index.append(i)
         return kept_values, kept_index
 
-    def _try(self, candidates: list[bytes], lo: int, hi: int, payload: bytes | None = None) -> pa.Table:
+    def _try(
+        self, candidates: list[bytes], lo: int, hi: int, payload: bytes | None = None, unknown: list[int] | None = None
+    ) -> pa.Table:
+        """``candidates[lo:hi]`` read by Arrow; with ``unknown``, the positions (from ``lo``) of the
+        records with fields the table does not declare are added to it."""
         if payload is None:
             payload = b"\n".join(candidates[lo:hi])
+        options = self._options if unknown is None else self._inferring
         try:
-            table = _read(payload, max(1 << 20, len(payload) // 4 + 1), self._options)
+            table = _read(payload, max(1 << 20, len(payload) // 4 + 1), options)
         except pa.ArrowInvalid as error:
             if "straddl" not in str(error):
                 raise _Bad(str(error)) from None
             try:  # a value longer than a block (a 5 MB document): read the payload as one block
-                table = _read(payload, len(payload) + 1, self._options)
+                table = _read(payload, len(payload) + 1, options)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as again:
                 raise _Bad(str(again)) from None
         except pa.ArrowNotImplementedError as error:
             raise _Bad(str(error)) from None
         if table.num_rows != hi - lo:
             raise _Bad(f"value holds {table.num_rows} JSON documents; expected one object")
+        if unknown is not None and table.num_columns > len(self._known):
+            extra = [table.column(name).is_valid() for name in table.column_names if name not in self._known]
+            unknown.extend(np.flatnonzero(functools.reduce(pc.or_, extra).to_numpy(zero_copy_only=False)).tolist())
         return self._finish(table)
 
     def _finish(self, table: pa.Table) -> pa.Table:

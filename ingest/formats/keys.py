@@ -169,8 +169,8 @@ class KeyedDecoder:
         decoded = self.values.decode(kept)
         rows = decoded.rows.select(self._names)
         if not bad:
-            return Decoded(rows, decoded.dead_letters)
-        return Decoded(rows, pa.concat_tables([dead_letters(chunk, bad), decoded.dead_letters]))
+            return Decoded(rows, decoded.dead_letters, decoded.unknown)
+        return Decoded(rows, pa.concat_tables([dead_letters(chunk, bad), decoded.dead_letters]), decoded.unknown)
 
 
 def value_fields(fields: Sequence[Declared]) -> list[Declared]:

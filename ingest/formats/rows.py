@@ -64,4 +64,6 @@ class SizeLimited:
         if not over:
             return self.decoder.decode(chunk)
         decoded = self.decoder.decode(chunk.take([i for i in range(len(chunk)) if i not in over]))
-        return Decoded(decoded.rows, pa.concat_tables([dead_letters(chunk, over), decoded.dead_letters]))
+        return Decoded(
+            decoded.rows, pa.concat_tables([dead_letters(chunk, over), decoded.dead_letters]), decoded.unknown
+        )

@@ -163,7 +163,7 @@ def test_invalid_values_are_reported_with_their_key(dotted: str, value: Any, exp
     assert expected in error_of(data)
 
 
-@pytest.mark.parametrize("column", ["_kafka_offset", "_kafka_topic", "_kafka_key", "_kafka_key_decoded"])
+@pytest.mark.parametrize("column", ["_kafka_offset", "_kafka_topic", "_kafka_key", "_kafka_key_decoded", "_extra"])
 def test_a_reserved_column_name_in_schema_is_rejected(column: str) -> None:
     data = minimal()
     data["schema"].append({"name": column, "type": "long"})
@@ -519,3 +519,14 @@ def test_plain_avro_needs_no_registry_and_its_schema_file_is_relative_to_the_con
         {"name": "b", "format": "avro", "schema_file": "y.avsc"},
     ]
     assert "the same schema_file" in error_of(data)
+
+
+def test_unknown_fields_is_for_json_values() -> None:
+    data = minimal()
+    assert parse(data).unknown_fields == "drop"
+    data["unknown_fields"] = "capture"
+    assert parse(data).unknown_fields == "capture"
+    data |= {"topics": [{"name": "orders", "format": "avro"}], "schema_registry": {"url": "http://127.0.0.1:8081"}}
+    assert "unknown_fields: capture is for JSON values" in error_of(data)
+    data["unknown_fields"] = "keep"
+    assert "unknown_fields:" in error_of(data)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ingest.config import FieldSpec
 from ingest.formats.json import Decoder, _one_object_per_line
-from ingest.records import DEAD_LETTER_SCHEMA, KAFKA_COLUMNS, Decoded, RawChunk
+from ingest.records import DEAD_LETTER_SCHEMA, EXTRA_COLUMN, KAFKA_COLUMNS, Decoded, Field, RawChunk
 
 UTC = dt.UTC
 FIELDS = [
@@ -685,3 +685,55 @@ def test_a_value_over_max_value_bytes_is_a_dead_letter_saying_so_whatever_the_fo
         == f"value is {len(values[1])} bytes, over dead_letters.max_value_bytes (100); raise it to take such records"
     )
     assert reasons[102].startswith("value is null")
+
+
+# --- fields the table does not declare (unknown_fields) ---------------------------------------
+
+WITH_EXTRA = [*FIELDS[:2], Field(EXTRA_COLUMN, "string"), *FIELDS[2:]]
+
+
+def _unknown_values(size: int, poison: bool) -> list[bytes | None]:
+    values: list[bytes | None] = [good(i) for i in range(size)]
+    values[1] = good(1, color="red", tags=[1, 2])
+    values[3] = good(3, note=None)  # a null is no value: not counted
+    values[4] = b'{"id": 4, "x": NaN, "zz": {"deep": true}}'  # msgspec refuses NaN; Arrow takes it
+    if poison:
+        values[2] = good(2, x="drifted", color="blue")  # a dead letter for its type: not counted
+        values[5] = None
+    return values
+
+
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "with-poison"])
+@pytest.mark.parametrize("size", [8, 40], ids=["one-by-one", "whole-chunk"])
+def test_unknown_fields_are_counted_captured_or_dead_lettered(size, poison) -> None:
+    values = _unknown_values(size, poison)
+
+    dropped = Decoder(FIELDS, None, "drop").decode(chunk(values))
+    captured = Decoder(WITH_EXTRA, None, "capture").decode(chunk(values))
+    refused = Decoder(FIELDS, None, "dead_letter").decode(chunk(values))
+
+    assert dropped.unknown == captured.unknown == refused.unknown == 2
+    assert dropped.rows.num_rows == captured.rows.num_rows == size - 2 * poison
+    assert captured.rows.schema.names[:-7] == [*KAFKA_COLUMNS.names, "id", "n", EXTRA_COLUMN]
+    extra = dict(
+        zip(captured.rows.column("id").to_pylist(), captured.rows.column(EXTRA_COLUMN).to_pylist(), strict=True)
+    )
+    assert json.loads(extra[1]) == {"color": "red", "tags": [1, 2]}
+    assert json.loads(extra[4]) == {"zz": {"deep": True}}
+    assert {i for i, e in extra.items() if e is not None} == {1, 4}
+    assert refused.rows.column("id").to_pylist() == [
+        i for i in dropped.rows.column("id").to_pylist() if i not in (1, 4)
+    ]
+    reasons = dict(
+        zip(
+            refused.dead_letters.column("offset").to_pylist(),
+            refused.dead_letters.column("error").to_pylist(),
+            strict=True,
+        )
+    )
+    assert (
+        reasons[101]
+        == "unknown field(s) 'color', 'tags': the table does not declare them (unknown_fields: dead_letter)"
+    )
+    assert reasons[104].startswith("unknown field(s) 'zz'")
+    assert_exactly_once(refused, list(range(100, 100 + size)))
