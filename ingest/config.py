@@ -205,6 +205,11 @@ class PipelineConfig(_Strict):
     #: what a JSON record's fields that ``schema:`` does not declare become: ``drop``ped (counted),
     #: ``capture``d as one JSON object in the column ``_extra``, or the record a ``dead_letter``
     unknown_fields: Literal["drop", "capture", "dead_letter"] = "drop"
+    #: values taken by default that are dead letters instead when listed: ``nan`` (NaN or ±Infinity
+    #: in a float or double column, any format), ``naive_timestamps`` (a JSON timestamptz string
+    #: without a zone, otherwise read as UTC), ``date_only_timestamps`` (a JSON timestamp or
+    #: timestamptz string that is a date alone, otherwise read as midnight)
+    refuse: list[Literal["nan", "naive_timestamps", "date_only_timestamps"]] = []
     partition_by: list[str] = []
     dead_letter_table: str | None = None
     dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
@@ -324,6 +329,12 @@ class PipelineConfig(_Strict):
             if not registry and self.schema_file is None:
                 raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
             return self._common_checks([])
+        text_only = sorted(set(self.refuse) - {"nan"})
+        if text_only and self.format != "json":
+            raise ValueError(
+                f"refuse: {', '.join(text_only)} is for JSON values, whose timestamps are text; {self.format} "
+                "values carry typed timestamps"
+            )
         if self.unknown_fields != "drop" and self.format != "json":
             raise ValueError(
                 f"unknown_fields: {self.unknown_fields} is for JSON values; {self.format} values have a writer schema, "

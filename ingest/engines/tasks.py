@@ -26,7 +26,7 @@ from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
-from ingest.formats.rows import SizeLimited
+from ingest.formats.rows import NotFinite, SizeLimited
 from ingest.kafka.source import KafkaSource, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, SchemaRegistry, ValueDecoder
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KEY_COLUMN, ROWS, Coordinates, Declared, Field, RawChunk
@@ -206,6 +206,8 @@ class TaskSpec:
     max_value_bytes: int | None = None
     #: JSON fields the table does not declare: dropped, captured into ``_extra``, or dead letters
     unknown_fields: str = "drop"
+    #: values refused as dead letters (``refuse:``)
+    refuse: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -224,12 +226,15 @@ class TaskSpec:
             dict(config.renames),
             config.dead_letter_policy.max_value_bytes,
             config.unknown_fields,
+            tuple(config.refuse),
         )
 
     def decoder(self) -> ValueDecoder:
         """The decoder of this task's records: their values, and their keys with ``key_format``,
         values over ``max_value_bytes`` set aside first."""
         decoder = self._decoder()
+        if "nan" in self.refuse:
+            decoder = NotFinite(decoder)
         return decoder if self.max_value_bytes is None else SizeLimited(decoder, self.max_value_bytes)
 
     def _decoder(self) -> ValueDecoder:
@@ -254,7 +259,7 @@ class TaskSpec:
 
     def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
         if self.format == "json":
-            return Decoder(fields, self.renames, self.unknown_fields)
+            return Decoder(fields, self.renames, self.unknown_fields, frozenset(self.refuse))
         if self.schema_text is not None:
             from ingest.formats.avro import AvroFileDecoder
 

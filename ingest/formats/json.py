@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -127,6 +128,11 @@ class _Kind:
         return None
 
 
+#: a timestamp's text that is a date alone; one that ends in a zone (``Z``, ``+02:00``, ``-0530``)
+_DATE_ONLY = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*$")
+_ZONED = re.compile(r"(?:[Zz]|[+-]\d{2}(?::?\d{2})?)\s*$")
+
+
 def _document(value: bytes | None) -> dict[str, object] | None:
     """``value`` parsed, if it is one JSON object (msgspec; Python's parser for what msgspec refuses
     and Arrow may take: NaN, a byte order mark)."""
@@ -183,7 +189,11 @@ class Decoder:
     """Decodes :class:`RawChunk` values against the declared fields."""
 
     def __init__(
-        self, fields: Sequence[Declared], renames: Mapping[str, str] | None = None, unknown_fields: str = "drop"
+        self,
+        fields: Sequence[Declared],
+        renames: Mapping[str, str] | None = None,
+        unknown_fields: str = "drop",
+        refuse: frozenset[str] = frozenset(),
     ) -> None:
         #: the fields read from the values (``_extra`` is filled here, with ``unknown_fields: capture``)
         self.fields = [f for f in fields if f.name != EXTRA_COLUMN]
@@ -205,6 +215,11 @@ class Decoder:
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
         #: each parsed name with the type its values must fit (a renamed column's old name too)
         self._kinds = [(name, kind) for name, declared in parsed if (kind := _Kind.of(arrow_type(declared)))]
+        #: timestamp columns whose text is checked (``refuse: [naive_timestamps, date_only_timestamps]``)
+        self._stamps = [
+            (f.name, t.tz is not None) for f in self.fields if pa.types.is_timestamp(t := arrow_type(f.type))
+        ]
+        self._refuse = refuse & {"naive_timestamps", "date_only_timestamps"}
         self._probes: dict[str, Decoder] = {}  # one field's decoder, built once, to name what Arrow refused
 
     def decode(self, chunk: RawChunk) -> Decoded:
@@ -249,6 +264,12 @@ class Decoder:
                 bad[i] = f"unknown field(s) {names}: the table does not declare them (unknown_fields: dead_letter)"
             fields = fields.filter(pa.array([i not in unknown for i in positions]))
             good = positions = [i for i in positions if i not in unknown]
+        if self._refuse and self._stamps:
+            refused = {i: why for i in positions if (why := self._lossy_timestamp(values[i]))}
+            if refused:
+                bad.update(refused)
+                fields = fields.filter(pa.array([i not in refused for i in positions]))
+                good = positions = [i for i in positions if i not in refused]
         if self._extra_at is not None:
             extra = pa.array(
                 [_encode(self._extra_of(values[i])) if i in unknown else None for i in positions], pa.string()
@@ -256,6 +277,20 @@ class Decoder:
             fields = fields.add_column(self._extra_at, pa.field(EXTRA_COLUMN, pa.string()), extra)
         rows = assemble(chunk, good, fields, self._schema)
         return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad), unknown=len(unknown))
+
+    def _lossy_timestamp(self, value: bytes | None) -> str | None:
+        """Why ``value``'s timestamp text is refused (``refuse:``): a date alone, or no zone; None if it is not."""
+        document = _document(value) or {}
+        for name, zoned in self._stamps:
+            text = document.get(name)
+            if not isinstance(text, str):
+                continue
+            if _DATE_ONLY.match(text):
+                if "date_only_timestamps" in self._refuse:
+                    return f"field {name!r}: {text!r} is a date without a time (refuse: date_only_timestamps)"
+            elif zoned and "naive_timestamps" in self._refuse and not _ZONED.search(text):
+                return f"field {name!r}: {text!r} has no zone offset (refuse: naive_timestamps)"
+        return None
 
     def _extra_of(self, value: bytes | None) -> dict[str, object] | None:
         """The fields of the JSON object ``value`` the table does not declare (None: none, or not an object)."""

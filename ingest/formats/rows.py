@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.ports import ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, KEY_COLUMN, Decoded, RawChunk
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KAFKA_COLUMNS, KEY_COLUMN, ROWS, Decoded, RawChunk
 
 
 def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -45,6 +47,12 @@ def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
 
 
+def _together(*dead: pa.Table) -> pa.Table:
+    """Dead letters of one chunk set aside at different steps, in the order of their records."""
+    c = DEAD_LETTERS
+    return pa.concat_tables(dead).sort_by([(c.topic, "ascending"), (c.partition, "ascending"), (c.offset, "ascending")])
+
+
 class SizeLimited:
     """Values longer than ``max_bytes`` (``dead_letters.max_value_bytes``) as dead letters saying
     so; the others decoded by ``decoder``, whatever the format."""
@@ -64,6 +72,45 @@ class SizeLimited:
         if not over:
             return self.decoder.decode(chunk)
         decoded = self.decoder.decode(chunk.take([i for i in range(len(chunk)) if i not in over]))
-        return Decoded(
-            decoded.rows, pa.concat_tables([dead_letters(chunk, over), decoded.dead_letters]), decoded.unknown
+        return Decoded(decoded.rows, _together(dead_letters(chunk, over), decoded.dead_letters), decoded.unknown)
+
+
+class NotFinite:
+    """Rows with NaN or ±Infinity in a float or double column as dead letters saying which
+    (``refuse: [nan]``); the others as ``decoder`` decodes them, whatever the format."""
+
+    def __init__(self, decoder: ValueDecoder) -> None:
+        self.decoder = decoder
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        decoded = self.decoder.decode(chunk)
+        rows = decoded.rows
+        floats = [f.name for f in rows.schema if pa.types.is_floating(f.type) and f.name not in KAFKA_COLUMNS.names]
+        found = {}  # row → the first such column
+        for name in reversed(floats):
+            column = rows.column(name)
+            mask = pc.fill_null(pc.or_(pc.is_nan(column), pc.is_inf(column)), False)
+            for row in np.flatnonzero(mask.to_numpy(zero_copy_only=False)):
+                found[int(row)] = name
+        if not found:
+            return decoded
+        where = {
+            coordinates: i
+            for i, coordinates in enumerate(
+                zip(chunk.topic.to_pylist(), chunk.partition.to_pylist(), chunk.offset.to_pylist(), strict=True)
+            )
+        }
+        at = list(
+            zip(
+                rows.column(ROWS.topic).to_pylist(),
+                rows.column(ROWS.partition).to_pylist(),
+                rows.column(ROWS.offset).to_pylist(),
+                strict=True,
+            )
         )
+        bad = {
+            where[at[row]]: f"field {name!r}: {rows.column(name)[row].as_py()} is not a finite number (refuse: nan)"
+            for row, name in found.items()
+        }
+        kept = rows.filter(pa.array([row not in found for row in range(rows.num_rows)]))
+        return Decoded(kept, _together(decoded.dead_letters, dead_letters(chunk, bad)), decoded.unknown)

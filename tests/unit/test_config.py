@@ -530,3 +530,14 @@ def test_unknown_fields_is_for_json_values() -> None:
     assert "unknown_fields: capture is for JSON values" in error_of(data)
     data["unknown_fields"] = "keep"
     assert "unknown_fields:" in error_of(data)
+
+
+def test_refusing_timestamp_text_is_for_json_values_and_nan_for_any() -> None:
+    data = minimal() | {"refuse": ["nan", "naive_timestamps"]}
+    assert parse(data).refuse == ["nan", "naive_timestamps"]
+    data |= {"topics": [{"name": "orders", "format": "avro"}], "schema_registry": {"url": "http://127.0.0.1:8081"}}
+    assert "refuse: naive_timestamps is for JSON values" in error_of(data)
+    data["refuse"] = ["nan"]
+    assert parse(data).refuse == ["nan"]
+    data["refuse"] = ["infinity"]
+    assert "refuse[0]: Input should be" in error_of(data)

@@ -737,3 +737,47 @@ def test_unknown_fields_are_counted_captured_or_dead_lettered(size, poison) -> N
     )
     assert reasons[104].startswith("unknown field(s) 'zz'")
     assert_exactly_once(refused, list(range(100, 100 + size)))
+
+
+# --- values taken by default, refused by config (refuse:) -------------------------------------
+
+LOSSY = [
+    (b'{"id": 1, "x": NaN}', "nan", "field 'x': nan is not a finite number (refuse: nan)"),
+    (b'{"id": 2, "f": -Infinity}', "nan", "field 'f': -inf is not a finite number (refuse: nan)"),
+    (b'{"id": 3, "at": "2024-05-01T12:00:00"}', "naive_timestamps", "field 'at': '2024-05-01T12:00:00' has no zone"),
+    (b'{"id": 4, "at": "2024-05-01"}', "date_only_timestamps", "field 'at': '2024-05-01' is a date without a time"),
+]
+
+
+@pytest.mark.parametrize("size", [6, 40], ids=["one-by-one", "whole-chunk"])
+def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -> None:
+    from ingest.engines.tasks import TaskSpec
+
+    values: list[bytes | None] = [good(i) for i in range(size)]
+    for value, _, _ in LOSSY:
+        values[json.loads(value.replace(b"NaN", b"0").replace(b"-Infinity", b"0"))["id"]] = value
+    zoned = [b'{"id": 5, "at": "2024-05-01T12:00:00+02:00"}', b'{"id": 5, "at": "2024-05-01 12:00:00.5Z"}']
+    values[5] = zoned[size % 2]  # a zone, however written, is no naive timestamp
+
+    def spec(refuse: tuple[str, ...]) -> TaskSpec:
+        return TaskSpec({}, ("orders",), "g", 1.0, tuple(FIELDS), 1000, refuse=refuse)
+
+    taken = spec(()).decoder().decode(chunk(values))
+    refused = spec(("nan", "naive_timestamps", "date_only_timestamps")).decoder().decode(chunk(values))
+
+    assert taken.dead_letters.num_rows == 0
+    assert_exactly_once(refused, list(range(100, 100 + size)))
+    reasons = dict(
+        zip(
+            refused.dead_letters.column("offset").to_pylist(),
+            refused.dead_letters.column("error").to_pylist(),
+            strict=True,
+        )
+    )
+    assert sorted(reasons) == [101, 102, 103, 104]
+    for value, _, reason in LOSSY:
+        assert reasons[100 + json.loads(value.replace(b"NaN", b"0").replace(b"-Infinity", b"0"))["id"]].startswith(
+            reason
+        )
+    only_dates = spec(("date_only_timestamps",)).decoder().decode(chunk(values))
+    assert only_dates.dead_letters.column("offset").to_pylist() == [104]
