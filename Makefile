@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP) ## create .venv/ with the package, the embedded broker and the dev tools
 
-services: ## install (Debian's postgresql) and start PostgreSQL for the tests; needs root
+services: ## install (Debian's postgresql) and start PostgreSQL for the tests, and install the Prometheus Pushgateway they start; needs root
 	bash tests/services/postgres.sh
+	bash tests/services/pushgateway.sh
 
 kafka: setup ## resolve Apache Kafka's broker from Maven Central into .cache/ (the integration tests' broker; needs java, mvn)
 	$(BIN)/python -m tests.services.kafka resolve

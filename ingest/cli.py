@@ -184,6 +184,8 @@ def run(
 
     def body() -> None:
         with _open_run(config, engine) as opened_run:  # one engine (one Spark session) for every batch
+            if interval is not None and opened_run.metrics is not None and opened_run.metrics.spec.port is not None:
+                opened_run.metrics.serve()  # /metrics while it runs; each tick's values as it ends
             while not stop.is_set():
                 started = time.monotonic()
                 try:

@@ -141,6 +141,24 @@ class DeadLetterSpec(_Strict):
     max_value_bytes: Annotated[int, Field(ge=1)] | None = None
 
 
+class MetricsSpec(_Strict):
+    """Prometheus metrics of the runs (``metrics:``), exported when each run ends."""
+
+    #: a node_exporter textfile collector file (``…/ingest_orders.prom``), written atomically
+    textfile: str | None = None
+    #: a Pushgateway URL (``http://pushgateway:9091``): pushed under ``job`` and the pipeline
+    pushgateway: str | None = None
+    job: str = "ingest"
+    #: ``ingest run --every``: serve ``/metrics`` on this port while running
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> MetricsSpec:
+        if self.textfile is None and self.pushgateway is None and self.port is None:
+            raise ValueError("metrics: give textfile, pushgateway or port (where the metrics go)")
+        return self
+
+
 class CommitSpec(_Strict):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 8
     #: how often a fenced batch is planned again within one run before giving up (retryable)
@@ -216,6 +234,7 @@ class PipelineConfig(_Strict):
     batch: BatchSpec = BatchSpec()
     commit: CommitSpec = CommitSpec()
     maintenance: MaintenanceSpec = MaintenanceSpec()
+    metrics: MetricsSpec | None = None
 
     @field_validator("topic_specs", mode="before")
     @classmethod

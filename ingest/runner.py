@@ -14,16 +14,22 @@ their runs here, so every run gets the same things in the same order:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ingest.config import PipelineConfig
+from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine, workers_for_backlog
+from ingest.errors import IngestError
 from ingest.ports import Engine
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
     from ingest.engines.spark import SparkSession
+    from ingest.metrics import RunMetrics
     from ingest.pipeline import BatchResult, Pipeline
 
 EngineChoice = Literal["local", "spark"]
@@ -35,6 +41,8 @@ class Run:
 
     pipeline: Pipeline
     engine: Engine
+    #: the runs' Prometheus metrics (``metrics:``), exported as each call of :meth:`batches` ends
+    metrics: RunMetrics | None = None
 
     def batch(self) -> BatchResult:
         """Plan and commit one batch."""
@@ -42,12 +50,53 @@ class Run:
 
     def batches(self, *, until_caught_up: bool = True, max_batches: int | None = None) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets Kafka showed at start (or ``max_batches``)."""
-        return self.pipeline.run(self.engine, until_caught_up=until_caught_up, max_batches=max_batches)
+        batches = self.pipeline.run(self.engine, until_caught_up=until_caught_up, max_batches=max_batches)
+        if self.metrics is None:
+            yield from batches
+            return
+        ok = False
+        try:
+            for result in batches:
+                self.metrics.batch(
+                    result.status,
+                    result.records,
+                    result.dead_letters,
+                    result.bytes,
+                    result.unknown_fields,
+                    result.seconds,
+                )
+                yield result
+            ok = True
+        finally:
+            self.metrics.ended(ok, *_where(self.pipeline))
 
     def on_branch(self, branch: str) -> Run:
         """The same run committing to ``branch`` (a replay's), with the same engine: data files go
-        to the table's location whatever branch commits them."""
+        to the table's location whatever branch commits them. A replay's batches are not the
+        pipeline's runs: no metrics."""
         return Run(self.pipeline.on_branch(branch), self.engine)
+
+
+def _where(pipeline: Pipeline) -> tuple[dict[TopicPartition, int] | None, int | None]:
+    """Each partition's lag and the data's valid-through, for the metrics; (None, None) when Kafka or
+    the table cannot say now (a failing run's cause, most likely)."""
+    try:
+        found = pipeline.ledger()
+        view = pipeline.source.describe()
+    except IngestError as error:
+        log.warning("metrics: the lag is unknown (%s)", error)
+        return None, None
+    committed = found.ledger.offsets if found is not None else {}
+    lag = {tp: wm.high - committed.get(tp, wm.low) for tp, wm in view.partitions.items()}
+    return lag, found.ledger.valid_through if found is not None else None
+
+
+def _metrics(config: PipelineConfig) -> RunMetrics | None:
+    if config.metrics is None:
+        return None
+    from ingest.metrics import RunMetrics
+
+    return RunMetrics(config.metrics, config.pipeline, config.table)
 
 
 @contextlib.contextmanager
@@ -58,21 +107,30 @@ def opened(
     ``spark``, else the active session, else one built from the usual Spark settings)."""
     from ingest.pipeline import Pipeline
 
-    if engine == "spark":
-        from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
-
-        pipeline = Pipeline.open(config)
-        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows, spark)) as on_spark:
-            yield Run(pipeline, on_spark)
-        return
-    pool = workers_for_backlog(config)
+    metrics = _metrics(config)
+    running = False
     try:
-        pipeline = Pipeline.open(config)
-    except BaseException:
-        pool.close(kill=True)
+        if engine == "spark":
+            from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+
+            pipeline = Pipeline.open(config)
+            with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows, spark)) as on_spark:
+                running = True
+                yield Run(pipeline, on_spark, metrics)
+            return
+        pool = workers_for_backlog(config)
+        try:
+            pipeline = Pipeline.open(config)
+        except BaseException:
+            pool.close(kill=True)
+            raise
+        with contextlib.closing(LocalEngine(config, pipeline.rows, pool)) as local:
+            running = True
+            yield Run(pipeline, local, metrics)
+    except Exception:
+        if metrics is not None and not running:  # the run failed before its first batch: say so too
+            metrics.ended(False, None, None)
         raise
-    with contextlib.closing(LocalEngine(config, pipeline.rows, pool)) as local:
-        yield Run(pipeline, local)
 
 
 @contextlib.contextmanager

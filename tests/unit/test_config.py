@@ -541,3 +541,10 @@ def test_refusing_timestamp_text_is_for_json_values_and_nan_for_any() -> None:
     assert parse(data).refuse == ["nan"]
     data["refuse"] = ["infinity"]
     assert "refuse[0]: Input should be" in error_of(data)
+
+
+def test_metrics_need_somewhere_to_go() -> None:
+    data = minimal() | {"metrics": {}}
+    assert "metrics: give textfile, pushgateway or port" in error_of(data)
+    data["metrics"] = {"textfile": "/var/lib/node_exporter/ingest.prom", "port": 9108}
+    assert parse(data).metrics is not None and parse(data).metrics.job == "ingest"  # type: ignore[union-attr]
