@@ -52,6 +52,32 @@ def _verbose(on: bool) -> None:
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", callback=_verbose, help="Log progress to stderr.", show_default=False)
 ]
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+def _log_format(chosen: LogFormat) -> LogFormat:
+    """Log lines (stderr) as text, or as one JSON object each (``time``, ``level``, ``logger``,
+    ``message``) for a log shipper."""
+    if chosen is LogFormat.json:
+        from pythonjsonlogger.json import JsonFormatter
+
+        formatter = JsonFormatter(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",
+        )
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(formatter)
+    return chosen
+
+
+LogFormatOption = Annotated[
+    LogFormat, typer.Option("--log-format", callback=_log_format, help="Log lines as text or JSON (one object each).")
+]
 T = TypeVar("T")
 
 
@@ -151,18 +177,23 @@ def _main(
     version: Annotated[
         bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
     ] = False,
+    log_format: Annotated[
+        LogFormat, typer.Option("--log-format", help="Log lines as text or JSON (one object each).")
+    ] = LogFormat.text,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    _log_format(log_format)
 
 
 @app.command()
 def run(
     config: ConfigOption,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
     until_caught_up: Annotated[
         bool,
         typer.Option("--until-caught-up", help="Run batches until the end offsets seen at start are in."),
@@ -263,7 +294,12 @@ def _status(pipeline: Any) -> Any:
 
 
 @app.command()
-def check(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
+def check(
+    config: ConfigOption,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
+) -> None:
     """Check the config against Kafka, the registry, the catalog and the tables, changing nothing."""
 
     def body() -> None:
@@ -279,7 +315,12 @@ def check(config: ConfigOption, json_output: JsonOption = False, verbose: Verbos
 
 
 @app.command()
-def status(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
+def status(
+    config: ConfigOption,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
+) -> None:
     """Per partition: the committed offset, the end offset, and the lag."""
 
     def body() -> None:
@@ -300,6 +341,7 @@ def status(config: ConfigOption, json_output: JsonOption = False, verbose: Verbo
 def history(
     config: ConfigOption,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
     json_output: JsonOption = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest N batches.")] = 50,
 ) -> None:
@@ -317,7 +359,12 @@ def history(
 
 
 @app.command()
-def verify(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
+def verify(
+    config: ConfigOption,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
+) -> None:
     """Exit 0 only if every ledger offset still in Kafka is in the table or dead letters exactly once."""
     from ingest.ops import report
 
@@ -339,7 +386,12 @@ def verify(config: ConfigOption, json_output: JsonOption = False, verbose: Verbo
 
 
 @app.command()
-def maintain(config: ConfigOption, json_output: JsonOption = False, verbose: VerboseOption = False) -> None:
+def maintain(
+    config: ConfigOption,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
+) -> None:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
     from ingest.ops.maintain import maintain as do_maintain
 
@@ -358,6 +410,7 @@ def redrive(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Decode and report; change nothing.")] = False,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Decode the dead letters again (after a fix) and move those that decode now to the table, exactly once."""
     from ingest.ops.redrive import Redrive
@@ -389,6 +442,7 @@ def reset(
     config: ConfigOption,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the snapshot summary).")],
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
     to_offsets: Annotated[
         str | None,
         typer.Option(
@@ -449,6 +503,7 @@ def reset(
 def replay(
     config: ConfigOption,
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
     from_snapshot: Annotated[int | None, typer.Option("--from-snapshot", help="Snapshot id S to replay from.")] = None,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Replay from main as of this ISO-8601 time.")] = None,
     publish: Annotated[bool, typer.Option("--publish", help="Move main to the caught-up replay branch.")] = False,
@@ -482,6 +537,7 @@ def demo(
         "conf/orders.yaml"
     ),
     verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Start the embedded broker, produce order events, ingest them, show the result, stop."""
     from ingest import demo as demo_module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -93,8 +94,12 @@ def test_a_broker_refusing_connections_fails_fast_with_one_clear_line(make_env, 
     assert result.returncode == ExitCode.RETRYABLE
     assert "every broker refused the connection" in result.stderr
     assert "rdkafka" not in result.stderr  # librdkafka's own lines only with -v
-    verbose = _cli("status", "-c", str(path), "-v")  # -v after the subcommand, too
-    assert "ingest.kafka.librdkafka" in verbose.stderr and "Connection refused" in verbose.stderr
+    verbose = _cli("status", "-c", str(path), "-v", "--log-format", "json")  # after the subcommand, too
+    logged = [json.loads(line) for line in verbose.stderr.splitlines() if line.startswith("{")]
+    assert logged and all({"time", "level", "logger", "message"} <= set(line) for line in logged)
+    assert any(
+        line["logger"] == "ingest.kafka.librdkafka" and "Connection refused" in line["message"] for line in logged
+    )
 
 
 @pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)
