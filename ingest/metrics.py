@@ -23,7 +23,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, push_to_gateway, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    push_to_gateway,
+    pushadd_to_gateway,
+    start_http_server,
+)
 from prometheus_client import write_to_textfile as write_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -103,6 +111,8 @@ class RunMetrics:
                 gauge = kept.get(sample.name)
                 if gauge is not None and sample.labels == self.labels:
                     gauge.labels(**self.labels).set(sample.value)
+                elif sample.name == self.lag._name and {**sample.labels, **self.labels} == sample.labels:
+                    self.lag.labels(**sample.labels).set(sample.value)
 
     def batch(self, status: str, records: int, dead_letters: int, nbytes: int, unknown: int, seconds: float) -> None:
         self.batches.labels(**self.labels, status=status).inc()
@@ -138,21 +148,26 @@ class RunMetrics:
         if self.spec.pushgateway is not None:
             pipeline = self.labels["pipeline"]
             outcome = {"pipeline": pipeline, "outcome": "success" if ok else "failure"}
-            for grouping, registry in (({"pipeline": pipeline}, self._run_only()), (outcome, self._outcomes[ok][0])):
+            # a run that ended well replaces its group; a failed one only the metrics it has values
+            # for, so the freshness and lag the last good run pushed stay when a failure cannot tell
+            run_push = push_to_gateway if ok else pushadd_to_gateway
+            for push, grouping, registry in (
+                (run_push, {"pipeline": pipeline}, self._run_only()),
+                (push_to_gateway, outcome, self._outcomes[ok][0]),
+            ):
                 try:
-                    push_to_gateway(
-                        self.spec.pushgateway, job=self.spec.job, grouping_key=grouping, registry=registry, timeout=10
-                    )
+                    push(self.spec.pushgateway, job=self.spec.job, grouping_key=grouping, registry=registry, timeout=10)
                 except OSError as error:
                     log.warning("metrics: cannot push to %s: %s", self.spec.pushgateway, error)
 
     def _run_only(self) -> CollectorRegistry:
-        """The registry without the outcome timestamps (their groups are their own on a Pushgateway)."""
+        """The registry of the run's metrics that have values, without the outcome timestamps (their
+        groups are their own on a Pushgateway)."""
         registry = CollectorRegistry()
-        for collector in (self.batches, self.records, self.dead_letters, self.bytes, self.unknown, self.seconds):
-            registry.register(collector)
-        registry.register(self.valid_through)
-        registry.register(self.lag)
+        collectors = (self.batches, self.records, self.dead_letters, self.bytes, self.unknown, self.seconds)
+        for collector in (*collectors, self.valid_through, self.lag):
+            if any(family.samples for family in collector.collect()):
+                registry.register(collector)
         return registry
 
     def serve(self) -> Any:

@@ -78,17 +78,21 @@ class Run:
 
 
 def _where(pipeline: Pipeline) -> tuple[dict[TopicPartition, int] | None, int | None]:
-    """Each partition's lag and the data's valid-through, for the metrics; (None, None) when Kafka or
+    """Each partition's lag and the data's valid-through, for the metrics; each None when Kafka or
     the table cannot say now (a failing run's cause, most likely)."""
     try:
         found = pipeline.ledger()
+    except IngestError as error:
+        log.warning("metrics: the ledger is unknown (%s)", error)
+        return None, None
+    committed = found.ledger.offsets if found is not None else {}
+    valid_through = found.ledger.valid_through if found is not None else None
+    try:
         view = pipeline.source.describe()
     except IngestError as error:
         log.warning("metrics: the lag is unknown (%s)", error)
-        return None, None
-    committed = found.ledger.offsets if found is not None else {}
-    lag = {tp: wm.high - committed.get(tp, wm.low) for tp, wm in view.partitions.items()}
-    return lag, found.ledger.valid_through if found is not None else None
+        return None, valid_through
+    return {tp: wm.high - committed.get(tp, wm.low) for tp, wm in view.partitions.items()}, valid_through
 
 
 def _metrics(config: PipelineConfig) -> RunMetrics | None:

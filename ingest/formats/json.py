@@ -141,9 +141,9 @@ def _document(value: bytes | None) -> dict[str, object] | None:
     try:
         document = msgspec.json.decode(value)
     except msgspec.DecodeError:
-        try:
-            document = json.loads(value.decode("utf-8-sig"))
-        except (ValueError, UnicodeDecodeError):
+        try:  # invalid UTF-8 in a string Arrow does not read (an unknown field's) reads as U+FFFD
+            document = json.loads(value.decode("utf-8", errors="replace").strip().removeprefix("\ufeff"))
+        except ValueError:
             return None
     return document if isinstance(document, dict) else None
 
@@ -217,7 +217,10 @@ class Decoder:
         self._kinds = [(name, kind) for name, declared in parsed if (kind := _Kind.of(arrow_type(declared)))]
         #: timestamp columns whose text is checked (``refuse: [naive_timestamps, date_only_timestamps]``)
         self._stamps = [
-            (f.name, t.tz is not None) for f in self.fields if pa.types.is_timestamp(t := arrow_type(f.type))
+            (name, t.tz is not None)
+            for f in self.fields
+            if pa.types.is_timestamp(t := arrow_type(f.type))
+            for name in (f.name, *([self._old[f.name]] if f.name in self._old else []))
         ]
         self._refuse = refuse & {"naive_timestamps", "date_only_timestamps"}
         self._probes: dict[str, Decoder] = {}  # one field's decoder, built once, to name what Arrow refused
@@ -271,8 +274,9 @@ class Decoder:
                 fields = fields.filter(pa.array([i not in refused for i in positions]))
                 good = positions = [i for i in positions if i not in refused]
         if self._extra_at is not None:
+            captured = unknown if self._unknown_fields == "capture" else set()
             extra = pa.array(
-                [_encode(self._extra_of(values[i])) if i in unknown else None for i in positions], pa.string()
+                [_encode(self._extra_of(values[i])) if i in captured else None for i in positions], pa.string()
             )
             fields = fields.add_column(self._extra_at, pa.field(EXTRA_COLUMN, pa.string()), extra)
         rows = assemble(chunk, good, fields, self._schema)
@@ -285,10 +289,10 @@ class Decoder:
             text = document.get(name)
             if not isinstance(text, str):
                 continue
-            if _DATE_ONLY.match(text):
-                if "date_only_timestamps" in self._refuse:
-                    return f"field {name!r}: {text!r} is a date without a time (refuse: date_only_timestamps)"
-            elif zoned and "naive_timestamps" in self._refuse and not _ZONED.search(text):
+            date_only = _DATE_ONLY.match(text) is not None
+            if date_only and "date_only_timestamps" in self._refuse:
+                return f"field {name!r}: {text!r} is a date without a time (refuse: date_only_timestamps)"
+            if zoned and "naive_timestamps" in self._refuse and (date_only or not _ZONED.search(text)):
                 return f"field {name!r}: {text!r} has no zone offset (refuse: naive_timestamps)"
         return None
 

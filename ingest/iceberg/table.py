@@ -17,7 +17,6 @@ which any other writer may change. So each commit is built on metadata whose pro
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import math
 import time
@@ -523,8 +522,17 @@ def _spans(spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> Boolean
             wide.append(_is(In, c.offset, singles))
         if wide:
             where = And(_is(EqualTo, c.topic, tp.topic), _is(EqualTo, c.partition, tp.partition))
-            per_partition.append(And(where, functools.reduce(Or, wide)))
-    return functools.reduce(Or, per_partition) if per_partition else AlwaysFalse()
+            per_partition.append(And(where, _any(wide)))
+    return _any(per_partition) if per_partition else AlwaysFalse()
+
+
+def _any(clauses: Sequence[BooleanExpression]) -> BooleanExpression:
+    """``Or`` of ``clauses`` as a balanced tree: pyiceberg binds and evaluates expressions
+    recursively, and a chain of ~500 (one per offset range) exceeds Python's recursion limit."""
+    if len(clauses) == 1:
+        return clauses[0]
+    middle = len(clauses) // 2
+    return Or(_any(clauses[:middle]), _any(clauses[middle:]))
 
 
 def _ours(data_file: WrittenFile) -> DataFile:

@@ -199,6 +199,7 @@ class KafkaSource:
         """The cluster's metadata: waits ``timeout_s`` for a broker that answers slowly, but gives up
         after :data:`UNREACHABLE_S` when every bootstrap broker refuses connections."""
         deadline = time.monotonic() + self.timeout_s
+        self._refusals.clear()  # an earlier request's refusal (an earlier tick of `run --every`) is not this one's
         while True:
             self._all_down = False
             try:

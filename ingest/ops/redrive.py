@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from ingest import failpoints
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, encode, register
+from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, encode, read_extra, register
 from ingest.dead_letters import settle
 from ingest.engines.tasks import TaskSpec
 from ingest.errors import CommitGaveUp, SchemaAhead
@@ -93,6 +93,7 @@ def redrive(pipeline: Pipeline, *, dry_run: bool = False) -> Redrive:
         return result  # no batch committed: no dead letters it could have set aside
     if not dry_run:  # a step the dead-letter table owes (an interrupted redrive's removal, say) first
         settle(pipeline.dead, config.pipeline, config.topics, found.ledger, config.commit.max_attempts)
+    pipeline.dead.refresh()
     dead = _below(pipeline.dead.dead_letters_of(config.topics), found.ledger.offsets)
     pending = found.ledger.sync.redriven if found.ledger.sync is not None else None
     if dry_run and pending:  # an interrupted redrive's, not removed yet: in the rows already
@@ -120,11 +121,17 @@ def redrive(pipeline: Pipeline, *, dry_run: bool = False) -> Redrive:
 def _below(dead: pa.Table, offsets: Mapping[TopicPartition, int]) -> pa.Table:
     """The dead letters below ``offsets`` (of partitions it has), by partition and offset."""
     c = DEAD_LETTERS
-    keep = pa.array(np.zeros(dead.num_rows, bool))
+    below = dead.filter(_below_mask(dead, c, offsets))
+    return below.sort_by([(c.topic, "ascending"), (c.partition, "ascending"), (c.offset, "ascending")])
+
+
+def _below_mask(table: pa.Table, c: Coordinates, offsets: Mapping[TopicPartition, int]) -> pa.Array:
+    """Whether each record of ``table`` (coordinates ``c``) is below ``offsets`` (of a partition it has)."""
+    keep = pa.array(np.zeros(table.num_rows, bool))
     for tp, end in offsets.items():
-        mine = pc.and_(pc.equal(dead[c.topic], tp.topic), pc.equal(dead[c.partition], tp.partition))
-        keep = pc.or_(keep, pc.and_(mine, pc.less(dead[c.offset], end)))
-    return dead.filter(keep).sort_by([(c.topic, "ascending"), (c.partition, "ascending"), (c.offset, "ascending")])
+        mine = pc.and_(pc.equal(table[c.topic], tp.topic), pc.equal(table[c.partition], tp.partition))
+        keep = pc.or_(keep, pc.and_(mine, pc.less(table[c.offset], end)))
+    return keep
 
 
 def _within(table: pa.Table, offset_column: str, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Array:
@@ -220,27 +227,31 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
     config, rows, dead = pipeline.config, pipeline.rows, pipeline.dead
     name, attempts = config.pipeline, config.commit.max_attempts
     sync_id = f"redrive-{uuid.uuid4().hex[:16]}"
-    written: tuple[int, list[Any]] | None = None  # the rows files were written for, and the files
+    written: tuple[tuple[str, ...], list[Any]] | None = None  # the records files were written for, and the files
+    since: list[int | None] = []  # the rows head the first attempt saw: a landed attempt is above it
 
     def attempt(number: int) -> int | None:
         nonlocal written
         found = observe(rows, name)
         assert found is not None  # the redrive read a ledger, and ledgers are never removed
-        sync = found.ledger.sync
-        if sync is not None and sync.sync_id == sync_id:
-            return found.snapshot_id  # landed; its acknowledgement was lost
+        if not since:
+            since.append(rows.branch_head(MAIN))
+        for snap in rows.ancestry():  # an earlier attempt landed (its acknowledgement lost), maybe under others
+            if snap.snapshot_id == since[0]:
+                break
+            if read_extra(name, snap.summary, "redrive-id") == sync_id:
+                return snap.snapshot_id
         settle(dead, name, config.topics, found.ledger, attempts)  # the head's marker, if it owes a step
-        spans = _spans(group)
-        still = dead.dead_letter_coordinates(spans)
-        mine = (
-            group.filter(pc.is_in(_key(group, ROWS), _key(still, DEAD_LETTERS)))
-            if still.num_rows < group.num_rows
-            else group
-        )
+        dead.refresh()  # what is still a dead letter now, not when this handle last looked
+        still = dead.dead_letter_coordinates(_spans(group))
+        mine = group.filter(pc.is_in(_key(group, ROWS), _key(still, DEAD_LETTERS)))
+        # only records the rows ledger has passed: past it, a batch (after a rollback, say) stores them itself
+        mine = mine.filter(_below_mask(mine, ROWS, found.ledger.offsets))
         if mine.num_rows == 0:
             return None  # a racing redrive committed them, and its marker was settled above
-        if written is None or written[0] != mine.num_rows:
-            written = (mine.num_rows, rows.write(mine))
+        records = tuple(_key(mine, ROWS).to_pylist())
+        if written is None or written[0] != records:
+            written = (records, rows.write(mine))
         ledger = replace(
             found.ledger,
             batch=found.ledger.batch + 1,

@@ -101,9 +101,13 @@ def test_a_run_exports_its_counts_lag_and_freshness_and_a_failure_keeps_the_last
     assert _value(after, "ingest_last_success_timestamp_seconds") == succeeded  # kept
     failed = _value(after, "ingest_last_failure_timestamp_seconds")
     assert failed is not None and failed >= succeeded
+    assert _value(after, "ingest_valid_through_timestamp_seconds") == produced_at  # what is known stays
+    assert _value(after, "ingest_lag_records", partition="1") == 0
     pushed = _samples(urllib.request.urlopen(f"{pushgateway}/metrics", timeout=5).read().decode())
     assert _value(pushed, "ingest_last_success_timestamp_seconds", outcome="success") == succeeded
     assert _value(pushed, "ingest_last_failure_timestamp_seconds", outcome="failure") == failed
+    assert _value(pushed, "ingest_valid_through_timestamp_seconds", job="ingest") == produced_at
+    assert _value(pushed, "ingest_records_total", job="ingest") == 25  # the failed run did not replace it
 
 
 def test_run_every_serves_metrics_while_it_runs(make_env) -> None:

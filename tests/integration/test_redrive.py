@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -185,3 +186,36 @@ def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothi
     assert Pipeline.open(env.config).rows.branch_head("main") == head
     assert env.counts() == (38, 8)
     env.verify()
+
+
+def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_deletes(make_env) -> None:
+    # one redrive commit names up to MAX_SPANS ranges; an Or chain of them was ~1,000 levels deep and
+    # pyiceberg's binding (recursive) failed from ~485: the removal, and every batch after, stopped
+    from ingest.core.ledger import TopicPartition
+    from ingest.ops.redrive import MAX_SPANS
+    from ingest.records import DEAD_LETTER_SCHEMA
+
+    env = make_env(partitions=1)
+    dead = Pipeline.open(env.config).dead
+    offsets = [o for o in range(3 * MAX_SPANS) if o % 3 != 2]  # pairs: one range of two per three offsets
+    n = len(offsets)
+    letters = pa.table(
+        {
+            "topic": [env.topic] * n,
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
+            "timestamp": pa.nulls(n, pa.timestamp("us", tz="UTC")),
+            "key": pa.nulls(n, pa.binary()),
+            "value": pa.array([b"{}"] * n, pa.binary()),
+            "headers": pa.array([[]] * n, DEAD_LETTER_SCHEMA.field("headers").type),
+            "error": ["bad"] * n,
+        },
+        schema=DEAD_LETTER_SCHEMA,
+    )
+    dead.try_commit(dead.write(letters), {}, {})
+    spans = {TopicPartition(env.topic, 0): tuple((3 * k, 3 * k + 2) for k in range(MAX_SPANS - 1))}
+
+    dead.remove_dead_letters(spans, {"ingest.test": "removal"})
+
+    dead.refresh()
+    assert dead.scan_columns(["offset"])["offset"].to_pylist() == offsets[-2:]  # the last range was not named

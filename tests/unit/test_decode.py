@@ -781,3 +781,24 @@ def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -
         )
     only_dates = spec(("date_only_timestamps",)).decoder().decode(chunk(values))
     assert only_dates.dead_letters.column("offset").to_pylist() == [104]
+
+
+@pytest.mark.parametrize("size", [3, 40], ids=["one-by-one", "whole-chunk"])
+def test_review_cases_of_refused_and_unknown_values_hold_whatever_the_chunk(size) -> None:
+    # a renamed column's old name is checked too; a date alone has no zone either; an unknown field
+    # whose text is not UTF-8 is named, not missed, in a big chunk as in a small one
+    renamed = Decoder(FIELDS, {"when": "at"}, "drop", frozenset({"naive_timestamps"}))
+    values: list[bytes | None] = [good(i) for i in range(size)]
+    values[1] = b'{"id": 1, "when": "2024-05-01"}'
+    values[2] = b'{"id": 2, "at": "2024-05-01T10:00:00Z"}'
+
+    decoded = renamed.decode(chunk(values))
+
+    assert decoded.dead_letters.column("error").to_pylist() == [
+        "field 'when': '2024-05-01' has no zone offset (refuse: naive_timestamps)"
+    ]
+    values[1] = b'{"id": 1, "odd": "\xff"}'
+    refused = Decoder(FIELDS, None, "dead_letter").decode(chunk(values))
+    assert refused.dead_letters.column("error").to_pylist() == [
+        "unknown field(s) 'odd': the table does not declare them (unknown_fields: dead_letter)"
+    ]
