@@ -135,24 +135,25 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
 def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
 
-    Runs before the rows commit. The dead-letter ledger is a floor below which every dead letter
-    is already in the table (see :class:`ingest.core.commit.DeadLetterStep`), so a re-run after a
-    crash between the two commits, or a concurrent copy, adds nothing twice.
+    Runs before the rows commit. No dead letter lies at or above the dead-letter ledger (the
+    floor, see :class:`ingest.core.commit.DeadLetterStep`), so those are added as they are; the
+    batch's dead letters below it (a re-run after a crash between the two commits, a concurrent
+    copy, a re-read after a backward reset) are looked up in the table at the head the commit
+    requires, so nothing is added twice and nothing a skipped range left out is dropped.
     """
     if request.dead_letters.num_rows == 0:
         return 0
     batch, pipeline = request.batch, request.pipeline
-    written_for: tuple[dict[TopicPartition, int], list[DataFile], int] | None = None
+    written: tuple[pa.Table, list[DataFile]] | None = None
 
     def attempt(number: int) -> int:
-        nonlocal written_for
+        nonlocal written
         found = observe(table, pipeline)
         step = dead_letter_step(found.ledger if found else None, batch)
-        if written_for is None or written_for[0] != step.floor:
-            kept = _above_floor(request.dead_letters, step.floor)
-            written_for = (dict(step.floor), table.write(kept), kept.num_rows)
-        _, files, count = written_for
-        if count == 0:
+        kept = _not_held(table, request.dead_letters, step.floor)
+        if written is None or not written[0].equals(_coordinates(kept)):
+            written = (_coordinates(kept), table.write(kept))
+        if kept.num_rows == 0:
             return 0
         ledger = Ledger(
             batch=(found.ledger.batch + 1) if found else 1,
@@ -160,9 +161,9 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
             start_offsets=batch.start,
             cluster_id=batch.cluster_id,
         )
-        summary = encode(pipeline, ledger, BatchCounts(dead_letters=count))
-        table.try_commit(files, summary, register(table.head().properties, pipeline))
-        return count
+        summary = encode(pipeline, ledger, BatchCounts(dead_letters=kept.num_rows))
+        table.try_commit(written[1], summary, register(table.head().properties, pipeline))
+        return int(kept.num_rows)
 
     return settled(
         attempt,
@@ -175,14 +176,37 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     )
 
 
-def _above_floor(dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
-    if not floor:
-        return dead_letters
-    keep = None
+def _coordinates(dead_letters: pa.Table) -> pa.Table:
+    """The coordinate columns (what tells dead letters apart)."""
+    c = DEAD_LETTERS
+    return dead_letters.select([c.topic, c.partition, c.offset])
+
+
+def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
+    """``dead_letters`` but for those ``table`` holds already: none at or above ``floor``, the
+    ones below it looked up."""
+    c = DEAD_LETTERS
+    below = pa.array([False] * dead_letters.num_rows)
     for tp, offset in floor.items():
-        c = DEAD_LETTERS
         mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
-        below = pc.and_(mine, pc.less(dead_letters[c.offset], offset))
-        keep = below if keep is None else pc.or_(keep, below)
-    assert keep is not None
-    return dead_letters.filter(pc.invert(keep))
+        below = pc.or_(below, pc.and_(mine, pc.less(dead_letters[c.offset], offset)))
+    looked_up = dead_letters.filter(below)
+    if looked_up.num_rows == 0:
+        return dead_letters
+    spans: dict[TopicPartition, list[tuple[int, int]]] = {}
+    for part in (
+        looked_up.group_by([c.topic, c.partition]).aggregate([(c.offset, "min"), (c.offset, "max")]).to_pylist()
+    ):
+        spans[TopicPartition(part[c.topic], part[c.partition])] = [
+            (part[f"{c.offset}_min"], part[f"{c.offset}_max"] + 1)
+        ]
+    held = table.dead_letter_coordinates(spans)
+    if held.num_rows == 0:
+        return dead_letters
+    drop = pa.array([False] * dead_letters.num_rows)
+    for tp in spans:
+        mine = pc.and_(pc.equal(held[c.topic], tp.topic), pc.equal(held[c.partition], tp.partition))
+        offsets = held.filter(mine)[c.offset]
+        same = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+        drop = pc.or_(drop, pc.and_(same, pc.is_in(dead_letters[c.offset], offsets.combine_chunks())))
+    return dead_letters.filter(pc.invert(drop))

@@ -89,6 +89,11 @@ class LedgerTable(Protocol):
         the head the handle holds; the new snapshot's id."""
         ...
 
+    def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
+        """A dead-letter table's coordinates (topic, partition, offset) in ``spans`` (``[start, end)``
+        offset ranges per partition) at the head the handle holds."""
+        ...
+
 
 @dataclass
 class Produced:

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
-from ingest.core.ledger import SnapshotView
+from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved
 from ingest.ports import DataFile, Head
-from ingest.records import Declared
+from ingest.records import DEAD_LETTERS, Declared
 
 #: a table's schema: its columns' names, in the order of their field ids
 Columns = tuple[str, ...]
@@ -106,6 +107,8 @@ class MemoryCatalog:
         self._clock = itertools.count(1_700_000_000_000)
         #: asked before every commit attempt through a handle; see :data:`Fault`
         self.on_commit: Callable[[MemoryTable], Fault] = _no_fault
+        #: every snapshot ever committed, in commit order, with its branch: expiry removes none of it
+        self.log: list[tuple[str, MemorySnapshot]] = []
 
     def table(self, branch: str = MAIN) -> MemoryTable:
         """A new handle (a writer's view), loaded now."""
@@ -187,9 +190,11 @@ class MemoryCatalog:
             self._state.schema = schema
         inherited = self._state.snapshots[parent].files if parent is not None else ()
         snapshot_id = next(self._ids)
-        self._state.snapshots[snapshot_id] = MemorySnapshot(
+        snapshot = MemorySnapshot(
             snapshot_id, parent, dict(summary), next(self._clock), inherited + added, operation, self._state.schema
         )
+        self._state.snapshots[snapshot_id] = snapshot
+        self.log.append((branch, snapshot))
         self._state.refs[branch] = snapshot_id
         self._state.properties.update(properties)
         return snapshot_id
@@ -261,6 +266,20 @@ class MemoryTable:
         if self._wanted is not None:
             self._written_with = self._staged()
         return [self.catalog._new_file(data, self._staged())] if data.num_rows else []
+
+    def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
+        head = self._held.refs.get(self._branch)
+        files = self._held.snapshots[head].files if head is not None else ()
+        c = DEAD_LETTERS
+        schema = pa.schema([(c.topic, pa.string()), (c.partition, pa.int32()), (c.offset, pa.int64())])
+        data = pa.concat_tables([schema.empty_table(), *(f.data.select(schema.names).cast(schema) for f in files)])
+        keep = pa.array([False] * data.num_rows)
+        for tp, ranges in spans.items():
+            mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
+            for start, end in ranges:
+                inside = pc.and_(pc.greater_equal(data[c.offset], start), pc.less(data[c.offset], end))
+                keep = pc.or_(keep, pc.and_(mine, inside))
+        return data.filter(keep)
 
     def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
         fault = self.catalog.on_commit(self)  # may let other writers commit first

@@ -95,6 +95,10 @@ class Ledger:
     resets: tuple[AppliedReset, ...] = ()
     #: what the dead-letter table owes this ledger's snapshot (a rollback's or publish's marker)
     sync: DeadLetterSync | None = None
+    #: where reading each partition began (its first ledger's start), carried forward so that
+    #: ``verify`` counts reads exactly once the first ledgers are expired; empty in ledgers whose
+    #: history began before it was kept
+    origin: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def remembers(self, reset_id: str) -> bool:
         return any(reset.reset_id == reset_id for reset in self.resets)
@@ -162,6 +166,8 @@ def encode(
         props[_key(pipeline, "lost-ranges")] = json.dumps(
             [[r.tp.topic, r.tp.partition, r.start, r.end] for r in ledger.lost], separators=(",", ":")
         )
+    if ledger.origin:
+        props[_key(pipeline, "origin")] = _encode_offsets(ledger.origin)
     if ledger.reset_id is not None:
         props[_key(pipeline, "reset-id")] = ledger.reset_id
     if ledger.resets:
@@ -208,6 +214,16 @@ def carried(base: Ledger | None) -> tuple[AppliedReset, ...]:
     return base.resets if base is not None else ()
 
 
+def carried_origin(base: Ledger | None, start: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """The origin of a ledger committed on top of ``base`` that reads from ``start``: ``base``'s,
+    and ``start`` for partitions new to it (nothing if ``base``'s history began before origins were kept)."""
+    if base is None:
+        return dict(start)
+    if not base.origin:
+        return {}
+    return {**{tp: o for tp, o in start.items() if tp not in base.origin}, **base.origin}
+
+
 def _decode_resets(text: str) -> tuple[AppliedReset, ...]:
     return tuple(
         AppliedReset(reset_id, tuple((TopicPartition(t, int(p)), int(was), int(to)) for t, p, was, to in moves))
@@ -241,6 +257,7 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
         sync=_decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
+        origin=_decode_offsets(summary.get(_key(pipeline, "origin"), "{}")),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried
+from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried, carried_origin
 from ingest.errors import DataLoss, TopicRecreated
 
 #: where a pipeline's first batch starts: the earliest or latest offsets, or (a timestamp in
@@ -70,6 +70,7 @@ class Batch:
             lost=self.lost,
             reset_id=self.reset_id,
             resets=carried(self.base),
+            origin=carried_origin(self.base, self.start),
         )
 
     @property

@@ -7,17 +7,17 @@ for people (:mod:`ingest.render`).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import records
 from ingest.config import PipelineConfig
-from ingest.core.ledger import Found, TopicPartition, decode, decode_counts, read_extra
-from ingest.core.plan import KafkaView
+from ingest.core.ledger import RESET_MEMORY, Found, SnapshotView, TopicPartition, decode, decode_counts, read_extra
+from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
 from ingest.kafka.source import KafkaSource
 from ingest.pipeline import Pipeline
@@ -297,6 +297,11 @@ class Coverage:
     #: then ``origin`` is where each partition began, and every offset read is accounted for
     complete: bool = False
 
+    def top(self, tp: TopicPartition, end: int) -> int:
+        """The highest offset (exclusive) of ``tp`` the rows may hold: the ledger's ``end``, or
+        above it, where a backward reset moved it from."""
+        return max([end, *(hi for t, _, hi in self.reread if t == tp)])
+
     def lowest(self, tp: TopicPartition, end: int) -> int:
         """The lowest offset of ``tp`` whose reads the history accounts for: where the partition
         began, or below, where a backward reset moved it (``end`` if it has no record of the
@@ -306,27 +311,32 @@ class Coverage:
         return min([self.origin.get(tp, end), *(lo for t, lo, _ in self.reread if t == tp)])
 
 
-def coverage(pipeline: Pipeline) -> Coverage:
-    name = pipeline.config.pipeline
-    ledgers = [
-        (snap, ledger) for snap in pipeline.rows.ancestry() if (ledger := decode(name, snap.summary)) is not None
-    ]
+def coverage(name: str, ancestry: Iterable[SnapshotView]) -> Coverage:
+    """What the ledger history of pipeline ``name`` on a branch (``ancestry``, newest first) claims."""
+    ledgers = [(snap, ledger) for snap in ancestry if (ledger := decode(name, snap.summary)) is not None]
     result = Coverage()
     # the newest ledger remembers the recent resets' moves, also once their snapshots are expired
     remembered = ledgers[0][1].resets if ledgers else ()
     for reset in remembered:
         for tp, was, moved_to in reset.moves:
             _claim(result, tp, was, moved_to)
-    # where each partition began: the start of the oldest ledger that has it (after a backward
-    # reset below it, later ledgers start lower: those reads are the reset's, counted as such).
-    # Once the first ledgers are expired, the lowest start there is (reads below it are not checked)
-    result.complete = bool(ledgers) and ledgers[-1][1].batch == 1
-    for _, ledger in reversed(ledgers):
-        for tp, start in ledger.start_offsets.items():
-            if result.complete:
-                result.origin.setdefault(tp, start)
-            else:
-                result.origin[tp] = min(result.origin.get(tp, start), start)
+    # where each partition began: the newest ledger carries it (unless its history began before
+    # origins were kept, or it forgot resets), else the start of the oldest ledger that has it
+    # (after a backward reset below it, later ledgers start lower: those reads are the reset's,
+    # counted as such). Once the first ledgers are expired, the lowest start there is (reads
+    # below it are not checked)
+    newest = ledgers[0][1] if ledgers else None
+    if newest is not None and newest.origin and len(newest.resets) < RESET_MEMORY:
+        result.complete = True
+        result.origin = dict(newest.origin)
+    else:
+        result.complete = bool(ledgers) and ledgers[-1][1].batch == 1
+        for _, ledger in reversed(ledgers):
+            for tp, start in ledger.start_offsets.items():
+                if result.complete:
+                    result.origin.setdefault(tp, start)
+                else:
+                    result.origin[tp] = min(result.origin.get(tp, start), start)
     for i, (snap, ledger) in enumerate(ledgers):
         result.excluded.extend((r.tp, r.start, r.end) for r in ledger.lost)
         reset_id = read_extra(name, snap.summary, "reset-id")
@@ -357,45 +367,59 @@ def _within(values: pa.Array, spans: list[Range], tp: TopicPartition) -> pa.Arra
     return hits
 
 
-def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition) -> pa.Array:
-    """How many times the ledger's moves read each offset of ``values`` (below the ledger's end):
-    once if at or past where the partition began, plus once per backward move over it (a reset
-    that re-reads), less once per forward move over it (a reset that skips, a loss skipped).
-    Counting crossings so gives the net effect of any sequence of resets, in whatever order."""
+def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition, end: int) -> pa.Array:
+    """How many times the ledger's moves read each offset of ``values``, ``end`` being where the
+    ledger is now. Each read moved the ledger up over the offset once, so it was read as many
+    times as the ledger crossed it upwards in batches: once if the ledger went from below it
+    (where the partition began) to above it (``end``), plus once per backward move over it (a
+    reset that re-reads), less once per forward move over it (a reset that skips, a loss skipped).
+    Counting crossings so gives the net effect of any sequence of resets, in whatever order, also
+    above ``end`` (what a backward reset left to be read again) and below where the partition began."""
+    began = pc.cast(pc.less(values, end), pa.int64())
     if claims.complete:
-        began = pc.cast(pc.greater_equal(values, claims.origin.get(tp, 0)), pa.int64())
-    else:  # where reading began is expired: every offset is taken as read once before the resets
-        began = pa.array(np.ones(len(values), np.int64))
+        began = pc.subtract(began, pc.cast(pc.less(values, claims.origin.get(tp, 0)), pa.int64()))
+    # (where reading began expired: every offset below the ledger is taken as read once before the resets)
     return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 
 def _check(
-    tp: TopicPartition, start: int, end: int, kafka: pa.Array, rows: pa.Array, dead: pa.Array, claims: Coverage
+    span: Range,
+    end: int,
+    kafka: pa.Array,
+    rows: pa.Array,
+    dead: pa.Array,
+    claims: Coverage,
 ) -> PartitionCheck:
+    """Check one partition: ``kafka`` holds the offsets Kafka has in ``span`` (from the lowest
+    offset the history accounts for to the ledger's ``end``, or past it to the top of what a
+    backward reset left to be read again)."""
+    tp, start, top = span
     check = PartitionCheck(tp, start, end)
-    # dead letters at or past the rows ledger are normal after a crash between the two commits
-    dead = dead.filter(pc.less(dead, end)) if len(dead) else dead
+    # dead letters past that are normal after a crash between the two commits
+    dead = dead.filter(pc.less(dead, top)) if len(dead) else dead
+    held = kafka
     if len(kafka):
-        kafka = kafka.filter(pc.greater(_expected(kafka, claims, tp), 0))
+        kafka = kafka.filter(pc.greater(_expected(kafka, claims, tp, end), 0))
     check.in_kafka, check.rows, check.dead_letters = len(kafka), len(rows), len(dead)
     landed = pa.concat_arrays([rows, dead])
     if len(landed):
         counts = pc.value_counts(landed)
         values, seen = counts.field("values"), counts.field("counts")
-        # a good record is in the rows once, plus once per backward reset over it; a dead letter
-        # is in the dead letters exactly once (their ledger deduplicates re-reads)
+        # a good record is in the rows as many times as the ledger read it; a dead letter is in the
+        # dead letters once (their ledger deduplicates re-reads), also where a forward reset skipped
+        # what a batch it fenced had already dead-lettered
         is_dead = pc.is_in(values, dead) if len(dead) else pa.array([False] * len(values))
-        expected = _expected(values, claims, tp)
+        expected = _expected(values, claims, tp, end)
         # below the range checked (before a lost or expired ledger history) a row may be there once
         expected = pc.if_else(pc.less(values, start), pc.max_element_wise(expected, 1), expected)
         allowed = pc.if_else(is_dead, 1, expected)
-        check.duplicated = _sample(values.filter(pc.greater(seen, allowed)))
+        nowhere = pc.less_equal(allowed, 0)
+        check.duplicated = _sample(values.filter(pc.and_(pc.greater(seen, allowed), pc.invert(nowhere))))
         short = values.filter(pc.and_(pc.less(seen, allowed), pc.greater_equal(values, start)))
         check.missing = _sample(short)
-        beyond = landed.filter(pc.greater_equal(landed, end))
-        in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, end)))
-        strays = in_range.filter(pc.invert(pc.is_in(in_range, kafka))) if len(kafka) else in_range
-        check.unexpected = _sample(pa.concat_arrays([beyond, strays]))
+        in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, top)))
+        strays = in_range.filter(pc.invert(pc.is_in(in_range, held))) if len(held) else in_range
+        check.unexpected = sorted(set(_sample(values.filter(nowhere))) | set(_sample(strays)))[:SAMPLE]
     if len(kafka):
         absent = kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka
         check.missing = sorted(set(check.missing) | set(_sample(absent)))[:SAMPLE]
@@ -450,14 +474,17 @@ def verify(pipeline: Pipeline) -> Verification:
     found = pipeline.ledger()
     if found is None:
         return Verification(name, None, None, (), (), (), note="nothing committed yet")
-    claims = coverage(pipeline)
+    claims = coverage(name, pipeline.rows.ancestry())
     view = pipeline.source.describe()
-    ranges = []
+    # per partition: the offsets to check (the ledger's range, and above it what a backward reset
+    # left to be read again) and the ledger's end
+    spans: list[tuple[Range, int]] = []
     for tp, end in sorted(found.ledger.offsets.items()):
-        low = view.partitions[tp].low if tp in view.partitions else end
-        ranges.append((tp, max(claims.lowest(tp, end), low), end))
+        watermarks = view.partitions.get(tp, Watermarks(end, end))
+        top = max(end, min(claims.top(tp, end), watermarks.high))
+        spans.append(((tp, max(claims.lowest(tp, end), watermarks.low), top), end))
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
-    for chunk in pipeline.source.read(ranges):
+    for chunk in pipeline.source.read([span for span, _ in spans]):
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
@@ -469,18 +496,11 @@ def verify(pipeline: Pipeline) -> Verification:
     row_offsets = _offsets_by_partition(rows, r.topic, r.partition, r.offset)
     dead_offsets = _offsets_by_partition(dead, d.topic, d.partition, d.offset)
     empty = pa.array([], pa.int64())
-    checks = [
-        _check(
-            tp,
-            start,
-            end,
-            pa.concat_arrays(in_kafka.get(tp, [empty])),
-            row_offsets.get(tp, empty),
-            dead_offsets.get(tp, empty),
-            claims,
-        )
-        for tp, start, end in ranges
-    ]
+    checks = []
+    for span, end in spans:
+        tp = span[0]
+        kafka = pa.concat_arrays(in_kafka.get(tp, [empty]))
+        checks.append(_check(span, end, kafka, row_offsets.get(tp, empty), dead_offsets.get(tp, empty), claims))
     return Verification(
         name,
         found.snapshot_id,

@@ -18,9 +18,9 @@ from __future__ import annotations
 import getpass
 import hashlib
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +36,7 @@ from ingest.core.ledger import (
     Ledger,
     TopicPartition,
     carried,
+    carried_origin,
     find_ledger,
     read_extra,
 )
@@ -45,6 +46,7 @@ from ingest.dead_letters import settle
 from ingest.errors import ConfigError, FatalError
 from ingest.iceberg.table import IcebergTable
 from ingest.pipeline import Pipeline
+from ingest.ports import LedgerTable
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
 
@@ -155,14 +157,15 @@ class ResetResult:
 
 
 @dataclass(frozen=True)
-class _Reset:
-    """One reset command: who, why, under which id."""
+class ResetCommand:
+    """One reset command: which pipeline, where to, who, why, under which id."""
 
-    pipeline: Pipeline
+    pipeline: str
     target: ResetTarget
     reason: str
     reset_id: str
     by: str
+    max_attempts: int
 
     def extra(self, recovered: bool) -> dict[str, str]:
         extra = {
@@ -173,48 +176,79 @@ class _Reset:
         return extra | ({"reset-recovered": "true"} if recovered else {})
 
     def report(self, status: ResetStatus, snapshot_id: int | None, **more: Any) -> ResetResult:
-        return ResetResult(self.pipeline.config.pipeline, self.reset_id, status, snapshot_id, **more)
+        return ResetResult(self.pipeline, self.reset_id, status, snapshot_id, **more)
+
+
+def default_reset_id(pipeline: str, target: ResetTarget, reason: str) -> str:
+    """The id of a reset command: the same command run again is the same reset."""
+    return hashlib.sha256(f"{pipeline}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
+
+
+class OffsetsSource(Protocol):
+    """What a reset asks of Kafka: the partitions and their watermarks, and offsets by time."""
+
+    def describe(self) -> KafkaView: ...
+
+    def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]: ...
 
 
 def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
     name = pipeline.config.pipeline
-    reset_id = reset_id or hashlib.sha256(f"{name}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
-    command = _Reset(pipeline, target, reason, reset_id, f"{getpass.getuser()}@{socket.gethostname()}")
-    found = observe(pipeline.rows, name, recovering=True)
-    lost = ledger_lost(pipeline.rows, name, found)
-    dead_lost = ledger_lost(pipeline.dead, name, observe(pipeline.dead, name, recovering=True))
-    if target.kind == "table":
-        return _from_table(command, found, lost, dead_lost)
-    applied = _applied(pipeline.rows, name, reset_id)
-    if applied is not None:
-        return command.report("already-applied", applied)
-    # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
-    settle(
-        pipeline.dead,
+    command = ResetCommand(
         name,
-        pipeline.config.topics,
-        found.ledger if found else None,
+        target,
+        reason,
+        reset_id or default_reset_id(name, target, reason),
+        f"{getpass.getuser()}@{socket.gethostname()}",
         pipeline.config.commit.max_attempts,
     )
-    view = pipeline.source.describe()
+    dead_lost = ledger_lost(pipeline.dead, name, observe(pipeline.dead, name, recovering=True))
+    if target.kind == "table":
+        found = observe(pipeline.rows, name, recovering=True)
+        return _from_table(pipeline, command, found, ledger_lost(pipeline.rows, name, found), dead_lost)
+
+    def settle_dead_letters(ledger: Ledger | None) -> None:
+        # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
+        settle(pipeline.dead, name, pipeline.config.topics, ledger, command.max_attempts)
+
+    result = move_ledger(pipeline.rows, pipeline.source, command, settle_dead_letters)
+    return replace(result, dead_letter_ledger_lost=dead_lost) if result.status == "applied" else result
+
+
+def move_ledger(
+    rows: LedgerTable,
+    source: OffsetsSource,
+    command: ResetCommand,
+    before_commit: Callable[[Ledger | None], None] = lambda _: None,
+) -> ResetResult:
+    """Move the ledger on ``rows`` to ``command``'s target (not ``table``), once: a command whose
+    id the table's history (or its ledger's memory) holds is already applied. ``before_commit``
+    gets the ledger the reset commits on top of."""
+    name = command.pipeline
+    found = observe(rows, name, recovering=True)
+    lost = ledger_lost(rows, name, found)
+    applied = applied_reset(rows, name, command.reset_id)
+    if applied is not None:
+        return command.report("already-applied", applied)
+    before_commit(found.ledger if found else None)
+    view = source.describe()
     current = dict(found.ledger.offsets) if found else {}
-    new = _target_offsets(pipeline, target, view, current, lost)
+    new = _target_offsets(command, source, view, current, lost)
     _check_retained(view, new)
     timestamps = found.ledger.timestamps if found else {}
-    snapshot_id, number = _commit(command, pipeline.rows, found, new, view, timestamps, lost)
+    snapshot_id, number = _commit(command, rows, found, new, view, timestamps, lost)
     return command.report(
         "applied",
         snapshot_id,
         batch=number,
         by=command.by,
-        reason=reason,
+        reason=command.reason,
         recovered=lost,
-        dead_letter_ledger_lost=dead_lost,
         offsets=tuple(OffsetMove(tp.topic, tp.partition, current.get(tp), o) for tp, o in sorted(new.items())),
     )
 
 
-def _applied(table: IcebergTable, pipeline: str, reset_id: str) -> int | None:
+def applied_reset(table: LedgerTable, pipeline: str, reset_id: str) -> int | None:
     """The snapshot of ``table``'s branch that applied reset ``reset_id`` (or, once that one was
     expired, the snapshot whose ledger remembers it), if any."""
     for snap in table.ancestry():
@@ -227,8 +261,13 @@ def _applied(table: IcebergTable, pipeline: str, reset_id: str) -> int | None:
 
 
 def _target_offsets(
-    pipeline: Pipeline, target: ResetTarget, view: KafkaView, current: dict[TopicPartition, int], lost: bool
+    command: ResetCommand,
+    source: OffsetsSource,
+    view: KafkaView,
+    current: dict[TopicPartition, int],
+    lost: bool,
 ) -> dict[TopicPartition, int]:
+    target = command.target
     if target.kind == "offsets":
         assert target.offsets is not None
         unknown = sorted(set(target.offsets) - set(view.partitions))
@@ -238,7 +277,7 @@ def _target_offsets(
         if lost and unnamed:
             # with the ledger lost they have no offset to keep, and earliest would ingest them again
             raise ConfigError(
-                f"the ledger of {pipeline.config.pipeline!r} is lost, so --to-offsets must name every partition; "
+                f"the ledger of {command.pipeline!r} is lost, so --to-offsets must name every partition; "
                 f"missing: {', '.join(map(str, unnamed))}. Or rebuild the ledger exactly with --from-table."
             )
         new = {**current, **target.offsets}
@@ -250,7 +289,7 @@ def _target_offsets(
     if target.kind == "latest":
         return {tp: wm.high for tp, wm in view.partitions.items()}
     assert target.kind == "timestamp" and target.timestamp_ms is not None
-    found = pipeline.source.offsets_for_time(sorted(view.partitions), target.timestamp_ms)
+    found = source.offsets_for_time(sorted(view.partitions), target.timestamp_ms)
     return {tp: (o if o >= 0 else view.partitions[tp].high) for tp, o in found.items()}
 
 
@@ -265,8 +304,8 @@ def _check_retained(view: KafkaView, new: Mapping[TopicPartition, int], hint: st
 
 
 def _commit(
-    command: _Reset,
-    table: IcebergTable,
+    command: ResetCommand,
+    table: LedgerTable,
     found: Found | None,
     new: Mapping[TopicPartition, int],
     view: KafkaView,
@@ -274,7 +313,7 @@ def _commit(
     recovering: bool,
 ) -> tuple[int | None, int]:
     """Commit ledger ``new`` to ``table`` in a snapshot without data: (snapshot id, batch number)."""
-    name = command.pipeline.config.pipeline
+    name = command.pipeline
     number = found.ledger.batch + 1 if found else 1
     start = dict(found.ledger.offsets) if found else dict(new)
     base = found.ledger if found else None
@@ -283,6 +322,7 @@ def _commit(
         batch.ledger(timestamps),
         start_offsets=new,
         resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
+        origin=carried_origin(base, new),
     )
     request = RowsCommit(
         name,
@@ -290,13 +330,13 @@ def _commit(
         ledger,
         [],
         BatchCounts(),
-        command.pipeline.config.commit.max_attempts,
+        command.max_attempts,
         command.extra(recovering),
         recovering=recovering,
     )
     outcome = commit_rows(table, request)
     if outcome.decision is Decision.FENCED:
-        applied = _applied(table, name, command.reset_id)
+        applied = applied_reset(table, name, command.reset_id)
         if applied is not None:  # an identical copy of this command landed first
             return applied, number
         raise FatalError(
@@ -312,12 +352,15 @@ def _moves(base: Ledger | None, new: Mapping[TopicPartition, int]) -> tuple[tupl
     return tuple((tp, base.offsets[tp], o) for tp, o in sorted(new.items()) if base.offsets.get(tp, o) != o)
 
 
-def _from_table(command: _Reset, found: Found | None, lost: bool, dead_lost: bool) -> ResetResult:
+def _from_table(
+    pipeline: Pipeline, command: ResetCommand, found: Found | None, lost: bool, dead_lost: bool
+) -> ResetResult:
     """Rebuild whichever ledger is lost (rows, dead letters or both) from the tables' data."""
-    pipeline = command.pipeline
     name = pipeline.config.pipeline
     if not lost and not dead_lost:
-        applied = _applied(pipeline.rows, name, command.reset_id) or _applied(pipeline.dead, name, command.reset_id)
+        applied = applied_reset(pipeline.rows, name, command.reset_id) or applied_reset(
+            pipeline.dead, name, command.reset_id
+        )
         if applied is not None:
             return command.report("already-applied", applied)
         return command.report(

@@ -22,6 +22,9 @@ What the machine varies:
   runs (planned by the real :mod:`ingest.core.expiry`). So another writer slips in between every
   observation and every commit.
 * Writers also crash between steps.
+* An operator runs ``ingest reset`` (the real :func:`ingest.ops.reset.move_ledger`) to earliest,
+  latest or chosen offsets, while writers may be mid-batch; its commit meets the same faults, and
+  the same command may be run again (an orchestrator's retry).
 * Schemas: the producing service deploys new writer schemas (each adds a column), so a batch may
   read records the table's schema lacks columns for. Its writer evolves its table handle to take
   them (:meth:`ingest.ports.LedgerTable.evolve_to`), as a run does before it writes: the evolution
@@ -29,11 +32,16 @@ What the machine varies:
   between a writer's write and its commit (the files, written for the evolved schema, must then
   never be committed: :class:`~ingest.errors.SchemaMoved` ends that writer's run).
 
-Invariant after every step: every offset below the rows ledger is in the rows table (good records)
-or the dead-letter table (poison records) exactly once, nothing at or above it is in the rows
-table; no dead letter is duplicated and the dead-letter floor holds; every snapshot's schema has the
-columns of every row it holds, and the pipeline's columns change only in snapshots of its batches.
-At the end a fault-free writer drains Kafka and the ledger reaches every high watermark: nothing stalls.
+Invariants after every step, against a model kept from every snapshot ever committed (expiry
+removes none of it from :attr:`ingest.testing.MemoryCatalog.log`): each batch starts where the
+ledger before it ended, each reset lands at most once; every good record is in the rows table as
+many times as batches read it (once, unless a backward reset had it read again; never, if a forward
+reset skipped it), nothing else is; a poison record read is in the dead-letter table exactly once,
+none is duplicated and the dead-letter floor holds; ``ingest verify``'s reasoning (the real
+:func:`ingest.ops.report.coverage` and its check, from the ledger history alone) finds every
+partition correct, whatever the sequence of resets; every snapshot's schema has the columns of
+every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
+a fault-free writer drains Kafka and the ledger reaches every high watermark: nothing stalls.
 """
 
 from __future__ import annotations
@@ -64,7 +72,9 @@ from ingest.core.ledger import (
     registered_pipelines,
 )
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
-from ingest.errors import CommitGaveUp, SchemaMoved
+from ingest.errors import CommitGaveUp, FatalError, SchemaMoved
+from ingest.ops.report import _check, coverage
+from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
 from ingest.records import Field
 from ingest.retry import without_backoff
 from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
@@ -121,6 +131,10 @@ def dead_letters_of(records: list[Record]) -> pa.Table:
     return _coordinates(records, ("topic", "partition", "offset"))
 
 
+ROW_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
+DEAD_COLUMNS = ("topic", "partition", "offset")
+
+
 def contents(catalog: MemoryCatalog, columns: tuple[str, str, str]) -> Counter[Record]:
     data = catalog.scan()
     if data is None:
@@ -158,6 +172,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         #: the Hypothesis data of the rule running now (None: commits meet no faults)
         self.data: st.DataObject | None = None
         self.depth = 0
+        self.resets = 0
+        self.last_reset: ResetCommand | None = None
 
     # --- the writers: the real pipeline code ---------------------------------------------------
 
@@ -169,6 +185,13 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def kafka(self) -> KafkaView:
         return KafkaView(CLUSTER, {tp: Watermarks(0, high) for tp, high in self.high.items()})
+
+    # what ``ingest reset`` asks of Kafka (:class:`ingest.ops.reset.OffsetsSource`)
+    def describe(self) -> KafkaView:
+        return self.kafka()
+
+    def offsets_for_time(self, tps: object, timestamp_ms: int) -> dict[TopicPartition, int]:
+        raise AssertionError("the machine resets to offsets, earliest or latest only")
 
     def plan(self, i: int, held: bool) -> None:
         """``Pipeline.plan`` (from the held metadata when ``held``) and ``_attempt``'s empty check."""
@@ -296,6 +319,19 @@ class ProtocolMachine(RuleBasedStateMachine):
         event(f"expiry removed snapshots: {bool(gone)}")
         catalog.expire(gone)
 
+    def run_reset(self, command: ResetCommand) -> None:
+        """``ingest reset`` from the operator's own process (a fresh handle), every commit attempt
+        meeting what Hypothesis draws; it may die, give up or be fenced by a writer's commit."""
+        try:
+            result = move_ledger(self.rows.table(), self, command)
+            event(f"reset: {result.status}")
+        except Crashed:
+            event("a reset crashed during its commit")
+        except CommitGaveUp:
+            event("a reset gave up")
+        except FatalError:
+            event("a reset was fenced by a writer's commit")
+
     # --- rules ---------------------------------------------------------------------------------
 
     @initialize(highs=st.lists(st.integers(0, 12), min_size=1, max_size=MAX_PARTITIONS), batches=st.integers(0, 3))
@@ -339,6 +375,45 @@ class ProtocolMachine(RuleBasedStateMachine):
         finally:
             self.data = None
 
+    @rule(data=st.data(), kind=st.sampled_from(["earliest", "latest", "offsets", "offsets"]))
+    def reset(self, data: st.DataObject, kind: str) -> None:
+        """An operator moves the ledger, backwards or forwards, while writers may be mid-batch."""
+        offsets = None
+        if kind == "offsets":
+            tps = data.draw(st.lists(st.sampled_from(sorted(self.high)), min_size=1, unique=True), label="moved")
+            offsets = {tp: data.draw(st.integers(0, self.high[tp]), label=f"to, {tp}") for tp in tps}
+        self.resets += 1
+        target = ResetTarget(kind, offsets)  # type: ignore[arg-type]
+        self.last_reset = ResetCommand(PIPELINE, target, "machine", f"reset-{self.resets}", "operator", MAX_ATTEMPTS)
+        self.data = data
+        try:
+            self.run_reset(self.last_reset)
+        finally:
+            self.data = None
+
+    @precondition(lambda self: self.last_reset is not None)
+    @rule(data=st.data())
+    def run_the_last_reset_again(self, data: st.DataObject) -> None:
+        """The same command again (a retry after a crash, or of one that did apply): it applies once."""
+        assert self.last_reset is not None
+        self.data = data
+        try:
+            self.run_reset(self.last_reset)
+        finally:
+            self.data = None
+
+    @rule(data=st.data(), writer=st.integers(0, WRITERS - 1))
+    def a_whole_batch(self, data: st.DataObject, writer: int) -> None:
+        """A writer's steps up to the end of its batch (a scheduled run), commits meeting what is drawn."""
+        self.data = data
+        try:
+            for _ in range(8):
+                self.step(writer)
+                if self.writers[writer].phase == "idle":
+                    break
+        finally:
+            self.data = None
+
     @precondition(lambda self: any(w.phase != "idle" for w in self.writers))
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:
@@ -355,37 +430,88 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # --- invariants ----------------------------------------------------------------------------
 
+    def history(self) -> tuple[Counter[Record], set[Record]]:
+        """From every snapshot ever committed to the rows table's main (in order: it is one line):
+        how many times the pipeline's batches read each offset, and the offsets a forward reset
+        skipped. On the way: each batch starts where the ledger before it ended (else a batch
+        landed twice, or left a gap), and no reset landed twice."""
+        reads: Counter[Record] = Counter()
+        skipped: set[Record] = set()
+        resets: set[str] = set()
+        ledger: dict[TopicPartition, int] = {}
+        for branch, snap in self.rows.log:
+            new = decode(PIPELINE, snap.summary) if branch == MAIN else None
+            if new is None:
+                continue
+            if new.reset_id is None:
+                for tp, end in new.offsets.items():
+                    start = ledger.get(tp, 0)
+                    assert new.start_offsets.get(tp, start) == start, (
+                        f"batch {new.batch} of {tp} does not start at {start}"
+                    )
+                    assert start <= end
+                    reads.update((tp, o) for o in range(start, end))
+            else:
+                assert new.reset_id not in resets, f"reset {new.reset_id} landed twice"
+                resets.add(new.reset_id)
+                for tp, to in new.offsets.items():
+                    skipped.update((tp, o) for o in range(ledger.get(tp, 0), to))
+            ledger = dict(new.offsets)
+        return reads, skipped
+
     @invariant()
-    def every_offset_below_the_ledger_lands_exactly_once(self) -> None:
+    def every_offset_is_where_the_ledger_history_put_it(self) -> None:
         found = find_ledger(PIPELINE, self.rows.table().ancestry())
         ledger = dict(found.ledger.offsets) if found else {}
         floor_found = find_ledger(PIPELINE, self.dead.table().ancestry())
         floor = dict(floor_found.ledger.offsets) if floor_found else {}
-        rows = contents(self.rows, ("_kafka_topic", "_kafka_partition", "_kafka_offset"))
-        dead = contents(self.dead, ("topic", "partition", "offset"))
+        rows = contents(self.rows, ROW_COLUMNS)
+        dead = contents(self.dead, DEAD_COLUMNS)
+        reads, skipped = self.history()
 
-        for (tp, offset), n in rows.items():
+        for record in {*rows, *reads}:
+            tp, offset = record
             if tp.topic != TOPIC:
                 continue  # another pipeline's records
-            assert n == 1, f"{tp}@{offset} is {n} times in the rows table"
-            assert kind(tp, offset) == "good", f"{tp}@{offset} ({kind(tp, offset)}) is in the rows table"
-            assert offset < ledger.get(tp, 0), f"{tp}@{offset} is in the rows table at or above the ledger"
+            expected = reads[record] if kind(tp, offset) == "good" else 0
+            assert rows[record] == expected, f"{tp}@{offset} ({kind(tp, offset)}) is {rows[record]} times in the rows"
         for (tp, offset), n in dead.items():
             if tp.topic != TOPIC:
                 continue
             assert n == 1, f"dead letter {tp}@{offset} is {n} times in the dead-letter table"
             assert kind(tp, offset) == "bad", f"{tp}@{offset} ({kind(tp, offset)}) is a dead letter"
             assert offset < floor.get(tp, 0), f"dead letter {tp}@{offset} is at or above the floor"
+        for tp, offset in reads:
+            if kind(tp, offset) == "bad":
+                assert dead[(tp, offset)] == 1, f"{tp}@{offset} was read, it is no dead letter"
+        for tp, end in floor.items():
+            for offset in range(end):
+                if kind(tp, offset) == "bad" and (tp, offset) not in skipped:
+                    assert dead[(tp, offset)] == 1, f"{tp}@{offset} is below the floor, it is no dead letter"
         for tp, end in ledger.items():
             assert end <= self.high[tp]
-            for offset in range(end):
-                expected = kind(tp, offset)
-                assert rows[(tp, offset)] == (expected == "good"), f"rows table: {tp}@{offset} ({expected})"
-                assert dead[(tp, offset)] == (expected == "bad"), f"dead letters: {tp}@{offset} ({expected})"
-        for tp, end in floor.items():
-            assert all(dead[(tp, o)] == 1 for o in range(end) if kind(tp, o) == "bad"), f"floor of {tp}"
         if found is not None:
             assert PIPELINE in registered_pipelines(self.rows.properties)
+
+    @invariant()
+    def verify_finds_every_partition_correct(self) -> None:
+        """``ingest verify`` reasons from the ledger history the tables keep (expiry included): it
+        must expect what the batches did, whatever resets came between them."""
+        found = find_ledger(PIPELINE, self.rows.table().ancestry())
+        if found is None:
+            return
+        claims = coverage(PIPELINE, self.rows.table().ancestry())
+        rows = contents(self.rows, ROW_COLUMNS)
+        dead = contents(self.dead, DEAD_COLUMNS)
+
+        def offsets(tp: TopicPartition, landed: Counter[Record]) -> pa.Array:
+            return pa.array([o for (t, o), n in sorted(landed.items()) if t == tp for _ in range(n)], pa.int64())
+
+        for tp, end in found.ledger.offsets.items():
+            start, top = claims.lowest(tp, end), max(end, min(claims.top(tp, end), self.high[tp]))
+            kafka = pa.array([o for o in range(start, top) if kind(tp, o) != "marker"], pa.int64())
+            check = _check((tp, start, top), end, kafka, offsets(tp, rows), offsets(tp, dead), claims)
+            assert check.ok, f"verify: {check}"
 
     @invariant()
     def schema_and_data_land_together(self) -> None:
@@ -432,7 +558,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             raise AssertionError("a fault-free writer did not catch up")
         found = find_ledger(PIPELINE, self.rows.table().ancestry())
         assert found is not None and dict(found.ledger.offsets) == self.high
-        self.every_offset_below_the_ledger_lands_exactly_once()
+        self.every_offset_is_where_the_ledger_history_put_it()
+        self.verify_finds_every_partition_correct()
 
 
 @pytest.fixture(autouse=True)

@@ -9,10 +9,12 @@ offsets each batch read."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,17 +89,21 @@ def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: l
     found = observe(pipeline.rows, CONFIG.pipeline)
     if found is None:
         return
-    claims = coverage(pipeline)
+    claims = coverage(CONFIG.pipeline, pipeline.rows.ancestry())
     for tp, end in found.ledger.offsets.items():
-        start = claims.lowest(tp, end)
-        offsets = pa.array(range(start, end), pa.int64())
-        expected = _expected(offsets, claims, tp).to_pylist() if len(offsets) else []
-        assert expected == [read[(tp, o)] for o in range(start, end)], (tp, start, end, claims)
+        # above the ledger's end too: what a backward reset left to be read again
+        start, top = claims.lowest(tp, end), claims.top(tp, end)
+        offsets = pa.array(range(start, top + 5), pa.int64())
+        expected = _expected(offsets, claims, tp, end).to_pylist() if len(offsets) else []
+        assert expected == [read[(tp, o)] for o in range(start, top + 5)], (tp, start, end, claims)
 
 
-def test_after_expiry_the_resets_ledgers_remember_still_count() -> None:
+@pytest.mark.parametrize("origin_kept", [True, False], ids=["origin-kept", "written-before-origins"])
+def test_after_expiry_the_resets_ledgers_remember_still_count(origin_kept: bool) -> None:
     """Read [0,20), reset back to 5, read [5,30); then expiry keeps only the newest ledger: offsets
-    5..19 are still expected twice (the newest ledger remembers the reset's move)."""
+    5..19 are still expected twice (the newest ledger remembers the reset's move), and the check
+    starts where reading began (the newest ledger carries it), or, with a ledger written before
+    origins were kept, at the oldest ledger's start."""
     rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
     source = Source()
     pipeline: Any = SimpleNamespace(config=CONFIG, rows=rows.table(), dead=dead.table(), source=source)
@@ -118,9 +124,11 @@ def test_after_expiry_the_resets_ledgers_remember_still_count() -> None:
     batch(10)
     pipeline.rows.refresh()
     newest = next(iter(pipeline.rows.ancestry()))
-    pipeline.rows.ancestry = lambda: iter([newest])  # what expiry leaves
+    if not origin_kept:
+        summary = {k: v for k, v in newest.summary.items() if not k.endswith(".origin")}
+        newest = replace(newest, summary=summary)
 
-    claims = coverage(pipeline)
+    claims = coverage(CONFIG.pipeline, [newest])  # what expiry leaves
 
-    assert not claims.complete and claims.lowest(tp, 30) == 20
-    assert _expected(pa.array(range(5, 30), pa.int64()), claims, tp).to_pylist() == [2] * 15 + [1] * 10
+    assert (claims.complete, claims.lowest(tp, 30)) == ((True, 0) if origin_kept else (False, 20))
+    assert _expected(pa.array(range(5, 30), pa.int64()), claims, tp, 30).to_pylist() == [2] * 15 + [1] * 10
