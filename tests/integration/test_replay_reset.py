@@ -227,5 +227,5 @@ def test_a_poison_record_a_forward_reset_skipped_is_a_dead_letter_once_a_backwar
     assert env.cli("run", "--until-caught-up").returncode == 0
 
     env.verify()
-    rows, dead = env.counts()
+    _, dead = env.counts()
     assert dead == env.bad
