@@ -61,9 +61,12 @@ class LogFormat(StrEnum):
 
 def _log_format(chosen: LogFormat) -> LogFormat:
     """Log lines (stderr) as text, or as one JSON object each (``time``, ``level``, ``logger``,
-    ``message``) for a log shipper."""
+    ``message``, and what the line is about: ``pipeline``, ``batch``, ``snapshot_id``, counts) for
+    a log shipper."""
     if chosen is LogFormat.json:
         from pythonjsonlogger.json import JsonFormatter
+
+        from ingest.logcontext import Fields
 
         formatter = JsonFormatter(
             "%(levelname)s %(name)s %(message)s",
@@ -72,6 +75,8 @@ def _log_format(chosen: LogFormat) -> LogFormat:
         )
         for handler in logging.getLogger().handlers:
             handler.setFormatter(formatter)
+            if not any(isinstance(f, Fields) for f in handler.filters):
+                handler.addFilter(Fields())
     return chosen
 
 

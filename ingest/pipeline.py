@@ -29,6 +29,7 @@ from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
 from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
+from ingest.logcontext import about
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
 from ingest.records import EXTRA_COLUMN, KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
 
@@ -137,10 +138,33 @@ class Pipeline:
 
     def run_batch(self, engine: Engine) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""
+        with about(pipeline=self.config.pipeline):
+            return self._run_batch(engine)
+
+    def _run_batch(self, engine: Engine) -> BatchResult:
         batch = self.plan()
         for _ in range(self.config.commit.max_replans + 1):
-            result = self._attempt(batch, engine)
+            with about(batch=batch.number):
+                result = self._attempt(batch, engine)
             if result is not None:
+                if result.snapshot_id is not None:
+                    log.info(
+                        "batch %d %s: snapshot %d, %d records, %d dead letters, %.2fs",
+                        result.batch,
+                        result.status,
+                        result.snapshot_id,
+                        result.records,
+                        result.dead_letters,
+                        result.seconds,
+                        extra={
+                            "batch": result.batch,
+                            "snapshot_id": result.snapshot_id,
+                            "status": result.status,
+                            "records": result.records,
+                            "dead_letters": result.dead_letters,
+                            "seconds": round(result.seconds, 3),
+                        },
+                    )
                 return result
             log.warning(
                 "batch %d of %r was fenced by another writer; planning again",

@@ -217,3 +217,21 @@ def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env) -> None:
         failed = [s for s in json.loads(result.stdout)["steps"] if not s["ok"]]
         assert [s["name"] for s in failed] == [name] and says in failed[0]["detail"], (change, failed)
         assert _files(root) == ran, change
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_json_log_lines_say_which_pipeline_batch_and_snapshot_they_are_about(make_env) -> None:
+    env = make_env(partitions=1, batch={"max_records": 30})
+    env.produce(50, bad_every=10)
+
+    result = env.cli("run", "--until-caught-up", "-v", "--log-format", "json", "--json")
+
+    assert result.returncode == 0, result.stderr
+    logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    committed = [line for line in logged if line.get("status") == "committed"]
+    assert [(c["pipeline"], c["batch"], c["records"], c["dead_letters"]) for c in committed] == [
+        ("orders", 1, 27, 3),
+        ("orders", 2, 18, 2),
+    ]
+    snapshots = [b["snapshot_id"] for b in _batches(result.stdout)]
+    assert [c["snapshot_id"] for c in committed] == snapshots
