@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 try:
-    from airflow.sdk import DAG, BaseOperator, RetryDecision, RetryPolicy, TriggerRule, Variable
+    from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, RetryDecision, RetryPolicy, TriggerRule, Variable
     from airflow.sdk.exceptions import AirflowFailException
 except ImportError as error:
     raise ImportError(
@@ -66,11 +66,27 @@ def _open(config_path: str) -> Any:
     return Pipeline.open(config_module.load(config_path))
 
 
+def asset_alias(config_path: str | Path) -> AssetAlias:
+    """The asset alias an :class:`IngestOperator` of ``config_path`` emits its table's events through."""
+    return AssetAlias(f"ingest_{Path(config_path).stem}")
+
+
+def table_asset(config: config_module.PipelineConfig) -> Asset:
+    """The pipeline's Iceberg table as an Airflow asset: ``iceberg://<catalog>/<namespace>/<table>``,
+    named by the table's identifier. A DAG scheduled on it runs after each ingest run that landed rows."""
+    return Asset(uri=f"iceberg://{config.catalog['name']}/{config.table.replace('.', '/')}", name=config.table)
+
+
 class IngestOperator(BaseOperator):
     """Run batches of one pipeline config in the worker (by default until caught up).
 
     Returns (as XCom) the totals of the run: ``pipeline``, ``batches``, ``committed``,
     ``records``, ``dead_letters`` and the last ``batch`` and ``snapshot_id``.
+
+    Its outlet is the asset alias ``ingest_<config file stem>`` (the DAG file never reads a
+    config): a run that committed a batch emits, through it, an event of the table's asset
+    (:func:`table_asset`) whose ``extra`` holds the totals, so lineage views and DAGs scheduled on
+    the table see it. A run that committed nothing emits nothing.
     """
 
     template_fields: Sequence[str] = ("config_path",)
@@ -79,6 +95,8 @@ class IngestOperator(BaseOperator):
     def __init__(
         self, *, config_path: str | Path, until_caught_up: bool = True, max_batches: int | None = None, **kwargs: Any
     ) -> None:
+        self.alias = asset_alias(config_path)
+        kwargs.setdefault("outlets", [self.alias])
         super().__init__(**kwargs)
         self.config_path = str(config_path)
         self.until_caught_up = until_caught_up
@@ -89,7 +107,8 @@ class IngestOperator(BaseOperator):
         with _explicit_failures(self):
             from ingest.runner import opened
 
-            with opened(config_module.load(self.config_path)) as run:
+            config = config_module.load(self.config_path)
+            with opened(config) as run:
                 totals |= {"pipeline": run.pipeline.config.pipeline, "batch": None, "snapshot_id": None}
                 for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
                     self.log.info(
@@ -106,6 +125,8 @@ class IngestOperator(BaseOperator):
                     totals["records"] += result.records
                     totals["dead_letters"] += result.dead_letters
                     totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
+        if totals["committed"] and self.alias in self.outlets:
+            context["outlet_events"][self.alias].add(table_asset(config), extra=totals)
         return totals
 
 

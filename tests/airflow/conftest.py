@@ -122,6 +122,16 @@ class Airflow:
             )
         return json.loads(value) if isinstance(value, str) else value
 
+    def asset_events(self, uri: str) -> list[dict[str, Any]]:
+        """The ``extra`` of each event of the asset ``uri``, oldest first."""
+        from airflow.models.asset import AssetEvent, AssetModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            query = select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            return list(session.scalars(query.where(AssetModel.uri == uri).order_by(AssetEvent.id)))
+
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.Popen[str]:
         """``airflow ARGS`` in a process of its own (the DAG file parsed there, the task run there)."""
         return subprocess.Popen(

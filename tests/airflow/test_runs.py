@@ -42,11 +42,21 @@ def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow
     assert (totals["records"], totals["dead_letters"], totals["committed"]) == (3_000 - env.bad, env.bad, 3)
     env.verify()
 
+    # the table's asset: an event per run that landed rows, through the DAG's alias
+    config = yaml.safe_load(env.config_path.read_text())
+    table = f"iceberg://{config['catalog']['name']}/{config['table'].replace('.', '/')}"
+    (event,) = airflow.asset_events(table)
+    assert (event["records"], event["snapshot_id"]) == (3_000 - env.bad, totals["snapshot_id"])
+    bad_before = env.bad
+
     env.produce(700, bad_every=11)  # the next five-minute run picks up what arrived since
     second = airflow.test(dag)
     assert second.state == "success", second.tasks
     assert env.counts() == (3_700 - env.bad, env.bad)
     env.verify()
+    assert airflow.test(dag).state == "success"  # nothing new: no event
+    later = 700 - (env.bad - bad_before)
+    assert [e["records"] for e in airflow.asset_events(table)] == [3_000 - bad_before, later]
 
 
 @pytest.mark.parametrize("point", ["mid-write", "between-commits"])
