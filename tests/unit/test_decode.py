@@ -802,3 +802,40 @@ def test_review_cases_of_refused_and_unknown_values_hold_whatever_the_chunk(size
     assert refused.dead_letters.column("error").to_pylist() == [
         "unknown field(s) 'odd': the table does not declare them (unknown_fields: dead_letter)"
     ]
+
+
+#: the decoder's rows of the README's bad-input table: each value alone, and the error it words
+README_ROWS = [
+    (b"not json", "not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    (b"[1,2]", "JSON value is not an object (got list)"),
+    (None, "value is null (a tombstone); expected a JSON object"),
+    (b"", "value is empty; expected a JSON object"),
+    (b'{"amount": 1.5}', "required field(s) 'id' missing or null"),
+    (b'{"id": 1, "amount": "12.50"}', "field 'amount': expected double, got a JSON string \"12.50\""),
+    (b'{"id": 1, "tags": [1]}', "field 'tags[0]': expected string, got a JSON number 1"),
+    (b'{"id": 99999999999999999999}', "field 'id': cannot convert 99999999999999999999 to long: "),
+    (b'{"id": 1, "x": 3}', "unknown field(s) 'x': the table does not declare them (unknown_fields: dead_letter)"),
+    (
+        b'{"id": 1, "ts": "2026-12-01T10:00:00"}',
+        "field 'ts': '2026-12-01T10:00:00' has no zone offset (refuse: naive_timestamps)",
+    ),
+    (b'{"id": 1, "ts": "2026-12-01"}', "field 'ts': '2026-12-01' is a date without a time"),
+]
+
+
+@pytest.mark.parametrize(("value", "error"), README_ROWS)
+def test_the_readme_bad_input_table_words_what_the_decoder_says(value: bytes | None, error: str) -> None:
+    fields = [
+        Field("id", "long", True),
+        Field("amount", "double", False),
+        Field("ts", "timestamptz", False),
+        Field("tags", "list<string>", False),
+    ]
+    refused = frozenset({"naive_timestamps", "date_only_timestamps"})
+    decoder = Decoder(fields, unknown_fields="dead_letter", refuse=refused)
+
+    decoded = decoder.decode(chunk([b'{"id": 7}', value, b'{"id": 8}']))
+
+    assert decoded.rows.column("id").to_pylist() == [7, 8]
+    (said,) = decoded.dead_letters.column("error").to_pylist()
+    assert said.startswith(error)
