@@ -18,7 +18,11 @@ import yaml
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
-from ingest.records import KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_transform, type_name
+from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_sort, parse_transform, type_name
+
+#: table properties the pipeline sets on the tables it creates: its commits settle by observing
+#: the ledger, so pyiceberg's own retries (which could append a batch twice) are off
+PIPELINE_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -229,6 +233,10 @@ class PipelineConfig(_Strict):
     #: timestamptz string that is a date alone, otherwise read as midnight)
     refuse: list[Literal["nan", "naive_timestamps", "date_only_timestamps"]] = []
     partition_by: list[str] = []
+    #: Iceberg table properties the rows table is created with (and an existing one must have)
+    table_properties: dict[str, str] = {}
+    #: the rows table's sort order: top-level columns, ``col`` or ``col desc``
+    sort_by: list[str] = []
     dead_letter_table: str | None = None
     dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
     batch: BatchSpec = BatchSpec()
@@ -295,10 +303,10 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"{managed!r} is set by the pipeline for exactly-once reads; remove it")
         return value
 
-    @field_validator("catalog", mode="before")
+    @field_validator("catalog", "table_properties", mode="before")
     @classmethod
     def _catalog_scalars(cls, value: Any) -> Any:
-        """``port: 5432`` as pyiceberg wants it, a string: catalog properties are strings."""
+        """``port: 5432`` as pyiceberg wants it, a string: catalog and table properties are strings."""
         if isinstance(value, dict):
             return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
                     for k, v in value.items()}  # fmt: skip
@@ -309,6 +317,22 @@ class PipelineConfig(_Strict):
     def _catalog(cls, value: dict[str, str]) -> dict[str, str]:
         if "name" not in value:
             raise ValueError("needs 'name' (the rest are pyiceberg catalog properties)")
+        return value
+
+    @field_validator("table_properties")
+    @classmethod
+    def _table_properties(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = sorted(set(value) & set(PIPELINE_TABLE_PROPERTIES))
+        if owned:
+            raise ValueError(f"{', '.join(owned)}: set by the pipeline on the tables it creates; leave it out")
+        return value
+
+    @field_validator("sort_by")
+    @classmethod
+    def _sort_keys(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if parse_sort(item) is None:
+                raise ValueError(f"{item!r} is not a sort key; use col, 'col asc' or 'col desc' (a top-level column)")
         return value
 
     @field_validator("partition_by")
@@ -401,6 +425,11 @@ class PipelineConfig(_Strict):
             column = transform.column if transform is not None else None
             if names and column not in names and not (column == KEY_COLUMN and self.key_format == "string"):
                 raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
+        for item in self.sort_by:
+            key = parse_sort(item)
+            assert key is not None
+            if names and key.column not in names and key.column not in KAFKA_COLUMNS.names:
+                raise ValueError(f"sort_by: {item!r} refers to {key.column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
         return self

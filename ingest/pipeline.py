@@ -26,12 +26,23 @@ from ingest.dead_letters import settle
 from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound, TooManyDeadLetters
 from ingest.formats import keys
 from ingest.iceberg.catalog import absent, connect
-from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema
+from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
 from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
 from ingest.logcontext import about
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import EXTRA_COLUMN, KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
+from ingest.records import (
+    EXTRA_COLUMN,
+    KEY_COLUMN,
+    Declared,
+    Field,
+    Merged,
+    SortKey,
+    merge,
+    parse_sort,
+    parse_transform,
+    renamed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +112,15 @@ class Pipeline:
         """The pipeline of ``config``: its tables opened, created if missing (see :func:`layout`)."""
         planned = layout(config)
         assert planned.catalog is not None
-        rows = IcebergTable.open(planned.catalog, config.table, planned.schema, planned.spec, config.renames)
+        rows = IcebergTable.open(
+            planned.catalog,
+            config.table,
+            planned.schema,
+            planned.spec,
+            config.renames,
+            properties=config.table_properties,
+            sort_by=planned.sort_by,
+        )
         dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
         return cls(config, planned.source, rows, dead, planned.fields, planned.registry)
 
@@ -347,6 +366,7 @@ class Layout:
     fields: list[Declared]
     schema: Schema
     spec: PartitionSpec
+    sort_by: list[SortKey]
 
 
 def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
@@ -379,7 +399,9 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
             Field(EXTRA_COLUMN, "string", False, "fields the records had that the table does not declare"),
         ]
     schema = rows_schema(fields)
-    return Layout(source, registry, catalog, fields, schema, partition_spec(schema, config.partition_by))
+    sort_by = [key for item in config.sort_by if (key := parse_sort(item)) is not None]
+    sort_order(schema, sort_by)  # its columns are the table's
+    return Layout(source, registry, catalog, fields, schema, partition_spec(schema, config.partition_by), sort_by)
 
 
 def _values_in_registry(config: PipelineConfig) -> bool:

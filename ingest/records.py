@@ -378,6 +378,29 @@ def renamed(fields: Sequence[Declared], renames: Mapping[str, str]) -> list[Fiel
 
 
 @dataclass(frozen=True)
+class SortKey:
+    """One ``sort_by`` item, parsed: a top-level column, ascending (nulls first) or descending
+    (nulls last), as Iceberg's sort orders default."""
+
+    column: str
+    descending: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.column} desc" if self.descending else self.column
+
+
+SORT_KEY = re.compile(r"^\s*(?P<col>[A-Za-z_][A-Za-z0-9_]*)(?:\s+(?P<dir>asc|desc))?\s*$", re.IGNORECASE)
+
+
+def parse_sort(text: str) -> SortKey | None:
+    """``col``, ``col asc`` or ``col desc`` as a sort key; None if it is not one."""
+    match = SORT_KEY.match(text)
+    if match is None:
+        return None
+    return SortKey(match.group("col"), (match.group("dir") or "asc").lower() == "desc")
+
+
+@dataclass(frozen=True)
 class Transform:
     """One ``partition_by`` item, parsed."""
 

@@ -11,6 +11,7 @@ from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _pyarrow_to_s
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Transaction
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, NullOrder, SortDirection, SortField, SortOrder
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -137,6 +138,48 @@ def spec_difference(
     if have == want:
         return None
     return f"the table is partitioned by [{', '.join(have)}], the config says [{', '.join(want)}]"
+
+
+def sort_order(schema: Schema, keys: Sequence[records.SortKey]) -> SortOrder:
+    """``sort_by`` as an Iceberg sort order of ``schema``'s top-level columns (ascending with nulls
+    first, descending with nulls last, as Iceberg defaults)."""
+    if not keys:
+        return UNSORTED_SORT_ORDER
+    fields = []
+    for key in keys:
+        try:
+            source = schema.find_field(key.column)
+        except ValueError:
+            raise ConfigError(
+                f"sort_by: {str(key)!r} refers to {key.column!r}, which the table does not have"
+            ) from None
+        direction = SortDirection.DESC if key.descending else SortDirection.ASC
+        nulls = NullOrder.NULLS_LAST if key.descending else NullOrder.NULLS_FIRST
+        fields.append(
+            SortField(source_id=source.field_id, transform=IdentityTransform(), direction=direction, null_order=nulls)
+        )
+    return SortOrder(*fields)
+
+
+def sort_keys(schema: Schema, order: SortOrder) -> list[records.SortKey] | None:
+    """A table's sort order as sort keys of its top-level columns (None: it sorts by something
+    else, a transform or a nested column, which writes here cannot follow)."""
+    keys = []
+    for f in order.fields:
+        name = schema.find_column_name(f.source_id)
+        if not isinstance(f.transform, IdentityTransform) or name is None or "." in name:
+            return None
+        keys.append(records.SortKey(name, f.direction == SortDirection.DESC))
+    return keys
+
+
+def sort_difference(schema: Schema, order: SortOrder, wanted: Sequence[records.SortKey]) -> str | None:
+    """How an existing table's sort order differs from ``sort_by`` (None: it does not)."""
+    have = sort_keys(schema, order)
+    shown = [str(k) for k in have] if have is not None else [str(f) for f in order.fields]
+    if have == list(wanted):
+        return None
+    return f"the table is sorted by [{', '.join(shown)}], the config's sort_by says [{', '.join(map(str, wanted))}]"
 
 
 def stage_evolution(

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog as Catalog  # re-exported: a pipeline's layout names these
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -52,6 +53,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import (
     AssertRefSnapshotId,
     AssertTableUUID,
@@ -63,18 +65,28 @@ from pyiceberg.table.update import (
 )
 
 from ingest import nogc, records
+from ingest.config import PIPELINE_TABLE_PROPERTIES
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, SchemaMoved, TableMismatch
-from ingest.iceberg.schema import declared_fields, describe_change, rows_schema, spec_difference, stage_evolution
+from ingest.iceberg.schema import (
+    declared_fields,
+    describe_change,
+    rows_schema,
+    sort_difference,
+    sort_keys,
+    sort_order,
+    spec_difference,
+    stage_evolution,
+)
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
-from ingest.records import Declared, Field
+from ingest.records import Declared, Field, SortKey
 
 log = logging.getLogger(__name__)
 
-NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
+NO_LIBRARY_RETRIES = PIPELINE_TABLE_PROPERTIES
 #: the catalog properties a file IO needs to write data files (what crosses to workers and executors)
 STORAGE_PROPERTIES = ("s3.", "gcs.", "adls.", "hdfs.", "hf.", "oss.", "client.", "pyarrow.", "py-io-impl")
 
@@ -190,16 +202,27 @@ class IcebergTable:
         schema: Schema,
         spec: PartitionSpec | None = None,
         renames: Mapping[str, str] | None = None,
+        properties: Mapping[str, str] | None = None,
+        sort_by: Sequence[SortKey] = (),
     ) -> IcebergTable:
         """Load the table, creating it (and its namespace) if missing; its columns renamed by
         ``renames`` (old → new) with the next commit, before it takes ``schema``. An existing table
-        whose partitioning differs from ``spec`` (when given) is refused (:class:`TableMismatch`).
+        whose partitioning differs from ``spec`` (when given), whose value of one of ``properties``
+        differs, or whose sort order is not ``sort_by`` (when given) is refused (:class:`TableMismatch`).
 
-        A table this creates gets ``commit.retry.num-retries=0``, which tells other tools that
-        library retries are unsafe here; an existing table is not changed (every commit made here
-        forces the retries off itself)."""
+        A table this creates gets ``properties``, the sort order ``sort_by`` and
+        ``commit.retry.num-retries=0``, which tells other tools that library retries are unsafe
+        here; an existing table is not changed (every commit made here forces the retries off itself)."""
+        properties = dict(properties or {})
         try:
-            table = _load_or_create(catalog, identifier, schema, spec or UNPARTITIONED_PARTITION_SPEC)
+            table = _load_or_create(
+                catalog,
+                identifier,
+                schema,
+                spec or UNPARTITIONED_PARTITION_SPEC,
+                {**properties, **NO_LIBRARY_RETRIES},
+                sort_order(schema, sort_by),
+            )
         except (ConfigError, TableMismatch):
             raise
         except Exception as error:
@@ -210,6 +233,21 @@ class IcebergTable:
                 f"table {identifier}: {difference}. A table's partitioning does not change with the config: "
                 "set `partition_by:` to the table's, or evolve the table's spec with your engine first (Spark: "
                 "ALTER TABLE ... ADD/DROP PARTITION FIELD); new data then follows it."
+            )
+        differ = {k: v for k, v in properties.items() if table.properties.get(k) != v}
+        if differ:
+            found = ", ".join(f"{k} = {table.properties.get(k)!r} (config: {v!r})" for k, v in sorted(differ.items()))
+            wanted = ", ".join(f"'{k}'='{v}'" for k, v in sorted(differ.items()))
+            raise TableMismatch(
+                f"table {identifier}: its properties differ from `table_properties:`: {found}. Set them in the "
+                f"config as the table has them, or change the table (Spark: ALTER TABLE {identifier} SET "
+                f"TBLPROPERTIES ({wanted}))."
+            )
+        unsorted = sort_difference(table.schema(), table.sort_order(), sort_by) if sort_by else None
+        if unsorted is not None:
+            raise TableMismatch(
+                f"table {identifier}: {unsorted}. Set `sort_by:` as the table's, or change the table's sort "
+                f"order with your engine (Spark: ALTER TABLE {identifier} WRITE ORDERED BY ...)."
             )
         handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
         handle._renames = dict(renames or {})
@@ -289,6 +327,9 @@ class IcebergTable:
         if data.num_rows == 0:
             return []
         metadata = self._metadata_for_writes()
+        keys = sort_keys(metadata.schema(), metadata.sort_order())
+        if keys:  # each file sorted as the table's sort order says (ours, or one another tool set)
+            data = _sorted(data, keys)
         if target_file_bytes is not None:
             properties = {**metadata.properties, "write.target-file-size-bytes": str(target_file_bytes)}
             metadata = metadata.model_copy(update={"properties": properties})
@@ -557,7 +598,25 @@ def _view(snapshot: Snapshot) -> SnapshotView:
     )
 
 
-def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: PartitionSpec) -> Table:
+def _sorted(data: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
+    """``data`` in the order of ``keys`` (the columns it has); nulls where the first key's direction
+    puts them (Arrow places nulls once for all keys)."""
+    present = [k for k in keys if k.column in data.column_names]
+    if not present:
+        return data
+    order = [(k.column, "descending" if k.descending else "ascending") for k in present]
+    nulls = "at_end" if present[0].descending else "at_start"
+    return data.take(pc.sort_indices(data, sort_keys=order, null_placement=nulls))
+
+
+def _load_or_create(
+    catalog: Catalog,
+    identifier: str,
+    schema: Schema,
+    spec: PartitionSpec,
+    properties: Mapping[str, str],
+    order: SortOrder,
+) -> Table:
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
@@ -571,6 +630,8 @@ def _load_or_create(catalog: Catalog, identifier: str, schema: Schema, spec: Par
         if not catalog.namespace_exists(namespace):
             raise
     try:
-        return catalog.create_table(identifier, schema=schema, partition_spec=spec, properties=NO_LIBRARY_RETRIES)
+        return catalog.create_table(
+            identifier, schema=schema, partition_spec=spec, sort_order=order, properties=dict(properties)
+        )
     except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first
         return catalog.load_table(identifier)

@@ -1,0 +1,80 @@
+"""``table_properties`` and ``sort_by``: set on the table a run creates, checked on every open."""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ingest.config import load
+from ingest.errors import ExitCode
+from ingest.pipeline import Pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
+
+PROPERTIES = {"write.parquet.compression-codec": "zstd", "write.metadata.previous-versions-max": 7}
+
+
+def _change(env, **changes: object) -> None:
+    data = yaml.safe_load(env.config_path.read_text())
+    data.update(changes)
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+def test_a_created_table_has_them_and_every_file_is_sorted(make_env) -> None:
+    env = make_env(partitions=2, table_properties=PROPERTIES, sort_by=["order_id desc"])
+    env.produce(600)
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    table = Pipeline.open(load(env.config_path)).rows.table
+    assert {k: table.properties[k] for k in PROPERTIES} == {k: str(v) for k, v in PROPERTIES.items()}
+    assert table.properties["commit.retry.num-retries"] == "0"  # the pipeline's own, as before
+    (field,) = table.sort_order().fields
+    assert (table.schema().find_column_name(field.source_id), str(field.direction).lower()) == ("order_id", "desc")
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    assert len(files) > 1
+    for path in files:
+        parquet = pq.ParquetFile(urlparse(path).path)
+        ids = parquet.read(columns=["order_id"])["order_id"].to_pylist()
+        assert ids == sorted(ids, reverse=True), path
+        assert parquet.metadata.row_group(0).column(0).compression == "ZSTD"
+    env.verify()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"table_properties": {**PROPERTIES, "write.parquet.compression-codec": "snappy"}},
+            "write.parquet.compression-codec = 'zstd' (config: 'snappy')",
+        ),
+        ({"sort_by": ["order_id"]}, "the table is sorted by [order_id desc], the config's sort_by says [order_id]"),
+    ],
+    ids=["property", "sort-order"],
+)
+def test_an_existing_table_that_differs_is_refused_before_anything_is_read(make_env, change, said) -> None:
+    env = make_env(table_properties=PROPERTIES, sort_by=["order_id desc"])
+    env.produce(50)
+    assert env.cli("run").returncode == 0
+    original = env.config_path.read_text()
+    _change(env, **change)
+    env.produce(50)
+
+    checked, ran = env.cli("check"), env.cli("run")
+
+    assert checked.returncode == ran.returncode == ExitCode.FATAL
+    for output in (checked.stdout, ran.stderr):
+        assert said in " ".join(output.split())  # as rich wraps it
+        assert "ALTER TABLE" in output
+    env.config_path.write_text(original)
+    assert env.counts() == (50, 0)  # the second 50 were not read
+
+
+def test_sort_by_a_column_the_schema_lacks_is_a_config_error(make_env) -> None:
+    env = make_env(sort_by=["nope desc"])
+    result = env.cli("run")
+    assert result.returncode == ExitCode.CONFIG
+    assert "sort_by: 'nope desc' refers to 'nope', which is not in schema" in result.stderr
