@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.core.commit import Decision, dead_letter_step, decide
+from ingest.core.commit import DeadLetterStep, Decision, dead_letter_step, decide
 from ingest.core.ledger import (
     REGISTRY_PROPERTY,
     BatchCounts,
@@ -57,7 +57,7 @@ class RowsCommit:
 
 @dataclass(frozen=True)
 class DeadLettersCommit:
-    """A batch's dead letters, to be added to the dead-letter table above its floor."""
+    """A batch's dead letters, to be added to the dead-letter table but for those it holds already."""
 
     pipeline: str
     batch: Batch
@@ -135,11 +135,12 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
 def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
 
-    Runs before the rows commit. No dead letter lies at or above the dead-letter ledger (the
-    floor, see :class:`ingest.core.commit.DeadLetterStep`), so those are added as they are; the
-    batch's dead letters below it (a re-run after a crash between the two commits, a concurrent
-    copy, a re-read after a backward reset) are looked up in the table at the head the commit
-    requires, so nothing is added twice and nothing a skipped range left out is dropped.
+    Runs before the rows commit. The dead-letter ledger says which offsets' dead letters the table
+    holds completely (:class:`ingest.core.commit.DeadLetterStep`): the batch's dead letters there
+    are dropped (a re-run after a crash between the two commits, a concurrent copy, a re-read
+    after a backward reset), those above it added, and those below it (what a forward reset
+    skipped, read now) looked up in the table at the head the commit requires. So nothing is added
+    twice, and nothing a skipped range left out is dropped.
     """
     if request.dead_letters.num_rows == 0:
         return 0
@@ -150,7 +151,7 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
         nonlocal written
         found = observe(table, pipeline)
         step = dead_letter_step(found.ledger if found else None, batch)
-        kept = _not_held(table, request.dead_letters, step.floor)
+        kept = _not_held(table, request.dead_letters, step)
         if written is None or not written[0].equals(_coordinates(kept)):
             written = (_coordinates(kept), table.write(kept))
         if kept.num_rows == 0:
@@ -158,7 +159,7 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
         ledger = Ledger(
             batch=(found.ledger.batch + 1) if found else 1,
             offsets=step.new_floor,
-            start_offsets=batch.start,
+            start_offsets=step.new_low,
             cluster_id=batch.cluster_id,
         )
         summary = encode(pipeline, ledger, BatchCounts(dead_letters=kept.num_rows))
@@ -182,31 +183,29 @@ def _coordinates(dead_letters: pa.Table) -> pa.Table:
     return dead_letters.select([c.topic, c.partition, c.offset])
 
 
-def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
-    """``dead_letters`` but for those ``table`` holds already: none at or above ``floor``, the
-    ones below it looked up."""
+def _not_held(table: LedgerTable, dead_letters: pa.Table, step: DeadLetterStep) -> pa.Table:
+    """``dead_letters`` but for those ``table`` holds already (see :class:`DeadLetterStep`): those
+    in the range it holds completely are dropped, those below it looked up in the table."""
+    if not step.floor or dead_letters.num_rows == 0:
+        return dead_letters
     c = DEAD_LETTERS
-    below = pa.array([False] * dead_letters.num_rows)
-    for tp, offset in floor.items():
-        mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
-        below = pc.or_(below, pc.and_(mine, pc.less(dead_letters[c.offset], offset)))
-    looked_up = dead_letters.filter(below)
-    if looked_up.num_rows == 0:
-        return dead_letters
+    held = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    unknown = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    offsets = dead_letters[c.offset]
     spans: dict[TopicPartition, list[tuple[int, int]]] = {}
-    for part in (
-        looked_up.group_by([c.topic, c.partition]).aggregate([(c.offset, "min"), (c.offset, "max")]).to_pylist()
-    ):
-        spans[TopicPartition(part[c.topic], part[c.partition])] = [
-            (part[f"{c.offset}_min"], part[f"{c.offset}_max"] + 1)
-        ]
-    held = table.dead_letter_coordinates(spans)
-    if held.num_rows == 0:
-        return dead_letters
-    drop = pa.array([False] * dead_letters.num_rows)
-    for tp in spans:
-        mine = pc.and_(pc.equal(held[c.topic], tp.topic), pc.equal(held[c.partition], tp.partition))
-        offsets = held.filter(mine)[c.offset]
-        same = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
-        drop = pc.or_(drop, pc.and_(same, pc.is_in(dead_letters[c.offset], offsets.combine_chunks())))
-    return dead_letters.filter(pc.invert(drop))
+    for tp, floor in step.floor.items():
+        mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+        held = pc.or_(held, pc.and_(mine, pc.and_(pc.greater_equal(offsets, step.low[tp]), pc.less(offsets, floor))))
+        below = pc.and_(mine, pc.less(offsets, step.low[tp]))
+        if pc.any(below).as_py():
+            looked = pc.filter(offsets, below)
+            spans[tp] = [(pc.min(looked).as_py(), pc.max(looked).as_py() + 1)]
+            unknown = pc.or_(unknown, below)
+    if spans:
+        found = table.dead_letter_coordinates(spans)
+        for tp in spans:
+            mine = pc.and_(pc.equal(found[c.topic], tp.topic), pc.equal(found[c.partition], tp.partition))
+            there = found.filter(mine)[c.offset].combine_chunks()
+            same = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+            held = pc.or_(held, pc.and_(unknown, pc.and_(same, pc.is_in(offsets, there))))
+    return dead_letters.filter(pc.invert(held))

@@ -133,9 +133,8 @@ def remove_redriven(
         if found is not None and found.ledger.remembers(sync_id):
             return
         base = found.ledger if found is not None else Ledger(batch=0, offsets={})
-        ledger = replace(
-            base, batch=base.batch + 1, start_offsets=dict(base.offsets), resets=_remembering(base, sync_id), sync=None
-        )
+        # the offsets whose dead letters the table holds stay as they were: the removed ones are in the rows now
+        ledger = replace(base, batch=base.batch + 1, resets=_remembering(base, sync_id), sync=None)
         removed = sum(hi - lo for spans in redriven.values() for lo, hi in spans)
         extra = {"synced-by": sync_id, "redriven": str(removed)}
         dead.remove_dead_letters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra))

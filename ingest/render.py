@@ -104,7 +104,8 @@ def verification(result: Verification, out: Console) -> None:
         problems = [f"{kind} {found}" for kind, found in p.problems() if found]
         table.add_row(
             f"{p.tp.topic}[{p.tp.partition}]",
-            f"[{p.start}, {p.end})",
+            f"[{p.start}, {p.end})"
+            + (f" (+ to {p.top}, to read again)" if p.top is not None and p.top > p.end else ""),
             str(p.in_kafka),
             str(p.rows),
             str(p.dead_letters),

@@ -29,7 +29,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import pyarrow as pa
@@ -128,6 +128,22 @@ class MemoryCatalog:
         """A commit by another writer on the branch's current head (it needs no compare-and-swap:
         it reads and commits at once)."""
         return self._apply(self._state.refs.get(branch), branch, summary, files, properties or {}, operation)
+
+    def delete(self, summary: Mapping[str, str], doomed: Callable[[pa.Table], pa.Array], branch: str = MAIN) -> int:
+        """A commit by another writer that removes the rows ``doomed`` picks (a mask over a file's data)."""
+        head = self._state.refs.get(branch)
+        files = []
+        for f in self._state.snapshots[head].files if head is not None else ():
+            data = f.data.filter(pc.invert(doomed(f.data)))
+            files.append(f if data.num_rows == f.record_count else replace(f, record_count=data.num_rows, data=data))
+        snapshot_id = next(self._ids)
+        snapshot = MemorySnapshot(
+            snapshot_id, head, dict(summary), next(self._clock), tuple(files), "delete", self._state.schema
+        )
+        self._state.snapshots[snapshot_id] = snapshot
+        self.log.append((branch, snapshot))
+        self._state.refs[branch] = snapshot_id
+        return snapshot_id
 
     def alter_schema(self, *columns: str) -> None:
         """Another tool's ``ALTER TABLE … ADD COLUMN``: a new schema, and no snapshot."""
@@ -273,7 +289,7 @@ class MemoryTable:
         c = DEAD_LETTERS
         schema = pa.schema([(c.topic, pa.string()), (c.partition, pa.int32()), (c.offset, pa.int64())])
         data = pa.concat_tables([schema.empty_table(), *(f.data.select(schema.names).cast(schema) for f in files)])
-        keep = pa.array([False] * data.num_rows)
+        keep = pa.array([False] * data.num_rows, pa.bool_())
         for tp, ranges in spans.items():
             mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
             for start, end in ranges:

@@ -22,8 +22,9 @@ continue from S's ledger; it refuses if another pipeline registered on the table
 S's ancestry (it would lose it). Before anything changes, the replay checks that Kafka still holds
 every record after S's ledger and fails naming the missing ranges if not.
 
-Dead letters stay on the main dead-letter table: its ledger is a floor below which every dead
-letter is already stored, so re-read ranges add none twice.
+The dead-letter table follows (:mod:`ingest.dead_letters`): a replay's dead letters go to its
+branch of the same name, rewound to S's ledger at its start, and publish makes it main; a rollback
+removes the dead letters at or past S's ledger. Re-read ranges so add none twice.
 """
 
 from __future__ import annotations

@@ -238,6 +238,8 @@ class PartitionCheck:
     tp: TopicPartition
     start: int
     end: int
+    #: the end of the offsets checked: ``end``, or above it, where a backward reset moved the ledger from
+    top: int | None = None
     in_kafka: int = 0
     rows: int = 0
     dead_letters: int = 0
@@ -259,6 +261,7 @@ class PartitionCheck:
             "partition": self.tp.partition,
             "start": self.start,
             "end": self.end,
+            "checked_to": self.top if self.top is not None else self.end,
             "in_kafka": self.in_kafka,
             "rows": self.rows,
             "dead_letters": self.dead_letters,
@@ -293,8 +296,8 @@ class Coverage:
     excluded: list[Range] = field(default_factory=list)
     #: ranges a backward reset made the pipeline ingest once more
     reread: list[Range] = field(default_factory=list)
-    #: whether the history reaches back to the pipeline's first ledger (none of it was expired):
-    #: then ``origin`` is where each partition began, and every offset read is accounted for
+    #: whether ``origin`` is where each partition began (the newest ledger carries it, or the
+    #: history reaches back to the first ledger): then every offset read is accounted for
     complete: bool = False
 
     def top(self, tp: TopicPartition, end: int) -> int:
@@ -394,7 +397,7 @@ def _check(
     offset the history accounts for to the ledger's ``end``, or past it to the top of what a
     backward reset left to be read again)."""
     tp, start, top = span
-    check = PartitionCheck(tp, start, end)
+    check = PartitionCheck(tp, start, end, top)
     # dead letters past that are normal after a crash between the two commits
     dead = dead.filter(pc.less(dead, top)) if len(dead) else dead
     held = kafka

@@ -207,6 +207,8 @@ def test_verify_right_after_a_backward_reset_expects_what_is_left_to_read_again(
     checked = env.verify()
 
     assert checked["reread_ranges"] == [{"topic": env.topic, "partition": 0, "start": 25, "end": 40}]
+    (partition,) = checked["partitions"]
+    assert (partition["end"], partition["checked_to"], partition["rows"]) == (25, 40, 36)
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.verify()["partitions"][0]["rows"] == (40 - 4) + (15 - 2)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest.committer import DeadLettersCommit, commit_dead_letters
 from ingest.core.commit import Decision, dead_letter_step, decide
-from ingest.core.ledger import Ledger, TopicPartition
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode
 from ingest.core.plan import Batch
+from ingest.testing import MemoryCatalog
 
 P0 = TopicPartition("orders", 0)
 P1 = TopicPartition("orders", 1)
@@ -115,11 +119,42 @@ def test_new_floor_is_the_max_of_floor_and_end_per_partition() -> None:
 
 
 def test_a_floor_at_or_beyond_the_batch_end_does_not_move() -> None:
-    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}), BATCH)
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}, start_offsets={P0: 0, P1: 0}), BATCH)
 
     assert step.new_floor == {P0: 15, P1: 30}
     assert not step.moves
-    assert not any(step.keeps(P0, o) for o in range(10, 15))
+    assert not any(step.keeps(P0, o) or step.looks_up(P0, o) for o in range(10, 15))
+
+
+def test_below_the_range_held_the_dead_letters_are_looked_up() -> None:
+    """A ledger written before ranges were kept holds the range from its last batch's start (here
+    none: its floor alone): below it, a re-run's dead letters are looked up, and the range grows
+    by what the batch covers."""
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}), BATCH)
+
+    assert all(step.looks_up(P0, o) and not step.keeps(P0, o) for o in range(10, 15))
+    # P0's batch touches the range and extends it; P1's lies wholly below it
+    assert (step.new_floor, step.new_low) == ({P0: 15, P1: 30}, {P0: 10, P1: 30})
+
+
+def test_a_batch_past_a_gap_starts_the_range_anew_and_a_reread_below_it_is_looked_up() -> None:
+    """Partition 1 reset forward from 5 to 20 (offsets 5..19 never read), then a batch [20, 22):
+    the range is [20, 22) now, not [0, 22); a backward reset that reads 5..19 looks them up."""
+    held = Ledger(batch=3, offsets={P0: 10, P1: 5}, start_offsets={P0: 0, P1: 0})
+    after_gap = dead_letter_step(held, BATCH)
+    assert (after_gap.new_low[P1], after_gap.new_floor[P1]) == (20, 22)
+
+    reread = batch_from(Ledger(batch=5, offsets={P0: 10, P1: 5}), {P0: 10, P1: 20})
+    step = dead_letter_step(Ledger(batch=4, offsets=after_gap.new_floor, start_offsets=after_gap.new_low), reread)
+    assert all(step.looks_up(P1, o) for o in range(5, 20))
+    assert (step.new_low[P1], step.new_floor[P1]) == (5, 22)  # touching the range: one range again
+
+
+def test_a_batch_wholly_below_the_range_leaves_it() -> None:
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 40, P1: 60}, start_offsets={P0: 30, P1: 50}), BATCH)
+
+    assert (step.new_low, step.new_floor) == ({P0: 30, P1: 50}, {P0: 40, P1: 60})
+    assert all(step.looks_up(P0, o) for o in range(10, 15))
 
 
 floors = st.dictionaries(st.sampled_from([P0, P1]), st.integers(0, 50))
@@ -140,11 +175,11 @@ def test_dead_letter_step_properties(floor, end, tp, offset) -> None:
 @pytest.mark.parametrize("floor", [None, Ledger(batch=1, offsets={P0: 12, P1: 21})])
 def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor) -> None:
     first = dead_letter_step(floor, BATCH)
-    after = Ledger(batch=2, offsets=first.new_floor)
+    after = Ledger(batch=2, offsets=first.new_floor, start_offsets=first.new_low)
     second = dead_letter_step(after, BATCH)
 
     dead = [(P0, 10), (P0, 13), (P1, 20), (P1, 21)]
-    assert [d for d in dead if second.keeps(*d)] == []
+    assert [d for d in dead if second.keeps(*d) or second.looks_up(*d)] == []
     assert not second.moves
 
 
@@ -163,3 +198,24 @@ def test_a_reset_whose_own_commit_landed_is_recognised() -> None:
 
     assert decide(Ledger(batch=5, offsets={P0: 0, P1: 0}, reset_id="r-1"), reset_batch) is Decision.LANDED
     assert decide(Ledger(batch=5, offsets={P0: 0, P1: 0}, reset_id="r-2"), reset_batch) is Decision.FENCED
+
+
+def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows() -> None:
+    """Copies A and B of one batch; A lands, ``ingest redrive`` then removes a dead letter A added
+    (it is in the rows now), and B's dead-letter commit comes late: it adds nothing."""
+    catalog = MemoryCatalog("lake.orders_dead_letter")
+    dead_letters = pa.table(
+        {
+            "topic": pa.array(["orders"] * 2),
+            "partition": pa.array([0, 0], pa.int32()),
+            "offset": pa.array([11, 13], pa.int64()),
+        }
+    )
+    request = DeadLettersCommit("orders", BATCH, dead_letters, 3)
+    late = catalog.table()  # B's handle
+    assert commit_dead_letters(catalog.table(), request) == 2  # A
+    floor = Ledger(batch=2, offsets={P0: 15, P1: 22}, start_offsets={P0: 10, P1: 20})
+    catalog.delete(encode("orders", floor, BatchCounts()), lambda data: pc.equal(data["offset"], 11))  # redrive
+
+    assert commit_dead_letters(late, request) == 0
+    assert sorted(catalog.scan()["offset"].to_pylist()) == [13]
