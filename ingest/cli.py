@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ingest import config as config_module
+from ingest import api
 from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
 
 app = typer.Typer(
@@ -137,29 +137,6 @@ def _fail(error: IngestError, json_output: bool) -> NoReturn:
     raise typer.Exit(int(error.exit_code)) from None
 
 
-def _open(path: Path) -> Any:
-    return _pipeline(config_module.load(path))
-
-
-def _pipeline(config: Any) -> Any:
-    from ingest.pipeline import Pipeline
-
-    return Pipeline.open(config)
-
-
-def _open_existing(config: Any) -> Any:
-    """The pipeline, for a command that only reads: None if its tables do not exist (none is created)."""
-    from ingest.pipeline import Pipeline
-
-    return Pipeline.open_existing(config)
-
-
-def _source(config: Any) -> Any:
-    from ingest.kafka.source import KafkaSource
-
-    return KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
-
-
 def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
     """A command's result: as one line of JSON (``--json``), or rendered for people (:mod:`ingest.render`)."""
     if json_output:
@@ -258,9 +235,7 @@ def run(
 @contextlib.contextmanager
 def _open_run(path: Path, name: EngineName) -> Iterator[Any]:
     """The run (pipeline and the engine ``--engine`` names) for every batch of the command."""
-    from ingest.runner import opened  # imports no pyiceberg: workers start before it is
-
-    with opened(config_module.load(path), "spark" if name is EngineName.spark else "local") as run:
+    with api.open_run(path, "spark" if name is EngineName.spark else "local") as run:  # workers start before pyiceberg
         yield run
 
 
@@ -309,9 +284,8 @@ def check(
 
     def body() -> None:
         from ingest import render
-        from ingest.ops.check import check as run_checks
 
-        result = run_checks(config_module.load(config))
+        result = api.check(config)
         _emit(json_output, result.as_dict(), lambda: render.check(result, out))
         if not result.ok:
             raise typer.Exit(result.exit_code)
@@ -330,13 +304,8 @@ def status(
 
     def body() -> None:
         from ingest import render
-        from ingest.ops import report
 
-        loaded = config_module.load(config)
-        pipeline = _open_existing(loaded)
-        result = (
-            report.status(pipeline) if pipeline is not None else report.status_before_tables(loaded, _source(loaded))
-        )
+        result = api.status(config)
         _emit(json_output, result.as_dict(), lambda: render.status(result, out))
 
     _guarded(json_output, body)
@@ -351,13 +320,11 @@ def history(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Newest N batches.")] = 50,
 ) -> None:
     """The pipeline's snapshots: batch number, offset ranges, counts."""
-    from ingest.ops import report
 
     def body() -> None:
         from ingest import render
 
-        pipeline = _open_existing(config_module.load(config))
-        entries = report.history(pipeline, limit=limit) if pipeline is not None else []
+        entries = api.history(config, limit=limit)
         _emit(json_output, [e.as_dict() for e in entries], lambda: render.history(entries, out))
 
     _guarded(json_output, body)
@@ -376,9 +343,7 @@ def verify(
     def body() -> None:
         from ingest import render
 
-        loaded = config_module.load(config)
-        pipeline = _open_existing(loaded)
-        result = report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
+        result = api.verify(config)
         _emit(json_output, result.as_dict(), lambda: render.verification(result, out))
         if not result.ok:
             failed = VerificationFailed(
@@ -398,12 +363,11 @@ def maintain(
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
-    from ingest.ops.maintain import maintain as do_maintain
 
     def body() -> None:
         from ingest import render
 
-        result = do_maintain(_open(config))
+        result = api.maintain(config)
         _emit(json_output, result.as_dict(), lambda: render.maintenance(result, out))
 
     _guarded(json_output, body)
@@ -418,15 +382,11 @@ def redrive(
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Decode the dead letters again (after a fix) and move those that decode now to the table, exactly once."""
-    from ingest.ops.redrive import Redrive
-    from ingest.ops.redrive import redrive as do_redrive
 
     def body() -> None:
         from ingest import render
 
-        loaded = config_module.load(config)
-        pipeline = _open_existing(loaded)  # no table: no dead letters, and nothing is created
-        result = do_redrive(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
+        result = api.redrive(config, dry_run=dry_run)
         _emit(json_output, result.as_dict(), lambda: render.redrive(result, out))
 
     _guarded(json_output, body)
@@ -479,7 +439,6 @@ def reset(
     then resumes exactly where the data in the tables ends.
     """
     from ingest.ops.reset import ResetTarget, parse_offsets
-    from ingest.ops.reset import reset as do_reset
 
     chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp, from_table or None) if x]
     if len(chosen) != 1:
@@ -498,7 +457,7 @@ def reset(
             target = ResetTarget("earliest" if to_earliest else "latest")
         from ingest import render
 
-        result = do_reset(_open(config), target, reason, reset_id)
+        result = api.reset(config, target, reason, reset_id)
         _emit(json_output, result.as_dict(), lambda: render.reset(result, out, err))
 
     _guarded(json_output, body)
@@ -516,7 +475,6 @@ def replay(
     json_output: JsonOption = False,
 ) -> None:
     """Re-ingest everything after snapshot S: into a branch (default), or by rolling main back."""
-    from ingest.ops.replay import replay as do_replay
 
     if (from_snapshot is None) == (as_of is None):
         raise typer.BadParameter("give exactly one of --from-snapshot or --as-of")
@@ -527,7 +485,7 @@ def replay(
         from ingest import render
 
         with _open_run(config, EngineName.local) as opened_run:  # one worker pool for every catch-up
-            result = do_replay(
+            result = api.replay(
                 opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
             )
         _emit(json_output, result.as_dict(), lambda: render.replay(result, out))

@@ -1,0 +1,174 @@
+"""The Python API: each ``ingest`` command as a function of a config that returns a typed result.
+
+The ``ingest`` command line is a thin layer over these (it parses options, renders the result for
+people or as ``--json``, and turns errors into exit codes)::
+
+    from ingest import api
+
+    config = api.load("conf/orders.yaml")          # or api.parse({...}) for a config built in code
+    print(api.check(config).ok)                    # what a run would meet; changes nothing
+    with api.open_run(config) as run:              # the tables (created if missing) and an engine
+        for result in run.batches(until_caught_up=True):
+            print(result.batch, result.status, result.records, result.snapshot_id)
+    status = api.status(config)                    # lag per partition, dead letters
+    assert api.verify(config).ok                   # every offset in the table or dead letters once
+
+Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a YAML file.
+
+* **Results** are frozen dataclasses: :class:`~ingest.pipeline.BatchResult`,
+  :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
+  :class:`~ingest.ops.report.Verification`, :class:`~ingest.ops.check.CheckResult`,
+  :class:`~ingest.ops.reset.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
+  :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`; each
+  ``as_dict()`` is what ``--json`` prints.
+* **Errors** are the classes of :mod:`ingest.errors`: a :class:`~ingest.errors.RetryableError`
+  heals by itself (retry later; the protocol makes it safe), a
+  :class:`~ingest.errors.FatalError` needs a person, a :class:`~ingest.errors.ConfigError` names
+  the key to fix; each has the ``exit_code`` the command exits with.
+* **Read-only** functions (``check``, ``status``, ``history``, ``verify``, ``redrive`` with
+  ``dry_run``) create and change nothing: before the first run they say so in their result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ingest.config import PipelineConfig, load, parse
+
+if TYPE_CHECKING:
+    from ingest.ops.check import CheckResult
+    from ingest.ops.maintain import Maintenance
+    from ingest.ops.redrive import Redrive
+    from ingest.ops.replay import ReplayResult
+    from ingest.ops.report import BatchEntry, Status, Verification
+    from ingest.ops.reset import ResetResult, ResetTarget
+    from ingest.pipeline import Pipeline
+    from ingest.runner import EngineChoice, Run
+
+__all__ = [
+    "check",
+    "history",
+    "load",
+    "maintain",
+    "open_run",
+    "parse",
+    "redrive",
+    "replay",
+    "reset",
+    "status",
+    "verify",
+]
+
+Config = PipelineConfig | str | Path
+
+
+def _config(config: Config) -> PipelineConfig:
+    return config if isinstance(config, PipelineConfig) else load(Path(config))
+
+
+def _existing(config: PipelineConfig) -> Pipeline | None:
+    """The pipeline if its rows table exists (opened), else None: nothing is created."""
+    from ingest.pipeline import Pipeline
+
+    return Pipeline.open_existing(config)
+
+
+def _opened(config: PipelineConfig) -> Pipeline:
+    """The pipeline, its tables created if missing."""
+    from ingest.pipeline import Pipeline
+
+    return Pipeline.open(config)
+
+
+@contextmanager
+def open_run(config: Config, engine: EngineChoice = "local", *, spark: Any = None) -> Iterator[Run]:
+    """A run of ``config``: its tables (created if missing) and an engine (``"local"``: this
+    machine's cores; ``"spark"``: the active Spark session, or ``spark``), kept for every batch
+    until the block ends. ``run.batch()`` commits one batch; ``run.batches(until_caught_up=True,
+    max_batches=None)`` yields each batch's :class:`~ingest.pipeline.BatchResult`."""
+    from ingest.runner import opened
+
+    with opened(_config(config), engine, spark=spark) as run:
+        yield run
+
+
+def check(config: Config) -> CheckResult:
+    """What a run of ``config`` would meet (Kafka, the registry, the catalog, the tables), changing nothing."""
+    from ingest.ops.check import check as checked
+
+    return checked(_config(config))
+
+
+def status(config: Config) -> Status:
+    """Per partition: the committed offset, the end offset and the lag; the dead letters."""
+    from ingest.kafka.source import KafkaSource
+    from ingest.ops import report
+
+    loaded = _config(config)
+    pipeline = _existing(loaded)
+    if pipeline is not None:
+        return report.status(pipeline)
+    source = KafkaSource(loaded.kafka, loaded.topics, loaded.group_id, loaded.batch.read_timeout_s)
+    return report.status_before_tables(loaded, source)
+
+
+def history(config: Config, limit: int | None = 50) -> list[BatchEntry]:
+    """The pipeline's batches and resets, newest first (at most ``limit``)."""
+    from ingest.ops import report
+
+    pipeline = _existing(_config(config))
+    return report.history(pipeline, limit=limit) if pipeline is not None else []
+
+
+def verify(config: Config) -> Verification:
+    """Whether every offset of the ledger's ranges Kafka still holds is in the table or the dead
+    letters as many times as the ledger read it (``.ok``), per partition, with what is not."""
+    from ingest.ops import report
+
+    loaded = _config(config)
+    pipeline = _existing(loaded)
+    return report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
+
+
+def reset(config: Config, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
+    """Move the ledger to ``target`` (:class:`~ingest.ops.reset.ResetTarget`) in one snapshot
+    without data, applied once however often the same command runs (``reset_id``: see ``ingest reset``)."""
+    from ingest.ops.reset import reset as moved
+
+    return moved(_opened(_config(config)), target, reason, reset_id)
+
+
+def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
+    """Decode the dead letters again and move those that decode now to the table, exactly once."""
+    from ingest.ops.redrive import Redrive
+    from ingest.ops.redrive import redrive as redriven
+
+    loaded = _config(config)
+    pipeline = _existing(loaded)  # no table: no dead letters, and nothing is created
+    return redriven(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
+
+
+def maintain(config: Config) -> Maintenance:
+    """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
+    from ingest.ops.maintain import maintain as maintained
+
+    return maintained(_opened(_config(config)))
+
+
+def replay(
+    run: Run,
+    snapshot_id: int | None = None,
+    as_of_ms: int | None = None,
+    *,
+    publish: bool = False,
+    rollback: bool = False,
+) -> ReplayResult:
+    """Re-ingest everything after snapshot ``snapshot_id`` (or main as of ``as_of_ms``) with the
+    engine of ``run`` (:func:`open_run`): into a branch, published onto main with ``publish``, or
+    by rolling main back with ``rollback``."""
+    from ingest.ops.replay import replay as replayed
+
+    return replayed(run, snapshot_id, as_of_ms, publish=publish, rollback=rollback)

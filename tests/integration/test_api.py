@@ -1,0 +1,49 @@
+"""``ingest.api``, used as a library: typed results, the errors of ``ingest.errors``, nothing
+created by the functions that only read."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from ingest import api
+from ingest.errors import ExitCode, FatalError, TopicNotFound
+from ingest.iceberg.catalog import connect
+from ingest.ops.reset import ResetTarget
+
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
+
+
+def test_a_pipeline_driven_from_python(make_env) -> None:
+    env = make_env(partitions=2, batch={"max_records": 40})
+    env.produce(100, bad_every=10)
+    config = api.load(env.config_path)
+
+    before = api.status(env.config_path)  # a path does as well as a config
+    assert (before.batch, before.lag) == (None, 100) and api.history(config) == []
+    assert api.verify(config).note.startswith("nothing committed yet")
+    assert not connect(config.catalog).table_exists(config.table)  # the reads created nothing
+    assert api.check(config).ok
+
+    with api.open_run(config) as run:
+        results = list(run.batches(until_caught_up=True))
+
+    assert [r.records + r.dead_letters for r in results] == [40, 40, 20]
+    assert api.status(config).lag == 0 and api.status(config).dead_letters.count == env.bad
+    assert [e.batch for e in api.history(config)] == [3, 2, 1]
+    assert api.verify(config).ok
+    moved = api.reset(config, ResetTarget("earliest"), reason="read it again")
+    assert moved.status == "applied" and api.reset(config, ResetTarget("earliest"), "read it again").status == (
+        "already-applied"
+    )
+
+
+def test_errors_are_the_classes_the_exit_codes_come_from(make_env) -> None:
+    env = make_env()
+    config = api.parse({**yaml.safe_load(env.config_path.read_text()), "topics": ["no-such-topic"]})
+
+    with pytest.raises(TopicNotFound) as raised, api.open_run(config) as run:
+        run.batch()
+
+    assert isinstance(raised.value, FatalError) and raised.value.exit_code == ExitCode.FATAL
+    assert "no-such-topic" in str(raised.value)
