@@ -237,6 +237,8 @@ class PipelineConfig(_Strict):
     table_properties: dict[str, str] = {}
     #: the rows table's sort order: top-level columns, ``col`` or ``col desc``
     sort_by: list[str] = []
+    #: each record's Kafka headers in the column ``_kafka_headers`` (a map of each key's last value)
+    headers: bool = False
     dead_letter_table: str | None = None
     dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
     batch: BatchSpec = BatchSpec()

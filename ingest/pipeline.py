@@ -33,6 +33,8 @@ from ingest.logcontext import about
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
 from ingest.records import (
     EXTRA_COLUMN,
+    HEADERS_COLUMN,
+    HEADERS_TYPE,
     KEY_COLUMN,
     Declared,
     Field,
@@ -393,6 +395,11 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
     if config.key_format is not None:  # the key column as the table has it, or as the keys are
         had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
         fields = [*fields, *(had or [_key_from(config, registry)])]
+    if config.headers and all(f.name != HEADERS_COLUMN for f in fields):
+        fields = [
+            *fields,
+            Field(HEADERS_COLUMN, HEADERS_TYPE, False, "the record's Kafka headers: each key's last value"),
+        ]
     if config.unknown_fields == "capture" and all(f.name != EXTRA_COLUMN for f in fields):
         fields = [
             *fields,

@@ -82,8 +82,11 @@ KEY_COLUMN = "_kafka_key_decoded"
 #: the column a JSON record's fields the table does not declare are kept in, as one JSON object
 #: (``unknown_fields: capture``)
 EXTRA_COLUMN = "_extra"
+#: the column a record's Kafka headers are kept in (``headers: true``): each key's last value
+HEADERS_COLUMN = "_kafka_headers"
+HEADERS_TYPE = "map<string, binary>"
 #: the names the pipeline's own columns take, which no field of the records may
-OWN_COLUMNS = (*ROWS.names, KEY_COLUMN, EXTRA_COLUMN)
+OWN_COLUMNS = (*ROWS.names, KEY_COLUMN, EXTRA_COLUMN, HEADERS_COLUMN)
 
 KAFKA_COLUMNS = pa.schema(ROWS.fields())
 
@@ -124,6 +127,8 @@ class RawChunk:
     nbytes: int
     #: the keys decoded (``key_format``), one per record: decoders put it beside the coordinates
     decoded_key: pa.Array | None = None
+    #: the headers as a map per record (``headers: true``): decoders put it beside the coordinates
+    header_map: pa.Array | None = None
 
     def __len__(self) -> int:
         return len(self.values)
@@ -142,6 +147,7 @@ class RawChunk:
             lambda i: self.headers(positions[i]),
             sum(len(v or b"") for v in values),
             None if self.decoded_key is None else self.decoded_key.take(index),
+            None if self.header_map is None else self.header_map.take(index),
         )
 
 

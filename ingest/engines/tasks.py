@@ -26,10 +26,20 @@ from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
-from ingest.formats.rows import NotFinite, SizeLimited
+from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
 from ingest.kafka.source import KafkaSource, Stops
 from ingest.ports import DataFile, LedgerTable, Produced, SchemaRegistry, ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KEY_COLUMN, ROWS, Coordinates, Declared, Field, RawChunk
+from ingest.records import (
+    DEAD_LETTER_SCHEMA,
+    DEAD_LETTERS,
+    HEADERS_COLUMN,
+    KEY_COLUMN,
+    ROWS,
+    Coordinates,
+    Declared,
+    Field,
+    RawChunk,
+)
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
     from ingest.formats.wire import RegistryDecoder
@@ -208,6 +218,8 @@ class TaskSpec:
     unknown_fields: str = "drop"
     #: values refused as dead letters (``refuse:``)
     refuse: tuple[str, ...] = ()
+    #: each record's headers as the column ``_kafka_headers`` (``headers: true``)
+    headers: bool = False
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -227,17 +239,22 @@ class TaskSpec:
             config.dead_letter_policy.max_value_bytes,
             config.unknown_fields,
             tuple(config.refuse),
+            config.headers,
         )
 
     def decoder(self) -> ValueDecoder:
         """The decoder of this task's records: their values, and their keys with ``key_format``,
         values over ``max_value_bytes`` set aside first."""
-        decoder = self._decoder()
+        decoder = self._decoder([f for f in self.fields if f.name != HEADERS_COLUMN])
         if "nan" in self.refuse:
             decoder = NotFinite(decoder)
-        return decoder if self.max_value_bytes is None else SizeLimited(decoder, self.max_value_bytes)
+        if self.max_value_bytes is not None:
+            decoder = SizeLimited(decoder, self.max_value_bytes)
+        return WithHeaders(decoder, self.fields) if self.headers else decoder
 
-    def _decoder(self) -> ValueDecoder:
+    def _decoder(self, fields: Sequence[Declared]) -> ValueDecoder:
+        """The decoder of the keys and the values, the values into ``fields`` (the table's but the
+        headers column; the keyed decoder's rows keep it, the column ``WithHeaders`` fills)."""
         registry = None
         values_in_registry = self.format != "json" and self.schema_text is None
         if values_in_registry or self.key_format not in (None, "string"):  # keys and values share the client
@@ -245,14 +262,14 @@ class TaskSpec:
 
             registry = Registry(self.registry or {})  # config requires it for these formats
         if self.key_format is None:
-            return self._values(self.fields, registry)
+            return self._values(fields, registry)
         from ingest.formats import keys
 
-        values = self._values(keys.value_fields(self.fields), registry)
+        values = self._values(keys.value_fields(fields), registry)
         if self.key_format == "string":
             return keys.KeyedDecoder(self.fields, values, keys.StringKeys())
         assert registry is not None  # checked in config
-        key = next(f for f in self.fields if f.name == KEY_COLUMN)  # the pipeline adds it
+        key = next(f for f in fields if f.name == KEY_COLUMN)  # the pipeline adds it
         make = self._registry_format(self.key_format, {})
         reader = keys.RegistryKeys(key, registry, make, avro=self.key_format == "avro")
         return keys.KeyedDecoder(self.fields, values, reader)

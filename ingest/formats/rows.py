@@ -4,13 +4,27 @@ coordinates, and poison records as dead letters naming the cause."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.ports import ValueDecoder
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, KAFKA_COLUMNS, KEY_COLUMN, ROWS, Decoded, RawChunk
+from ingest.records import (
+    DEAD_LETTER_SCHEMA,
+    DEAD_LETTERS,
+    HEADERS_COLUMN,
+    HEADERS_TYPE,
+    KAFKA_COLUMNS,
+    KEY_COLUMN,
+    ROWS,
+    Declared,
+    Decoded,
+    RawChunk,
+    arrow_type,
+    rows_schema,
+)
 
 
 def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -20,6 +34,9 @@ def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, sche
     if chunk.decoded_key is not None:  # after the coordinates; the keyed decoder puts it in the table's place
         kafka.append(chunk.decoded_key)
         schema = schema.insert(len(kafka) - 1, pa.field(KEY_COLUMN, chunk.decoded_key.type))
+    if chunk.header_map is not None:  # after them too; WithHeaders puts it in the table's place
+        kafka.append(chunk.header_map)
+        schema = schema.insert(len(kafka) - 1, pa.field(HEADERS_COLUMN, chunk.header_map.type))
     if good is not None:
         take = pa.array(good, type=pa.int64())
         kafka = [column.take(take) for column in kafka]
@@ -51,6 +68,25 @@ def _together(*dead: pa.Table) -> pa.Table:
     """Dead letters of one chunk set aside at different steps, in the order of their records."""
     c = DEAD_LETTERS
     return pa.concat_tables(dead).sort_by([(c.topic, "ascending"), (c.partition, "ascending"), (c.offset, "ascending")])
+
+
+class WithHeaders:
+    """Each record's Kafka headers as the map column ``_kafka_headers`` (``headers: true``) of the
+    rows ``decoder`` makes of the table's ``fields``: every key once, with its last value (as
+    Kafka clients' ``lastHeader`` reads them; the dead letters keep every header as it came)."""
+
+    def __init__(self, decoder: ValueDecoder, fields: Sequence[Declared]) -> None:
+        self.decoder = decoder
+        self._names = rows_schema(fields).names
+        self._type = arrow_type(HEADERS_TYPE)
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        maps = []
+        for i in range(len(chunk)):
+            raw = chunk.headers(i)
+            maps.append(list(dict(raw).items()) if raw else [])
+        decoded = self.decoder.decode(replace(chunk, header_map=pa.array(maps, type=self._type)))
+        return Decoded(decoded.rows.select(self._names), decoded.dead_letters, decoded.unknown)
 
 
 class SizeLimited:

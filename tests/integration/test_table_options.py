@@ -78,3 +78,38 @@ def test_sort_by_a_column_the_schema_lacks_is_a_config_error(make_env) -> None:
     result = env.cli("run")
     assert result.returncode == ExitCode.CONFIG
     assert "sort_by: 'nope desc' refers to 'nope', which is not in schema" in result.stderr
+
+
+@pytest.mark.parametrize("key_format", [None, "string"])
+def test_headers_true_keeps_each_records_headers_in_a_map_column(make_env, key_format) -> None:
+    from ingest.kafka.admin import produce
+
+    env = make_env(partitions=1, headers=True)
+    if key_format:
+        _change(env, topics=[{"name": env.topic, "key_format": key_format}])
+    value = b'{"order_id": %d, "amount": "1.25", "created_at": "2026-11-01T10:00:00Z"}'
+    produce(
+        env.bootstrap,
+        env.topic,
+        [
+            (0, b"k1", value % 1, [("trace", b"t-1"), ("origin", b"eu")]),
+            (0, b"k2", value % 2, [("retry", b"1"), ("retry", b"2")]),  # a repeated key: its last value
+            (0, b"k3", value % 3, None),
+            (0, b"k4", value % 4, [("empty", None)]),
+            (0, b"k5", b"{not json", [("trace", b"t-5")]),  # a dead letter keeps them as they came
+        ],
+    )
+
+    assert env.cli("run").returncode == 0
+
+    pipeline = Pipeline.open(load(env.config_path))
+    rows = pipeline.rows.table.scan(selected_fields=("order_id", "_kafka_headers")).to_arrow().sort_by("order_id")
+    assert rows["_kafka_headers"].to_pylist() == [
+        [("trace", b"t-1"), ("origin", b"eu")],
+        [("retry", b"2")],
+        [],
+        [("empty", None)],
+    ]
+    dead = pipeline.dead.table.scan(selected_fields=("headers",)).to_arrow()
+    assert dead["headers"].to_pylist() == [[{"key": "trace", "value": b"t-5"}]]
+    assert str(pipeline.rows.table.schema().find_field("_kafka_headers").field_type) == "map<string, binary>"
