@@ -19,7 +19,8 @@ Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a Y
   :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
   :class:`~ingest.ops.report.Verification`, :class:`~ingest.ops.check.CheckResult`,
   :class:`~ingest.ops.reset.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
-  :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`; each
+  :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`,
+  :class:`~ingest.ops.partitioning.Repartitioned`; each
   ``as_dict()`` is what ``--json`` prints.
 * **Errors** are the classes of :mod:`ingest.errors`: a :class:`~ingest.errors.RetryableError`
   heals by itself (retry later; the protocol makes it safe), a
@@ -41,6 +42,7 @@ from ingest.config import PipelineConfig, load, parse
 if TYPE_CHECKING:
     from ingest.ops.check import CheckResult
     from ingest.ops.maintain import Maintenance
+    from ingest.ops.partitioning import Repartitioned
     from ingest.ops.redrive import Redrive
     from ingest.ops.replay import ReplayResult
     from ingest.ops.report import BatchEntry, Status, Verification
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check",
+    "evolve_partitioning",
     "history",
     "load",
     "maintain",
@@ -149,6 +152,14 @@ def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
     loaded = _config(config)
     pipeline = _existing(loaded)  # no table: no dead letters, and nothing is created
     return redriven(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
+
+
+def evolve_partitioning(config: Config, *, dry_run: bool = False) -> Repartitioned:
+    """Evolve the rows table's partition spec to ``partition_by`` (one metadata commit, no
+    snapshot; new data follows it); with ``dry_run``, only say how."""
+    from ingest.ops.partitioning import evolve_partitioning as evolved
+
+    return evolved(_config(config), dry_run=dry_run)
 
 
 def maintain(config: Config) -> Maintenance:

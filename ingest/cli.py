@@ -392,6 +392,25 @@ def redrive(
     _guarded(json_output, body)
 
 
+@app.command("evolve-partitioning")
+def evolve_partitioning(
+    config: ConfigOption,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say how the spec would change; change nothing.")] = False,
+    json_output: JsonOption = False,
+    verbose: VerboseOption = False,
+    log_format: LogFormatOption = LogFormat.text,
+) -> None:
+    """Evolve the table's partition spec to partition_by (new data follows it; files written before keep theirs)."""
+
+    def body() -> None:
+        from ingest import render
+
+        result = api.evolve_partitioning(config, dry_run=dry_run)
+        _emit(json_output, result.as_dict(), lambda: render.repartitioned(result, out))
+
+    _guarded(json_output, body)
+
+
 def _timestamp_ms(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ingest.ops.check import CheckResult
 from ingest.ops.maintain import Maintenance
+from ingest.ops.partitioning import Repartitioned
 from ingest.ops.redrive import Redrive
 from ingest.ops.replay import ReplayResult
 from ingest.ops.report import BatchEntry, Status, Verification
@@ -192,3 +193,18 @@ def replay(result: ReplayResult, out: Console) -> None:
         )
     out.print(table)
     out.print("nothing published: re-run with --publish to move main to the branch")
+
+
+def repartitioned(result: Repartitioned, out: Console) -> None:
+    """``ingest evolve-partitioning``: the spec before and after."""
+
+    def shown(spec: tuple[str, ...]) -> str:
+        return f"[{', '.join(spec)}]" if spec else "unpartitioned"
+
+    said = {
+        "evolved": f"partitioned by {shown(result.before)} until now; new data by {shown(result.after)}",
+        "unchanged": f"already partitioned by {shown(result.after)}, as configured: nothing to change",
+        "dry-run": f"partitioned by {shown(result.before)}; would be by {shown(result.after)} (dry run)",
+        "no-table": "does not exist yet: the first run creates it partitioned as configured",
+    }[result.status]
+    out.print(f"{result.table}: {said}", highlight=False)

@@ -114,6 +114,39 @@ _TRANSFORM_TYPES = {
 }
 
 
+def described_spec(schema: Schema, spec: PartitionSpec, names: Mapping[str, str] | None = None) -> list[str]:
+    """A partition spec as ``transform(column)`` items (columns renamed by ``names``); a dropped
+    field of a format-v1 table (a ``void`` transform) partitions nothing and is left out."""
+    shown = []
+    for f in spec.fields:
+        if isinstance(f.transform, VoidTransform):
+            continue
+        name = schema.find_column_name(f.source_id) or str(f.source_id)
+        shown.append(f"{f.transform}({(names or {}).get(name, name)})")
+    return shown
+
+
+def stage_spec(transaction: Transaction, schema: Schema, spec: PartitionSpec, wanted: PartitionSpec) -> None:
+    """Stage in ``transaction`` what turns partition spec ``spec`` into ``wanted`` (fields of
+    ``schema``): the fields it lacks added, those it has beyond removed."""
+
+    def key(f: PartitionField) -> tuple[int, str]:
+        return f.source_id, str(f.transform)
+
+    live = [f for f in spec.fields if not isinstance(f.transform, VoidTransform)]
+    keep = {key(f) for f in wanted.fields}
+    update = transaction.update_spec()
+    for f in live:
+        if key(f) not in keep:
+            update.remove_field(f.name)
+    have = {key(f) for f in live}
+    for f in wanted.fields:
+        column = schema.find_column_name(f.source_id)
+        if key(f) not in have and column is not None:  # the wanted spec is of this schema
+            update.add_field(column, f.transform, f.name)
+    update.commit()
+
+
 def spec_difference(
     table: Schema,
     spec: PartitionSpec,
@@ -125,16 +158,7 @@ def spec_difference(
     by source column (under its new name, where ``renames`` renames it) and transform; a dropped
     field of a format-v1 table (a ``void`` transform) partitions nothing."""
 
-    def described(schema: Schema, of: PartitionSpec, names: Mapping[str, str]) -> list[str]:
-        shown = []
-        for f in of.fields:
-            if isinstance(f.transform, VoidTransform):
-                continue
-            name = schema.find_column_name(f.source_id) or str(f.source_id)
-            shown.append(f"{f.transform}({names.get(name, name)})")
-        return shown
-
-    have, want = described(table, spec, renames or {}), described(wanted_schema, wanted, {})
+    have, want = described_spec(table, spec, renames or {}), described_spec(wanted_schema, wanted)
     if have == want:
         return None
     return f"the table is partitioned by [{', '.join(have)}], the config says [{', '.join(want)}]"

@@ -73,12 +73,15 @@ from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, Con
 from ingest.iceberg.schema import (
     declared_fields,
     describe_change,
+    described_spec,
+    partition_spec,
     rows_schema,
     sort_difference,
     sort_keys,
     sort_order,
     spec_difference,
     stage_evolution,
+    stage_spec,
 )
 from ingest.ports import DataFile as WrittenFile
 from ingest.ports import Head
@@ -231,8 +234,9 @@ class IcebergTable:
         if difference is not None:
             raise TableMismatch(
                 f"table {identifier}: {difference}. A table's partitioning does not change with the config: "
-                "set `partition_by:` to the table's, or evolve the table's spec with your engine first (Spark: "
-                "ALTER TABLE ... ADD/DROP PARTITION FIELD); new data then follows it."
+                "set `partition_by:` to the table's, or evolve the table's spec to the config's with "
+                "`ingest evolve-partitioning -c CONFIG` (or your engine's ALTER TABLE ... ADD/DROP PARTITION FIELD); "
+                "new data then follows it, files written before keep theirs."
             )
         differ = {k: v for k, v in properties.items() if table.properties.get(k) != v}
         if differ:
@@ -253,6 +257,30 @@ class IcebergTable:
         handle._renames = dict(renames or {})
         handle._evolve_to(schema)
         return handle
+
+    def evolve_partitioning(self, partition_by: Sequence[str], *, dry_run: bool = False) -> tuple[list[str], list[str]]:
+        """Evolve the table's partition spec to ``partition_by`` (of columns the table has), in one
+        metadata commit that requires the table's current spec; with ``dry_run``, only say how.
+        Returns the spec before and after as ``transform(column)`` items (the same if the table
+        has it already: nothing is committed). New data files follow the new spec; files written
+        before keep theirs (Iceberg plans scans over both)."""
+        self.refresh()
+        schema, spec = self._table.schema(), self._table.spec()
+        for item in partition_by:
+            transform = records.parse_transform(item)
+            if transform is not None and transform.column not in schema.column_names:
+                raise ConfigError(
+                    f"partition_by: {item!r} refers to {transform.column!r}, which {self.identifier} does not have "
+                    "yet: run a batch first (it adds the column), then evolve the partitioning"
+                )
+        before, wanted = described_spec(schema, spec), partition_spec(schema, partition_by)
+        if spec_difference(schema, spec, schema, wanted) is None or dry_run:
+            return before, described_spec(schema, wanted)
+        with nogc.paused():
+            transaction = _no_library_retry(self._table, None).transaction()
+            stage_spec(transaction, schema, spec, wanted)
+            self._commit(transaction)
+        return before, described_spec(self._table.schema(), self._table.spec())
 
     @staticmethod
     def exists(catalog: Catalog, identifier: str) -> bool:

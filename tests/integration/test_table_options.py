@@ -113,3 +113,38 @@ def test_headers_true_keeps_each_records_headers_in_a_map_column(make_env, key_f
     dead = pipeline.dead.table.scan(selected_fields=("headers",)).to_arrow()
     assert dead["headers"].to_pylist() == [[{"key": "trace", "value": b"t-5"}]]
     assert str(pipeline.rows.table.schema().find_field("_kafka_headers").field_type) == "map<string, binary>"
+
+
+def test_partitioning_evolves_only_when_asked_and_new_data_follows_it(make_env) -> None:
+    import json
+
+    env = make_env(partitions=2)  # partition_by: day(created_at)
+    env.produce(60)
+    assert env.cli("run").returncode == 0
+    _change(env, partition_by=["day(created_at)", "bucket(4, order_id)"])
+    env.produce(40)
+
+    refused = env.cli("run")
+    assert refused.returncode == ExitCode.FATAL
+    assert "ingest evolve-partitioning" in " ".join(refused.stderr.split())
+
+    planned = json.loads(env.cli("evolve-partitioning", "--dry-run", "--json").stdout)
+    assert planned == {
+        "pipeline": "orders",
+        "table": planned["table"],
+        "status": "dry-run",
+        "before": ["day(created_at)"],
+        "after": ["day(created_at)", "bucket[4](order_id)"],
+    }
+    assert env.cli("run").returncode == ExitCode.FATAL  # the dry run changed nothing
+
+    evolved = json.loads(env.cli("evolve-partitioning", "--json").stdout)
+    again = json.loads(env.cli("evolve-partitioning", "--json").stdout)
+    assert (evolved["status"], again["status"]) == ("evolved", "unchanged")
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    table = Pipeline.open(load(env.config_path)).rows.table
+    specs = {task.file.spec_id for task in table.scan().plan_files()}
+    assert len(specs) == 2  # the files written before keep their spec; the new ones follow the new
+    assert env.counts() == (100, 0)
+    env.verify()
