@@ -177,6 +177,11 @@ def sort_order(schema: Schema, keys: Sequence[records.SortKey]) -> SortOrder:
             raise ConfigError(
                 f"sort_by: {str(key)!r} refers to {key.column!r}, which the table does not have"
             ) from None
+        if not source.field_type.is_primitive:
+            raise ConfigError(
+                f"sort_by: {str(key)!r}: {key.column} is a {source.field_type} column; sort by a column of a "
+                "primitive type (a number, a string, a date or time, ...)"
+            )
         direction = SortDirection.DESC if key.descending else SortDirection.ASC
         nulls = NullOrder.NULLS_LAST if key.descending else NullOrder.NULLS_FIRST
         fields.append(

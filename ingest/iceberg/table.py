@@ -627,14 +627,14 @@ def _view(snapshot: Snapshot) -> SnapshotView:
 
 
 def _sorted(data: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
-    """``data`` in the order of ``keys`` (the columns it has); nulls where the first key's direction
-    puts them (Arrow places nulls once for all keys)."""
-    present = [k for k in keys if k.column in data.column_names]
-    if not present:
-        return data
-    order = [(k.column, "descending" if k.descending else "ascending") for k in present]
-    nulls = "at_end" if present[0].descending else "at_start"
-    return data.take(pc.sort_indices(data, sort_keys=order, null_placement=nulls))
+    """``data`` in the order of ``keys`` (the columns it has): ascending with nulls first,
+    descending with nulls last, as Iceberg's sort orders default."""
+    order = [
+        (k.column, "descending", "at_end") if k.descending else (k.column, "ascending", "at_start")
+        for k in keys
+        if k.column in data.column_names
+    ]
+    return data.take(pc.sort_indices(data, sort_keys=order)) if order else data
 
 
 def _load_or_create(

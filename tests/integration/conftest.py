@@ -131,7 +131,8 @@ class Env:
     ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "ingest", *args]
         name = next((arg for arg in args if not arg.startswith("-")), None)  # after global options (-v)
-        if name in ("run", "check", "status", "history", "verify", "reset", "replay", "maintain", "redrive", "evolve-partitioning"):
+        commands = ("run", "check", "status", "history", "verify", "reset", "replay", "maintain", "redrive")
+        if name in (*commands, "evolve-partitioning"):
             command += ["-c", str(self.config_path)]
         return subprocess.run(
             command,
