@@ -63,6 +63,13 @@ class RunMetrics:
             names,
             registry=registry,
         )
+        self.retries = Counter(
+            "ingest_commit_retries",
+            "Commit attempts that had to observe again, by why: conflict (another writer committed first), "
+            "unknown (the outcome was open: a timeout, a lost acknowledgement), fenced (the batch was planned again)",
+            [*names, "reason"],
+            registry=registry,
+        )
         self.seconds = Histogram(
             "ingest_batch_duration_seconds",
             "Wall time of a batch: plan, read, decode, write, commit",
@@ -114,8 +121,19 @@ class RunMetrics:
                 elif sample.name == self.lag._name and {**sample.labels, **self.labels} == sample.labels:
                     self.lag.labels(**sample.labels).set(sample.value)
 
-    def batch(self, status: str, records: int, dead_letters: int, nbytes: int, unknown: int, seconds: float) -> None:
+    def batch(
+        self,
+        status: str,
+        records: int,
+        dead_letters: int,
+        nbytes: int,
+        unknown: int,
+        seconds: float,
+        retries: Mapping[str, int] | None = None,
+    ) -> None:
         self.batches.labels(**self.labels, status=status).inc()
+        for reason, count in (retries or {}).items():
+            self.retries.labels(**self.labels, reason=reason).inc(count)
         if status not in ("committed", "landed"):
             return
         self.records.labels(**self.labels).inc(records)

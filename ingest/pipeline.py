@@ -11,8 +11,8 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ingest import failpoints, formats
@@ -45,6 +45,7 @@ from ingest.records import (
     parse_transform,
     renamed,
 )
+from ingest.retry import RETRIED
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class BatchResult:
     ranges: list[tuple[str, int, int, int]] = field(default_factory=list)
     #: records with JSON fields the table does not declare (dropped, captured or dead letters: ``unknown_fields``)
     unknown_fields: int = 0
+    #: commit attempts that had to observe again, by why: ``conflict``, ``unknown`` (see
+    #: :data:`ingest.retry.RETRIED`) and ``fenced`` (the batch was planned again)
+    retries: Mapping[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -85,6 +89,7 @@ class BatchResult:
             "seconds": round(self.seconds, 3),
             "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in self.ranges],
             "unknown_fields": self.unknown_fields,
+            "commit_retries": dict(self.retries),
         }
 
 
@@ -164,10 +169,13 @@ class Pipeline:
 
     def _run_batch(self, engine: Engine) -> BatchResult:
         batch = self.plan()
-        for _ in range(self.config.commit.max_replans + 1):
+        before = RETRIED.copy()
+        for fenced_times in range(self.config.commit.max_replans + 1):
             with about(batch=batch.number):
                 result = self._attempt(batch, engine)
             if result is not None:
+                retried = {why: RETRIED[why] - before[why] for why in ("conflict", "unknown")}
+                result = replace(result, retries={**retried, "fenced": fenced_times})
                 if result.snapshot_id is not None:
                     log.info(
                         "batch %d %s: snapshot %d, %d records, %d dead letters, %.2fs",

@@ -9,6 +9,7 @@ must catch up first, say).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -30,6 +31,10 @@ class Again(Exception):
 
 #: what makes a step run again (anything else propagates at once)
 SETTLED_BY_OBSERVING = (CommitConflict, CommitUnknown, Again)
+
+#: the attempts in this process that had to observe again, by why: ``conflict`` (another writer
+#: committed first) or ``unknown`` (the outcome was open: a timeout, a lost acknowledgement)
+RETRIED: collections.Counter[str] = collections.Counter()
 
 _backoff = True
 
@@ -59,6 +64,7 @@ def settled(step: Callable[[int], T], attempts: int, gave_up: Callable[[], Inges
 
     def note(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
+        RETRIED["conflict" if isinstance(error, CommitConflict | Again) else "unknown"] += 1
         level = logging.WARNING if isinstance(error, CommitUnknown) else logging.INFO
         log.log(level, "%s must observe again (attempt %d of %d): %s", what, state.attempt_number, attempts, error)
 

@@ -64,6 +64,7 @@ class Run:
                     result.bytes,
                     result.unknown_fields,
                     result.seconds,
+                    result.retries,
                 )
                 yield result
             ok = True

@@ -85,6 +85,8 @@ def test_a_run_exports_its_counts_lag_and_freshness_and_a_failure_keeps_the_last
     assert _value(run, "ingest_records_total", pipeline="orders") == 25
     assert _value(run, "ingest_dead_letters_total", pipeline="orders") == 5
     assert _value(run, "ingest_batches_total", status="committed") == 1
+    for reason in ("conflict", "unknown", "fenced"):  # no other writer, no fault: none
+        assert _value(run, "ingest_commit_retries_total", reason=reason) == 0
     assert [_value(run, "ingest_lag_records", partition=str(p)) for p in (0, 1)] == [0, 0]
     produced_at = _value(run, "ingest_valid_through_timestamp_seconds")  # Kafka timestamps: when produced
     assert produced_at is not None and abs(produced_at - time.time()) < 300

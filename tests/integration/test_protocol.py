@@ -60,6 +60,7 @@ def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
     result = one_batch(pipeline)
 
     assert result.status == "landed"
+    assert result.retries == {"conflict": 0, "unknown": 2, "fenced": 0}  # each table's commit observed again once
     assert env.counts() == (1_500 - env.bad, env.bad)
     env.verify()
     assert len(pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots) == 1
@@ -153,6 +154,7 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
     result = slow.run_batch(RacedEngine(slow.config, slow.rows))
 
     assert (result.batch, result.status) == (2, "committed")  # fenced, then planned again
+    assert result.retries["fenced"] == 1 and result.as_dict()["commit_retries"]["fenced"] == 1
     assert env.counts() == (1_400 - env.bad, env.bad)
     env.verify()
 
