@@ -209,6 +209,8 @@ def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env) -> None:
         ({"topics": ["no-such-topic"]}, 65, "kafka", "no-such-topic"),
         ({"partition_by": ["bucket(4, order_id)"]}, 65, "tables", "the table is partitioned by"),
         ({"schema": as_string}, 65, "tables", "order_id"),
+        ({"table_properties": {"write.parquet.compression-codec": "snappy"}}, 65, "tables", "compression-codec"),
+        ({"sort_by": ["order_id desc"]}, 65, "tables", "the table is sorted by []"),
     ]
     for change, code, name, says in broken:
         env.config_path.write_text(yaml.safe_dump({**yaml.safe_load(original), **change}))
