@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.core.commit import DeadLetterStep, Decision, dead_letter_step, decide
+from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import (
     REGISTRY_PROPERTY,
     BatchCounts,
@@ -63,6 +63,8 @@ class DeadLettersCommit:
     batch: Batch
     dead_letters: pa.Table
     max_attempts: int
+    #: the rows table: its ledger must still be the batch's base for the dead letters to go in
+    rows: LedgerTable | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,14 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
 def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
 
-    Runs before the rows commit. The dead-letter ledger says which offsets' dead letters the table
-    holds completely (:class:`ingest.core.commit.DeadLetterStep`): the batch's dead letters there
-    are dropped (a re-run after a crash between the two commits, a concurrent copy, a re-read
-    after a backward reset), those above it added, and those below it (what a forward reset
-    skipped, read now) looked up in the table at the head the commit requires. So nothing is added
-    twice, and nothing a skipped range left out is dropped.
+    Runs before the rows commit, and only while the rows ledger is still the batch's base: a batch
+    that landed already (its dead letters went in before its rows) or was fenced (it plans again)
+    adds none, so a late copy cannot put back a dead letter ``ingest redrive`` has moved to the
+    rows. The dead letters at or above the dead-letter ledger (the floor,
+    :class:`ingest.core.commit.DeadLetterStep`) are added as they are; those below it (a re-run
+    after a crash between the two commits, a concurrent copy, a re-read after a reset) are looked
+    up in the table at the head the commit requires. So nothing is added twice and nothing is
+    dropped, whatever decoding wrote the dead letters there.
     """
     if request.dead_letters.num_rows == 0:
         return 0
@@ -149,9 +153,13 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
 
     def attempt(number: int) -> int:
         nonlocal written
-        found = observe(table, pipeline)
+        found = observe(table, pipeline)  # first: a redrive's removal after this makes the commit conflict
+        if request.rows is not None:
+            rows = observe(request.rows, pipeline)
+            if decide(rows.ledger if rows else None, batch) is not Decision.COMMIT:
+                return 0
         step = dead_letter_step(found.ledger if found else None, batch)
-        kept = _not_held(table, request.dead_letters, step)
+        kept = _not_held(table, request.dead_letters, step.floor)
         if written is None or not written[0].equals(_coordinates(kept)):
             written = (_coordinates(kept), table.write(kept))
         if kept.num_rows == 0:
@@ -159,7 +167,7 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
         ledger = Ledger(
             batch=(found.ledger.batch + 1) if found else 1,
             offsets=step.new_floor,
-            start_offsets=step.new_low,
+            start_offsets=batch.start,
             cluster_id=batch.cluster_id,
         )
         summary = encode(pipeline, ledger, BatchCounts(dead_letters=kept.num_rows))
@@ -183,29 +191,27 @@ def _coordinates(dead_letters: pa.Table) -> pa.Table:
     return dead_letters.select([c.topic, c.partition, c.offset])
 
 
-def _not_held(table: LedgerTable, dead_letters: pa.Table, step: DeadLetterStep) -> pa.Table:
-    """``dead_letters`` but for those ``table`` holds already (see :class:`DeadLetterStep`): those
-    in the range it holds completely are dropped, those below it looked up in the table."""
-    if not step.floor or dead_letters.num_rows == 0:
-        return dead_letters
+def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
+    """``dead_letters`` but for those ``table`` holds already: none at or above ``floor``, the ones
+    below it looked up (at the head the handle holds)."""
     c = DEAD_LETTERS
-    held = pa.array([False] * dead_letters.num_rows, pa.bool_())
-    unknown = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    below = pa.array([False] * dead_letters.num_rows, pa.bool_())
     offsets = dead_letters[c.offset]
     spans: dict[TopicPartition, list[tuple[int, int]]] = {}
-    for tp, floor in step.floor.items():
+    for tp, at in floor.items():
         mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
-        held = pc.or_(held, pc.and_(mine, pc.and_(pc.greater_equal(offsets, step.low[tp]), pc.less(offsets, floor))))
-        below = pc.and_(mine, pc.less(offsets, step.low[tp]))
-        if pc.any(below).as_py():
-            looked = pc.filter(offsets, below)
+        under = pc.and_(mine, pc.less(offsets, at))
+        if pc.any(under).as_py():
+            looked = pc.filter(offsets, under)
             spans[tp] = [(pc.min(looked).as_py(), pc.max(looked).as_py() + 1)]
-            unknown = pc.or_(unknown, below)
-    if spans:
-        found = table.dead_letter_coordinates(spans)
-        for tp in spans:
-            mine = pc.and_(pc.equal(found[c.topic], tp.topic), pc.equal(found[c.partition], tp.partition))
-            there = found.filter(mine)[c.offset].combine_chunks()
-            same = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
-            held = pc.or_(held, pc.and_(unknown, pc.and_(same, pc.is_in(offsets, there))))
+            below = pc.or_(below, under)
+    if not spans:
+        return dead_letters
+    found = table.dead_letter_coordinates(spans)
+    held = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    for tp in spans:
+        mine = pc.and_(pc.equal(found[c.topic], tp.topic), pc.equal(found[c.partition], tp.partition))
+        there = found.filter(mine)[c.offset].combine_chunks()
+        same = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+        held = pc.or_(held, pc.and_(below, pc.and_(same, pc.is_in(offsets, there))))
     return dead_letters.filter(pc.invert(held))

@@ -221,7 +221,10 @@ class Pipeline:
         self._guard(batch, produced)
         config = self.config
         dead = commit_dead_letters(
-            self.dead, DeadLettersCommit(config.pipeline, batch, produced.dead_letters, config.commit.max_attempts)
+            self.dead,
+            DeadLettersCommit(
+                config.pipeline, batch, produced.dead_letters, config.commit.max_attempts, rows=self.rows
+            ),
         )
         failpoints.reach("between-commits")
         ledger = batch.ledger(merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]))

@@ -47,46 +47,33 @@ def decide(observed: Ledger | None, batch: Batch) -> Decision:
 class DeadLetterStep:
     """How a batch's dead letters go into the dead-letter table, given that table's own ledger.
 
-    The dead-letter ledger says, per partition, which offsets' dead letters the table holds
-    completely: ``[low, floor)``, ``low`` being its start offsets and ``floor`` its offsets. No
-    dead letter lies at or above the floor. So a batch adds its dead letters at or above the floor
-    as they are, drops those in ``[low, floor)`` (they are in already: a re-run after a crash
-    between the two table commits, an identical concurrent copy, a re-read after a backward reset),
-    and looks up those below ``low`` in the table (:meth:`looks_up`): what a forward reset skipped
-    was never dead-lettered, and a backward reset may read it now. The range grows by the batch's
-    ``[start, end)`` when it touches it; a batch that starts past the floor (after a forward reset)
-    starts the range anew, and what lies below is looked up from then on. A dead-letter ledger
-    written before ranges were kept starts them at its last batch's start.
+    The dead-letter ledger ``floor`` means: no dead letter lies at or above ``floor[tp]``. A batch
+    adds its dead letters at or above the floor as they are (:meth:`keeps`) and moves the floor to
+    ``max(floor, end)``; those below it (a re-run after a crash between the two table commits, an
+    identical concurrent copy, a re-read after a backward reset, or a range a forward reset skipped
+    and a backward one reads now) are looked up in the table (:meth:`looks_up`), so none is added
+    twice and none is dropped, whatever decoding wrote the ones there.
     """
 
     floor: Mapping[TopicPartition, int]
     new_floor: Mapping[TopicPartition, int]
-    low: Mapping[TopicPartition, int]
-    new_low: Mapping[TopicPartition, int]
 
     def keeps(self, tp: TopicPartition, offset: int) -> bool:
         """Whether the dead letter of ``offset`` is added without a look (it cannot be in the table)."""
-        return tp not in self.floor or offset >= self.floor[tp]
+        return offset >= self.floor.get(tp, -1)
 
     def looks_up(self, tp: TopicPartition, offset: int) -> bool:
         """Whether the dead letter of ``offset`` must be looked up in the table (it may be there or not)."""
-        return tp in self.floor and offset < self.low[tp]
+        return not self.keeps(tp, offset)
 
     @property
     def moves(self) -> bool:
-        return dict(self.new_floor) != dict(self.floor) or dict(self.new_low) != dict(self.low)
+        return dict(self.new_floor) != dict(self.floor)
 
 
 def dead_letter_step(floor: Ledger | None, batch: Batch) -> DeadLetterStep:
-    high = dict(floor.offsets) if floor is not None else {}
-    # a ledger whose start offsets lack a partition knows of none of it below its floor
-    low = {tp: min(floor.start_offsets.get(tp, end), end) for tp, end in high.items()} if floor else {}
-    new_high, new_low = dict(high), dict(low)
+    current = dict(floor.offsets) if floor is not None else {}
+    new_floor = dict(current)
     for tp, end in batch.end.items():
-        start = min(batch.start.get(tp, end), end)
-        if tp not in high or start > high[tp]:  # new, or past a gap: the range starts anew
-            new_low[tp], new_high[tp] = start, end
-        elif end >= low[tp]:  # it touches the range: one range again
-            new_low[tp], new_high[tp] = min(low[tp], start), max(high[tp], end)
-        # (wholly below the range: its dead letters were looked up; the range stays)
-    return DeadLetterStep(floor=high, new_floor=new_high, low=low, new_low=new_low)
+        new_floor[tp] = max(current.get(tp, end), end)
+    return DeadLetterStep(floor=current, new_floor=new_floor)

@@ -127,6 +127,9 @@ class IcebergTable:
         self._for_writes: tuple[TableMetadata, TableMetadata] | None = None
         #: top-level columns the evolution renames first, old name → new (``renames:``)
         self._renames: dict[str, str] = {}
+        #: the partition spec data files were last written under, through this handle or its
+        #: detached copies (files crossing processes lose their own spec id)
+        self._files_spec: int | None = None
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
@@ -192,6 +195,7 @@ class IcebergTable:
         ``adls.*``, ``client.*``…), never the catalog's (its URI, user, password, token)."""
         table = copy.copy(self._table)
         table.metadata = self._metadata_for_writes()
+        self._files_spec = table.metadata.default_spec_id
         table.catalog = None  # type: ignore[assignment]
         io = table.io
         table.io = type(io)(properties={k: v for k, v in io.properties.items() if k.startswith(STORAGE_PROPERTIES)})
@@ -355,6 +359,7 @@ class IcebergTable:
         if data.num_rows == 0:
             return []
         metadata = self._metadata_for_writes()
+        self._files_spec = metadata.default_spec_id
         keys = sort_keys(metadata.schema(), metadata.sort_order())
         if keys:  # each file sorted as the table's sort order says (ours, or one another tool set)
             data = _sorted(data, keys)
@@ -376,6 +381,7 @@ class IcebergTable:
         """
         with nogc.paused():  # the catalog loads, deep-copies and writes the whole metadata
             transaction = self._transaction(self._head_only())
+            self._same_spec(files, transaction)
             if properties:
                 transaction.set_properties(dict(properties))
             snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
@@ -385,6 +391,17 @@ class IcebergTable:
                 snapshot_id = append.snapshot_id
             self._commit(transaction)
         return snapshot_id
+
+    def _same_spec(self, files: Sequence[WrittenFile], transaction: Transaction) -> None:
+        """Refuse to commit files written under a partition spec the table no longer has as its
+        default (``ingest evolve-partitioning`` or another tool evolved it meanwhile): pyiceberg
+        writes a commit's added files into one manifest of the default spec, which would mislabel
+        their partitions. Nothing is committed; the next run writes the records under the new spec."""
+        if files and self._files_spec is not None and self._files_spec != transaction.table_metadata.default_spec_id:
+            raise SchemaMoved(
+                f"{self.identifier}: the table's partition spec changed while this batch's files were written "
+                "under the one before; nothing was committed, and the next run writes them under the new spec"
+            )
 
     def _head_only(self) -> TableMetadata:
         """This table's metadata cut to the branch head: what an append to that head needs.
@@ -493,6 +510,7 @@ class IcebergTable:
     def rewrite(self, remove: Sequence[DataFile], add: Sequence[WrittenFile], summary: Mapping[str, str]) -> int:
         """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
         transaction = self._transaction()
+        self._same_spec(add, transaction)
         with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
             for removed in remove:
                 ow.delete_data_file(removed)

@@ -148,3 +148,41 @@ def test_partitioning_evolves_only_when_asked_and_new_data_follows_it(make_env) 
     assert len(specs) == 2  # the files written before keep their spec; the new ones follow the new
     assert env.counts() == (100, 0)
     env.verify()
+
+
+def test_a_batch_whose_files_predate_a_partition_evolution_is_not_committed_under_the_new_spec(make_env) -> None:
+    """A batch writes its files, the spec evolves and another writer commits before the batch
+    does: its commit, observing again, finds the table partitioned otherwise than its files. It
+    commits nothing (SchemaMoved, retryable); the next run writes the records under the new spec."""
+    from collections.abc import Sequence
+
+    from ingest.core.plan import Batch
+    from ingest.engines.local import LocalEngine
+    from ingest.errors import SchemaMoved
+    from ingest.ports import Produced
+    from ingest.records import Declared
+
+    env = make_env(partitions=1)
+    env.produce(30)
+    assert env.cli("run").returncode == 0
+    env.produce(30)
+    pipeline = Pipeline.open(load(env.config_path))
+
+    class Evolving(LocalEngine):
+        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+            produced = super().produce(batch, fields)  # files under day(created_at)
+            _change(env, partition_by=["day(created_at)", "bucket(4, order_id)"])
+            assert env.cli("evolve-partitioning").returncode == 0
+            other = Pipeline.open(load(env.config_path)).rows
+            other.try_commit([], {"note": "another writer"}, {})  # the head moves: the batch must observe again
+            return produced
+
+    with pytest.raises(SchemaMoved, match="partition spec changed"):
+        pipeline.run_batch(Evolving(pipeline.config, pipeline.rows))
+
+    assert env.counts() == (30, 0)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    table = Pipeline.open(load(env.config_path)).rows.table
+    newest = {task.file.spec_id for task in table.scan().plan_files() if task.file.record_count}
+    assert len(newest) == 2 and env.counts() == (60, 0)
+    env.verify()

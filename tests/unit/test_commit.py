@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.committer import DeadLettersCommit, commit_dead_letters
+from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows
 from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode
 from ingest.core.plan import Batch
@@ -119,42 +119,25 @@ def test_new_floor_is_the_max_of_floor_and_end_per_partition() -> None:
 
 
 def test_a_floor_at_or_beyond_the_batch_end_does_not_move() -> None:
-    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}, start_offsets={P0: 0, P1: 0}), BATCH)
+    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}), BATCH)
 
     assert step.new_floor == {P0: 15, P1: 30}
     assert not step.moves
-    assert not any(step.keeps(P0, o) or step.looks_up(P0, o) for o in range(10, 15))
-
-
-def test_below_the_range_held_the_dead_letters_are_looked_up() -> None:
-    """A ledger written before ranges were kept holds the range from its last batch's start (here
-    none: its floor alone): below it, a re-run's dead letters are looked up, and the range grows
-    by what the batch covers."""
-    step = dead_letter_step(Ledger(batch=3, offsets={P0: 15, P1: 30}), BATCH)
-
+    # below the floor: looked up in the table, not taken as there (another decoding may have put
+    # other records there, a forward reset may have skipped them)
     assert all(step.looks_up(P0, o) and not step.keeps(P0, o) for o in range(10, 15))
-    # P0's batch touches the range and extends it; P1's lies wholly below it
-    assert (step.new_floor, step.new_low) == ({P0: 15, P1: 30}, {P0: 10, P1: 30})
 
 
-def test_a_batch_past_a_gap_starts_the_range_anew_and_a_reread_below_it_is_looked_up() -> None:
-    """Partition 1 reset forward from 5 to 20 (offsets 5..19 never read), then a batch [20, 22):
-    the range is [20, 22) now, not [0, 22); a backward reset that reads 5..19 looks them up."""
-    held = Ledger(batch=3, offsets={P0: 10, P1: 5}, start_offsets={P0: 0, P1: 0})
-    after_gap = dead_letter_step(held, BATCH)
-    assert (after_gap.new_low[P1], after_gap.new_floor[P1]) == (20, 22)
+def test_a_batch_past_a_gap_moves_the_floor_and_a_reread_below_it_is_looked_up() -> None:
+    """Partition 1 reset forward from 5 to 20 (offsets 5..19 never read), a batch [20, 22), then a
+    backward reset that reads 5..19: their dead letters are looked up, not taken as there."""
+    after_gap = dead_letter_step(Ledger(batch=3, offsets={P0: 10, P1: 5}), BATCH)
+    assert after_gap.new_floor[P1] == 22
 
     reread = batch_from(Ledger(batch=5, offsets={P0: 10, P1: 5}), {P0: 10, P1: 20})
-    step = dead_letter_step(Ledger(batch=4, offsets=after_gap.new_floor, start_offsets=after_gap.new_low), reread)
+    step = dead_letter_step(Ledger(batch=4, offsets=after_gap.new_floor), reread)
     assert all(step.looks_up(P1, o) for o in range(5, 20))
-    assert (step.new_low[P1], step.new_floor[P1]) == (5, 22)  # touching the range: one range again
-
-
-def test_a_batch_wholly_below_the_range_leaves_it() -> None:
-    step = dead_letter_step(Ledger(batch=3, offsets={P0: 40, P1: 60}, start_offsets={P0: 30, P1: 50}), BATCH)
-
-    assert (step.new_low, step.new_floor) == ({P0: 30, P1: 50}, {P0: 40, P1: 60})
-    assert all(step.looks_up(P0, o) for o in range(10, 15))
+    assert step.new_floor[P1] == 22
 
 
 floors = st.dictionaries(st.sampled_from([P0, P1]), st.integers(0, 50))
@@ -175,11 +158,11 @@ def test_dead_letter_step_properties(floor, end, tp, offset) -> None:
 @pytest.mark.parametrize("floor", [None, Ledger(batch=1, offsets={P0: 12, P1: 21})])
 def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor) -> None:
     first = dead_letter_step(floor, BATCH)
-    after = Ledger(batch=2, offsets=first.new_floor, start_offsets=first.new_low)
+    after = Ledger(batch=2, offsets=first.new_floor)
     second = dead_letter_step(after, BATCH)
 
     dead = [(P0, 10), (P0, 13), (P1, 20), (P1, 21)]
-    assert [d for d in dead if second.keeps(*d) or second.looks_up(*d)] == []
+    assert [d for d in dead if second.keeps(*d)] == []  # all looked up: the first run's are there
     assert not second.moves
 
 
@@ -201,9 +184,11 @@ def test_a_reset_whose_own_commit_landed_is_recognised() -> None:
 
 
 def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows() -> None:
-    """Copies A and B of one batch; A lands, ``ingest redrive`` then removes a dead letter A added
-    (it is in the rows now), and B's dead-letter commit comes late: it adds nothing."""
-    catalog = MemoryCatalog("lake.orders_dead_letter")
+    """Copies A and B of one batch; A lands (dead letters, then rows), ``ingest redrive`` then
+    removes a dead letter A added (it is in the rows now), and B's dead-letter commit comes late:
+    the rows ledger is no longer its base, so it adds nothing."""
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
+    rows.append(encode("orders", BASE, BatchCounts()))
     dead_letters = pa.table(
         {
             "topic": pa.array(["orders"] * 2),
@@ -211,11 +196,34 @@ def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows()
             "offset": pa.array([11, 13], pa.int64()),
         }
     )
-    request = DeadLettersCommit("orders", BATCH, dead_letters, 3)
-    late = catalog.table()  # B's handle
-    assert commit_dead_letters(catalog.table(), request) == 2  # A
-    floor = Ledger(batch=2, offsets={P0: 15, P1: 22}, start_offsets={P0: 10, P1: 20})
-    catalog.delete(encode("orders", floor, BatchCounts()), lambda data: pc.equal(data["offset"], 11))  # redrive
+    late_rows, late_dead = rows.table(), dead.table()  # B's handles
+    a_rows = rows.table()
+    assert commit_dead_letters(dead.table(), DeadLettersCommit("orders", BATCH, dead_letters, 3, rows=a_rows)) == 2
+    commit_rows(a_rows, RowsCommit("orders", BATCH, BATCH.ledger(), [], BatchCounts(records=3), 3))
+    floor = Ledger(batch=2, offsets={P0: 15, P1: 22})
+    dead.delete(encode("orders", floor, BatchCounts()), lambda data: pc.equal(data["offset"], 11))  # redrive
 
-    assert commit_dead_letters(late, request) == 0
-    assert sorted(catalog.scan()["offset"].to_pylist()) == [13]
+    request = DeadLettersCommit("orders", BATCH, dead_letters, 3, rows=late_rows)
+    assert commit_dead_letters(late_dead, request) == 0
+    assert sorted(dead.scan()["offset"].to_pylist()) == [13]
+
+
+def test_a_re_run_under_another_decoding_adds_the_dead_letters_the_first_did_not_make() -> None:
+    """Batch [10, 15) commits dead letter 11 and dies before its rows; the config then refuses more
+    (offset 13 too): the re-run adds 13 and not 11 again (13 would otherwise be in neither table)."""
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
+    rows.append(encode("orders", BASE, BatchCounts()))
+
+    def letters(*offsets: int) -> pa.Table:
+        return pa.table(
+            {
+                "topic": pa.array(["orders"] * len(offsets)),
+                "partition": pa.array([0] * len(offsets), pa.int32()),
+                "offset": pa.array(offsets, pa.int64()),
+            }
+        )
+
+    assert commit_dead_letters(dead.table(), DeadLettersCommit("orders", BATCH, letters(11), 3, rows=rows.table())) == 1
+    rerun = DeadLettersCommit("orders", BATCH, letters(11, 13), 3, rows=rows.table())
+    assert commit_dead_letters(dead.table(), rerun) == 1
+    assert sorted(dead.scan()["offset"].to_pylist()) == [11, 13]

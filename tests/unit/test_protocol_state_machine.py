@@ -217,7 +217,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def commit_dead_letters(self, w: Writer) -> None:
         assert w.batch is not None
-        request = DeadLettersCommit(PIPELINE, w.batch, dead_letters_of(w.bad), MAX_ATTEMPTS)
+        request = DeadLettersCommit(PIPELINE, w.batch, dead_letters_of(w.bad), MAX_ATTEMPTS, rows=w.rows)
         commit_dead_letters(w.dead, request)
         w.phase = "dead-letters-in"
 
