@@ -104,6 +104,7 @@ class IngestOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
+        landed = False  # a batch of this run is in the table (committed, or landed with its acknowledgement lost)
         with _explicit_failures(self):
             from ingest.runner import opened
 
@@ -125,7 +126,8 @@ class IngestOperator(BaseOperator):
                     totals["records"] += result.records
                     totals["dead_letters"] += result.dead_letters
                     totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
-        if totals["committed"] and self.alias in self.outlets:
+                    landed = landed or result.status in ("committed", "landed")
+        if landed and self.alias in self.outlets:
             context["outlet_events"][self.alias].add(table_asset(config), extra=totals)
         return totals
 

@@ -1,8 +1,9 @@
-"""What a log line is about: the pipeline, the batch and the snapshot, as fields of every record.
+"""What a log line is about: the pipeline and the batch, as fields of every record.
 
-``about(pipeline=..., batch=...)`` sets them for the code it wraps (a context variable, so threads
-and nested calls see their own); :class:`Fields` copies them onto each log record, where
-``--log-format json`` shows them as keys of the line's object (a record's own ``extra`` wins).
+``about(pipeline=..., batch=...)`` sets them for the code it wraps (a context variable: nested
+calls see them, other threads and the worker processes do not); :class:`Fields` copies them onto
+each log record, where ``--log-format json`` shows them as keys of the line's object (a record's
+own ``extra`` wins, e.g. the ``snapshot_id`` of a committed batch's line).
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ Headers = list[tuple[str, bytes | None]] | None
 
 @dataclass
 class RawChunk:
-    """Records as read from Kafka, column-wise. ``headers(i)`` is only called for dead letters."""
+    """Records as read from Kafka, column-wise. ``headers(i)`` is called for dead letters, and for
+    every record with ``headers: true``: building them costs, so only then."""
 
     topic: pa.Array
     partition: pa.Array

@@ -6,15 +6,14 @@ each with its topic, partition and offset. That makes a lost ledger recoverable 
 * **rows ledger**: per partition, one past the newest offset in the rows table. Dead letters above
   that offset are not counted: they may be the last records of a committed range, or the dead
   letters of a batch whose rows commit never landed (a crash between the two commits), whose good
-  records are in neither table. Resuming after the newest row re-reads both kinds; the dead-letter
-  floor (below) keeps the dead letters among them from being stored twice, and the good records
-  land once. Offsets after the newest row that hold no record (transaction markers, aborted
+  records are in neither table. Resuming after the newest row re-reads both kinds; the dead letters
+  among them are looked up before they are stored (below the floor), so none is stored twice, and
+  the good records land once. Offsets after the newest row that hold no record (transaction markers, aborted
   records) are only read again. A partition without rows resumes at its low watermark: none of
   the records Kafka holds for it is in the rows table.
 * **dead-letter floor** (see :class:`ingest.core.commit.DeadLetterStep`): per partition, the
-  larger of the rows ledger and one past the newest stored dead letter. Dead letters are committed
-  before the rows of their batch, one batch at a time, so every dead letter below either bound is
-  stored already.
+  larger of the rows ledger and one past the newest stored dead letter: no dead letter lies at or
+  above it, which is all a floor says (a batch looks up its dead letters below it).
 
 Offsets are "next offset to read", as everywhere. Pure: the caller passes what it read.
 """

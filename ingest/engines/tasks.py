@@ -267,12 +267,17 @@ class TaskSpec:
 
         values = self._values(keys.value_fields(fields), registry)
         if self.key_format == "string":
-            return keys.KeyedDecoder(self.fields, values, keys.StringKeys())
+            return keys.KeyedDecoder(self._rows_fields(fields), values, keys.StringKeys())
         assert registry is not None  # checked in config
         key = next(f for f in fields if f.name == KEY_COLUMN)  # the pipeline adds it
         make = self._registry_format(self.key_format, {})
         reader = keys.RegistryKeys(key, registry, make, avro=self.key_format == "avro")
-        return keys.KeyedDecoder(self.fields, values, reader)
+        return keys.KeyedDecoder(self._rows_fields(fields), values, reader)
+
+    def _rows_fields(self, fields: Sequence[Declared]) -> Sequence[Declared]:
+        """The fields of the rows the keyed decoder makes: with ``headers``, the headers column too
+        (``WithHeaders`` fills it); without, not even if the table has one (it stays null)."""
+        return self.fields if self.headers else fields
 
     def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
         if self.format == "json":

@@ -159,7 +159,7 @@ def spec_difference(
     field of a format-v1 table (a ``void`` transform) partitions nothing."""
 
     have, want = described_spec(table, spec, renames or {}), described_spec(wanted_schema, wanted)
-    if have == want:
+    if sorted(have) == sorted(want):  # the order of the fields does not change what a spec partitions by
         return None
     return f"the table is partitioned by [{', '.join(have)}], the config says [{', '.join(want)}]"
 
@@ -190,21 +190,27 @@ def sort_order(schema: Schema, keys: Sequence[records.SortKey]) -> SortOrder:
     return SortOrder(*fields)
 
 
-def sort_keys(schema: Schema, order: SortOrder) -> list[records.SortKey] | None:
-    """A table's sort order as sort keys of its top-level columns (None: it sorts by something
-    else, a transform or a nested column, which writes here cannot follow)."""
+def sort_keys(schema: Schema, order: SortOrder, names: Mapping[str, str] | None = None) -> list[records.SortKey] | None:
+    """A table's sort order as sort keys of its top-level columns (renamed by ``names``); None if it
+    sorts by something else (a transform, a nested column, nulls not where Iceberg's default puts
+    them), which files written here cannot follow."""
     keys = []
     for f in order.fields:
         name = schema.find_column_name(f.source_id)
-        if not isinstance(f.transform, IdentityTransform) or name is None or "." in name:
+        descending = f.direction == SortDirection.DESC
+        nulls = NullOrder.NULLS_LAST if descending else NullOrder.NULLS_FIRST
+        if not isinstance(f.transform, IdentityTransform) or name is None or "." in name or f.null_order != nulls:
             return None
-        keys.append(records.SortKey(name, f.direction == SortDirection.DESC))
+        keys.append(records.SortKey((names or {}).get(name, name), descending))
     return keys
 
 
-def sort_difference(schema: Schema, order: SortOrder, wanted: Sequence[records.SortKey]) -> str | None:
-    """How an existing table's sort order differs from ``sort_by`` (None: it does not)."""
-    have = sort_keys(schema, order)
+def sort_difference(
+    schema: Schema, order: SortOrder, wanted: Sequence[records.SortKey], renames: Mapping[str, str] | None = None
+) -> str | None:
+    """How an existing table's sort order differs from ``sort_by`` (None: it does not), its
+    columns under their new names where ``renames`` renames them."""
+    have = sort_keys(schema, order, renames)
     shown = [str(k) for k in have] if have is not None else [str(f) for f in order.fields]
     if have == list(wanted):
         return None

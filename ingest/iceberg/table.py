@@ -242,16 +242,17 @@ class IcebergTable:
                 "`ingest evolve-partitioning -c CONFIG` (or your engine's ALTER TABLE ... ADD/DROP PARTITION FIELD); "
                 "new data then follows it, files written before keep theirs."
             )
-        differ = {k: v for k, v in properties.items() if table.properties.get(k) != v}
+        had = {**table.properties, "format-version": str(table.format_version)}  # pyiceberg keeps it apart
+        differ = {k: v for k, v in properties.items() if had.get(k) != v}
         if differ:
-            found = ", ".join(f"{k} = {table.properties.get(k)!r} (config: {v!r})" for k, v in sorted(differ.items()))
+            found = ", ".join(f"{k} = {had.get(k)!r} (config: {v!r})" for k, v in sorted(differ.items()))
             wanted = ", ".join(f"'{k}'='{v}'" for k, v in sorted(differ.items()))
             raise TableMismatch(
                 f"table {identifier}: its properties differ from `table_properties:`: {found}. Set them in the "
                 f"config as the table has them, or change the table (Spark: ALTER TABLE {identifier} SET "
                 f"TBLPROPERTIES ({wanted}))."
             )
-        unsorted = sort_difference(table.schema(), table.sort_order(), sort_by) if sort_by else None
+        unsorted = sort_difference(table.schema(), table.sort_order(), sort_by, renames) if sort_by else None
         if unsorted is not None:
             raise TableMismatch(
                 f"table {identifier}: {unsorted}. Set `sort_by:` as the table's, or change the table's sort "
@@ -282,7 +283,10 @@ class IcebergTable:
             return before, described_spec(schema, wanted)
         with nogc.paused():
             transaction = _no_library_retry(self._table, None).transaction()
-            stage_spec(transaction, schema, spec, wanted)
+            try:
+                stage_spec(transaction, schema, spec, wanted)
+            except ValueError as error:  # what pyiceberg's spec update refuses (a name taken, say)
+                raise ConfigError(f"partition_by: {self.identifier} cannot take it: {error}") from None
             self._commit(transaction)
         return before, described_spec(self._table.schema(), self._table.spec())
 

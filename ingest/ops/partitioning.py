@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ingest.config import PipelineConfig
+from ingest.iceberg.catalog import absent
 from ingest.iceberg.table import IcebergTable
 from ingest.pipeline import layout
 
@@ -40,11 +41,14 @@ class Repartitioned:
 
 def evolve_partitioning(config: PipelineConfig, *, dry_run: bool = False) -> Repartitioned:
     """Evolve the rows table's partition spec to ``config.partition_by`` (with ``dry_run``, say how)."""
+    if absent(config.catalog) is not None:  # opening the catalog would create its file
+        return Repartitioned(config.pipeline, config.table, "no-table")
     planned = layout(config)  # the transforms checked against the columns' types, before any change
     assert planned.catalog is not None
     if not IcebergTable.exists(planned.catalog, config.table):
         return Repartitioned(config.pipeline, config.table, "no-table")
-    rows = IcebergTable.open(planned.catalog, config.table, planned.schema)  # its spec not checked: it is changed here
+    # its spec not checked: it is what changes here
+    rows = IcebergTable.open(planned.catalog, config.table, planned.schema, renames=config.renames)
     before, after = rows.evolve_partitioning(config.partition_by, dry_run=dry_run)
     status: Evolution = "unchanged" if before == after else "dry-run" if dry_run else "evolved"
     return Repartitioned(config.pipeline, config.table, status, tuple(before), tuple(after))

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import itertools
 
+import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest.config import parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ranges import coverage_problem as combine_problem
 from ingest.core.ranges import share
-from ingest.engines.tasks import hand_off
+from ingest.engines.tasks import TaskSpec, hand_off
 from ingest.kafka.source import Stops
+from ingest.records import HEADERS_COLUMN, HEADERS_TYPE, KEY_COLUMN, Field, RawChunk
 
 ranges_strategy = st.lists(
     st.tuples(st.integers(0, 7), st.integers(0, 10_000), st.integers(0, 3_000)), max_size=8, unique_by=lambda r: r[0]
@@ -104,3 +108,44 @@ def test_results_that_miss_or_double_offsets_are_refused() -> None:
     assert "read twice offsets of t[0] from 40" in str(combine_problem(batch, [(a, 0, 60), (a, 40, 100)]))
     assert "up to 90, not 100" in str(combine_problem(batch, [(a, 0, 90)]))
     assert "does not cover" in str(combine_problem(batch, [(a, 0, 100), (b, 10, 11)]))
+
+
+@pytest.mark.parametrize("headers", [True, False])
+def test_a_keyed_decoder_with_the_headers_column_on_or_off(headers: bool) -> None:
+    """A table that has ``_kafka_headers`` (its fields the table's, as without ``schema:``) and
+    keys: with ``headers: true`` the column is filled; turned off, the rows leave it out (null)."""
+    config = parse(
+        {
+            "pipeline": "orders",
+            "kafka": {"bootstrap.servers": "unused:9092"},
+            "topics": [{"name": "orders", "key_format": "string"}],
+            "catalog": {"name": "memory"},
+            "table": "lake.orders",
+            "schema": [{"name": "id", "type": "long"}],
+            "headers": headers,
+        },
+        "memory.yaml",
+    )
+    fields = [
+        Field("id", "long"),
+        Field(KEY_COLUMN, "string"),
+        Field(HEADERS_COLUMN, HEADERS_TYPE),
+    ]
+    chunk = RawChunk(
+        topic=pa.array(["orders"] * 2),
+        partition=pa.array([0, 0], pa.int32()),
+        offset=pa.array([0, 1], pa.int64()),
+        timestamp=pa.array([0, 0], pa.timestamp("us", tz="UTC")),
+        key=pa.array([b"a", b"b"]),
+        values=[b'{"id": 1}', b'{"id": 2}'],
+        headers=lambda i: [("trace", str(i).encode())],
+        nbytes=18,
+    )
+
+    decoded = TaskSpec.of(config, fields).decoder().decode(chunk)
+
+    assert decoded.rows["id"].to_pylist() == [1, 2] and decoded.rows[KEY_COLUMN].to_pylist() == ["a", "b"]
+    if headers:
+        assert decoded.rows[HEADERS_COLUMN].to_pylist() == [[("trace", b"0")], [("trace", b"1")]]
+    else:
+        assert HEADERS_COLUMN not in decoded.rows.column_names
