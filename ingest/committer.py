@@ -137,14 +137,15 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
 def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     """Add the batch's dead letters that the dead-letter table does not hold yet; returns how many.
 
-    Runs before the rows commit, and only while the rows ledger is still the batch's base: a batch
-    that landed already (its dead letters went in before its rows) or was fenced (it plans again)
-    adds none, so a late copy cannot put back a dead letter ``ingest redrive`` has moved to the
-    rows. The dead letters at or above the dead-letter ledger (the floor,
+    Runs before the rows commit. The dead letters at or above the dead-letter ledger (the floor,
     :class:`ingest.core.commit.DeadLetterStep`) are added as they are; those below it (a re-run
     after a crash between the two commits, a concurrent copy, a re-read after a reset) are looked
     up in the table at the head the commit requires. So nothing is added twice and nothing is
-    dropped, whatever decoding wrote the dead letters there.
+    dropped, whatever decoding wrote the dead letters there. Those below the floor go in only while
+    the rows ledger is still the batch's base: a batch that landed already (its dead letters went
+    in before its rows) or was fenced (it plans again) adds none, so a late copy cannot put back a
+    dead letter ``ingest redrive`` has moved to the rows. A batch whose dead letters all lie above
+    the floor (the usual case) reads the rows table only for its own commit.
     """
     if request.dead_letters.num_rows == 0:
         return 0
@@ -154,11 +155,13 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
     def attempt(number: int) -> int:
         nonlocal written
         found = observe(table, pipeline)  # first: a redrive's removal after this makes the commit conflict
-        if request.rows is not None:
+        step = dead_letter_step(found.ledger if found else None, batch)
+        if request.rows is not None and _any_below(request.dead_letters, step.floor):
+            # dead letters to look up: a redrive may have moved some to the rows since this batch's
+            # copy that landed put them here; none goes in unless the batch is still to land
             rows = observe(request.rows, pipeline)
             if decide(rows.ledger if rows else None, batch) is not Decision.COMMIT:
                 return 0
-        step = dead_letter_step(found.ledger if found else None, batch)
         kept = _not_held(table, request.dead_letters, step.floor)
         if written is None or not written[0].equals(_coordinates(kept)):
             written = (_coordinates(kept), table.write(kept))
@@ -189,6 +192,16 @@ def _coordinates(dead_letters: pa.Table) -> pa.Table:
     """The coordinate columns (what tells dead letters apart)."""
     c = DEAD_LETTERS
     return dead_letters.select([c.topic, c.partition, c.offset])
+
+
+def _any_below(dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> bool:
+    """Whether any of ``dead_letters`` lies below ``floor``."""
+    c = DEAD_LETTERS
+    for tp, at in floor.items():
+        mine = pc.and_(pc.equal(dead_letters[c.topic], tp.topic), pc.equal(dead_letters[c.partition], tp.partition))
+        if pc.any(pc.and_(mine, pc.less(dead_letters[c.offset], at))).as_py():
+            return True
+    return False
 
 
 def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
