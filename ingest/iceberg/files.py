@@ -3,7 +3,8 @@ the head references, which lie in storage, and their rows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -56,7 +57,8 @@ def referenced_paths(table: IcebergTable) -> set[str]:
 
 
 def stored_data_files(table: IcebergTable) -> list[tuple[str, float]]:
-    """(path, modified-at seconds) of every file under the table's data directory."""
+    """(path, modified-at seconds) of every file under the table's data directory, each path
+    spelled as the table's location spells it."""
     from pyarrow.fs import FileSelector, FileType
 
     location = table.table.location().rstrip("/") + "/data"
@@ -65,9 +67,49 @@ def stored_data_files(table: IcebergTable) -> list[tuple[str, float]]:
     fs = io.fs_by_scheme(scheme, netloc) if isinstance(io, PyArrowFileIO) else None
     if fs is None:
         raise TableMismatch(f"orphan-file removal needs pyarrow file IO for {location}")
-    prefix = f"{scheme}://{netloc}" if netloc else f"{scheme}://"
-    found = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
-    return [(prefix + info.path, info.mtime.timestamp()) for info in found if info.type == FileType.File]
+    # pyarrow names a file as it was asked for the directory: the bucket first on S3, the bare path
+    # on a local disk or HDFS. What follows the directory is the file's own part of the path.
+    base = path.rstrip("/")
+    found = fs.get_file_info(FileSelector(base, recursive=True, allow_not_found=True))
+    return [
+        (location + info.path[len(base) :], info.mtime.timestamp())
+        for info in found
+        if info.type == FileType.File and info.path.startswith(base + "/")
+    ]
+
+
+#: schemes that name one store: Hadoop's s3a and s3n and Iceberg's s3 reach the same objects
+_SAME_STORE = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "wasbs": "wasb"}
+
+
+def path_key(path: str) -> str:
+    """A file's path as a comparison key: ``s3a://b/k`` and ``s3://b/k`` are one object, and
+    ``/x``, ``file:/x`` and ``file:///x`` one file (Java writers spell local paths either way)."""
+    parsed = urlparse(path)
+    scheme = _SAME_STORE.get(parsed.scheme, parsed.scheme or "file")
+    return f"{scheme}://{parsed.netloc}{parsed.path}"
+
+
+def unreferenced(stored: Iterable[str], referenced: Iterable[str]) -> list[str]:
+    """The stored paths no snapshot references. A stored file that a snapshot names under another
+    authority (another bucket, host or account, same path) is not an orphan but a table whose files
+    this listing cannot match: refuse, as Iceberg's own orphan removal does, rather than delete it."""
+    keys = {path_key(path) for path in referenced}
+    bare = {urlparse(key).path: key for key in keys}
+    orphans = []
+    for path in stored:
+        key = path_key(path)
+        if key in keys:
+            continue
+        other = bare.get(urlparse(key).path)
+        if other is not None:
+            raise TableMismatch(
+                f"orphan-file removal found {path} stored, and a snapshot referencing {other}: the same "
+                "path under another scheme or authority. Nothing was deleted; check the table's location "
+                "and the catalog's file IO settings."
+            )
+        orphans.append(path)
+    return orphans
 
 
 def delete_file(table: IcebergTable, path: str) -> None:

@@ -29,6 +29,7 @@ from ingest.iceberg.files import (
     read_files,
     referenced_paths,
     stored_data_files,
+    unreferenced,
 )
 from ingest.iceberg.table import DataFile, IcebergTable
 from ingest.pipeline import Pipeline
@@ -88,13 +89,12 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
 def remove_orphans(table: IcebergTable, spec: MaintenanceSpec, now_s: float) -> list[str]:
     """Delete data files no snapshot references (crashed or fenced batches), once old enough."""
     table.refresh()
-    referenced = referenced_paths(table)
     cutoff = now_s - spec.orphan_age_hours * 3600
+    old_enough = [path for path, modified in stored_data_files(table) if modified < cutoff]
     removed = []
-    for path, modified in stored_data_files(table):
-        if path not in referenced and modified < cutoff:
-            delete_file(table, path)
-            removed.append(path)
+    for path in unreferenced(old_enough, referenced_paths(table)):
+        delete_file(table, path)
+        removed.append(path)
     return removed
 
 

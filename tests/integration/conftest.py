@@ -1,9 +1,12 @@
-"""Real components for the integration suite: the broker process and SQLite/PostgreSQL catalogs.
+"""Real components for the integration suite: the broker process, SQLite/PostgreSQL catalogs, and
+an S3 server (moto) for the warehouse.
 
 The broker is Apache Kafka (from Maven Central, KRaft, one node) started on free ports for the
 session, an external Kafka when ``KAFKA_BOOTSTRAP_SERVERS`` is set, or the embedded tansu with
 ``INGEST_TEST_BROKER=tansu`` (and as a fallback, with a warning, where Java or Maven is missing).
-Every test gets its own topic, namespace and warehouse.
+Every test gets its own topic, namespace and warehouse. ``catalog_kind`` names the catalog and,
+after a ``+``, the warehouse's storage: ``sqlite`` and ``postgres`` keep files on the local disk,
+``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
+from tests.services.moto import S3Server, S3Unavailable
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +81,18 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
         server = Apicurio(tmp_path_factory.mktemp("apicurio")).start()
     except RegistryUnavailable as error:
         pytest.fail(f"Apicurio Registry cannot run here: {error}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3 server, with a bucket ``lake`` the S3 warehouses live in."""
+    try:
+        server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    except S3Unavailable as error:
+        pytest.fail(f"the S3 server cannot run here: {error}")
+    server.create_bucket("lake")
     yield server
     server.stop()
 
@@ -171,7 +187,7 @@ class Env:
 
 
 @pytest.fixture
-def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore[no-untyped-def]
+def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     def factory(partitions: int = 4, cluster: str | None = None, replicas: int = 1, **overrides: Any) -> Env:
         """A topic of ``partitions`` and a pipeline config reading it: on the session broker, or on
         ``cluster`` (a bootstrap string) with ``replicas`` copies of each partition."""
@@ -185,19 +201,21 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str):  # type: ignore
             admin = AdminClient({"bootstrap.servers": servers})  # held until the futures are done
             for future in admin.create_topics([NewTopic(name, partitions, replicas)]).values():
                 future.result(30)
-        warehouse = tmp_path / "warehouse"
-        warehouse.mkdir(exist_ok=True)
-        uri = f"sqlite:///{tmp_path}/catalog.db" if catalog_kind == "sqlite" else POSTGRES_URI
+        catalog, _, storage = catalog_kind.partition("+")
+        uri = f"sqlite:///{tmp_path}/catalog.db" if catalog == "sqlite" else POSTGRES_URI
+        properties = {"name": f"lake_{catalog}", "type": "sql", "uri": uri}
+        if storage == "s3":
+            server: S3Server = request.getfixturevalue("s3")
+            properties |= {"warehouse": f"s3://lake/{tmp_path.name}-{name}", **server.properties()}
+        else:
+            warehouse = tmp_path / "warehouse"
+            warehouse.mkdir(exist_ok=True)
+            properties["warehouse"] = warehouse.as_uri()
         data: dict[str, Any] = {
             "pipeline": "orders",
             "kafka": {"bootstrap.servers": servers},
             "topics": [name],
-            "catalog": {
-                "name": f"lake_{catalog_kind}",
-                "type": "sql",
-                "uri": uri,
-                "warehouse": warehouse.as_uri(),
-            },
+            "catalog": properties,
             "table": f"{name}.orders",
             "schema": SCHEMA,
             "partition_by": ["day(created_at)"],

@@ -16,7 +16,11 @@ from ingest.ops.maintain import compact, expire, maintain, remove_orphans
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # every test on the local disk (two catalogs) and on S3
+    pytest.mark.parametrize("catalog_kind", ["sqlite", "postgres", "sqlite+s3"], indirect=True),
+]
 
 AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 1}
 
@@ -112,6 +116,27 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
     assert sorted(removed) == sorted(path for path, _ in stored)
     assert env.cli("run").returncode == 0
     assert env.counts() == (500 - env.bad, env.bad)
+    env.verify()
+
+
+def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_them(make_env) -> None:
+    # on S3 the stored files' paths once came out as s3://lakelake/...: every live file looked unreferenced
+    env = make_env()
+    pipeline = Pipeline.open(env.config)
+    _batches(env, pipeline, 2)
+    live = referenced_paths(pipeline.rows)
+    env.produce(300, bad_every=30)
+    assert env.cli("run", env={"INGEST_FAILPOINT": "files-written"}).returncode == -signal.SIGKILL
+    orphans = {path for path, _ in stored_data_files(pipeline.rows)} - live
+    assert orphans and live <= {path for path, _ in stored_data_files(pipeline.rows)}
+
+    report = maintain(pipeline, now=time.time() + 25 * 3600)  # past the default 24 h bound
+
+    assert report.table.orphans_removed == len(orphans)
+    stored = {path for path, _ in stored_data_files(pipeline.rows)}
+    assert not orphans & stored and referenced_paths(pipeline.rows) <= stored  # compaction may add files
+    assert env.cli("run").returncode == 0
+    assert env.counts() == (env.produced - env.bad, env.bad)
     env.verify()
 
 

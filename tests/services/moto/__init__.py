@@ -1,0 +1,121 @@
+"""An S3 server for the test suite: moto's, in a virtualenv of its own.
+
+moto needs botocore, and botocore refuses the python-dateutil the project's Airflow brings, so moto
+cannot share the project's environment. ``install()`` makes ``.cache/moto-<version>`` from the pinned
+``requirements.txt`` beside this file, once (a ``.complete`` marker says it finished).
+:class:`S3Server` runs ``moto_server`` on 127.0.0.1 and a free port: real S3 over HTTP, which
+pyiceberg's and pyarrow's S3 clients talk to as to any S3 endpoint. Nothing here is used by the
+pipeline.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from ingest.kafka.embedded import free_port
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+REQUIREMENTS = HERE / "requirements.txt"
+VERSION = re.search(r"^moto==(\S+)$", REQUIREMENTS.read_text(), re.M).group(1)  # type: ignore[union-attr]
+VENV = REPO / ".cache" / f"moto-{VERSION}"
+ACCESS_KEY = "ingest-test"
+SECRET_KEY = "ingest-test-secret"  # moto checks no signature; any pair will do
+REGION = "us-east-1"
+
+
+class S3Unavailable(Exception):
+    """moto could not be installed from PyPI, or its server would not start."""
+
+
+def install() -> Path:
+    """moto's ``moto_server``, installing it into its virtualenv the first time."""
+    server = VENV / "bin" / "moto_server"
+    if (VENV / ".complete").exists():
+        return server
+    shutil.rmtree(VENV, ignore_errors=True)  # a partial install: start over
+    steps = [
+        [sys.executable, "-m", "venv", str(VENV)],
+        [str(VENV / "bin" / "pip"), "install", "--quiet", "-r", str(REQUIREMENTS)],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise S3Unavailable(f"{' '.join(step[:3])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    (VENV / ".complete").touch()
+    return server
+
+
+class S3Server:
+    """``moto_server`` on 127.0.0.1 and a free port; ``properties()`` are pyiceberg's S3 settings."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def properties(self) -> dict[str, str]:
+        """The catalog properties that point pyiceberg's file IO at this server."""
+        return {
+            "s3.endpoint": self.endpoint,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+            "s3.region": REGION,
+            "s3.path-style-access": "true",
+        }
+
+    def start(self, timeout_s: float = 60.0) -> S3Server:
+        try:
+            server = install()
+        except (OSError, subprocess.SubprocessError) as error:
+            raise S3Unavailable(f"cannot install moto: {error}") from None
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(server), "-H", "127.0.0.1", "-p", str(self.port)], stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise S3Unavailable(f"moto_server exited with {self.process.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        self.stop()
+        raise S3Unavailable(f"moto_server did not answer within {timeout_s:.0f} s; see {self.log}")
+
+    def create_bucket(self, name: str) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
