@@ -167,6 +167,9 @@ class CommitSpec(_Strict):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 8
     #: how often a fenced batch is planned again within one run before giving up (retryable)
     max_replans: Annotated[int, Field(ge=0, le=100)] = 3
+    #: how long one request to a REST catalog may take: a commit left unanswered this long is an
+    #: unknown outcome, settled by reading the ledger again (pyiceberg itself waits forever)
+    request_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
 
 
 class MaintenanceSpec(_Strict):

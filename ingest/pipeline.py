@@ -137,7 +137,7 @@ class Pipeline:
         commands (``status``, ``history``, ``verify``) open."""
         if absent(config.catalog) is not None:  # opening the catalog would create its file
             return None
-        if not IcebergTable.exists(connect(config.catalog), config.table):
+        if not IcebergTable.exists(connect(config.catalog, config.commit.request_timeout_s), config.table):
             return None
         return cls.open(config)  # the dead-letter table too: missing (renamed in the config?), it is created empty
 
@@ -395,7 +395,7 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
         from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
         registry = Registry(config.schema_registry or {})
-    catalog = None if catalog_absent else connect(config.catalog)
+    catalog = None if catalog_absent else connect(config.catalog, config.commit.request_timeout_s)
     # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
     from_file = _from_file(config)  # checked against `schema:` too
     fields: list[Declared] = list(config.schema_ or from_file or [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NotInstalledError
@@ -22,7 +23,9 @@ def absent(properties: Mapping[str, str]) -> Path | None:
     return path if path.parent.is_dir() and not path.exists() else None
 
 
-def connect(properties: Mapping[str, str]) -> Catalog:
+def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> Catalog:
+    """The catalog ``properties`` name; a REST catalog's requests give up after
+    ``request_timeout_s`` (``commit.request_timeout_s``)."""
     props = dict(properties)
     name = props.pop("name")
     try:
@@ -32,6 +35,9 @@ def connect(properties: Mapping[str, str]) -> Catalog:
 
             catalog.engine.dispose()  # type: ignore[attr-defined]
             catalog = HeldSqlCatalog(catalog.name, **catalog.properties)
+        session = getattr(catalog, "_session", None)  # RestCatalog's requests.Session
+        if session is not None:
+            _time_out(session, request_timeout_s)
         return catalog
     except (ValueError, NotImplementedError, NotInstalledError, ImportError) as error:
         raise ConfigError(f"catalog: {error}") from None
@@ -42,6 +48,19 @@ def connect(properties: Mapping[str, str]) -> Catalog:
                 f"catalog.uri: {mistake}. Fix `catalog:` in the config; retrying will not help."
             ) from None
         raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
+
+
+def _time_out(session: Any, seconds: float) -> None:
+    """Give every request of ``session`` a timeout: pyiceberg's REST client sets none, so a
+    catalog that never answers a commit would hold the batch for ever instead of leaving an unknown
+    outcome to settle (requests' way: a default for ``Session.request``)."""
+    request = session.request
+
+    def timed(method: str, url: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", seconds)
+        return request(method, url, **kwargs)
+
+    session.request = timed
 
 
 #: what a PostgreSQL server says when the configuration, not the moment, is wrong

@@ -89,10 +89,10 @@ def check(config: PipelineConfig) -> CheckResult:
     def catalog() -> str:
         if file is not None:
             return f"{config.catalog['name']}: its SQLite database {file} does not exist yet; the first run creates it"
-        return f"{config.catalog['name']} ({type(connect(config.catalog)).__name__})"
+        return f"{config.catalog['name']} ({type(connect(config.catalog, config.commit.request_timeout_s)).__name__})"
 
     def tables() -> str:
-        catalog = connect(config.catalog) if file is None else None
+        catalog = connect(config.catalog, config.commit.request_timeout_s) if file is None else None
         names = (config.table, config.dead_letters)
         exists = {t: catalog is not None and IcebergTable.exists(catalog, t) for t in names}
         if all(exists.values()):

@@ -6,7 +6,10 @@ session, an external Kafka when ``KAFKA_BOOTSTRAP_SERVERS`` is set, or the embed
 ``INGEST_TEST_BROKER=tansu`` (and as a fallback, with a warning, where Java or Maven is missing).
 Every test gets its own topic, namespace and warehouse. ``catalog_kind`` names the catalog and,
 after a ``+``, the warehouse's storage: ``sqlite`` and ``postgres`` keep files on the local disk,
-``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server.
+``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server; ``rest`` and
+``rest+s3`` talk to Iceberg's REST catalog server (Maven Central), backed by a JDBC store.
+Tests that do not choose their catalogs run on ``INGEST_TEST_CATALOGS`` (comma-separated kinds;
+``sqlite,postgres`` by default).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
+from tests.services.iceberg_rest import RestCatalog, RestUnavailable
 from tests.services.moto import S3Server, S3Unavailable
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -97,7 +101,34 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+def _rest_catalog(directory: Path, warehouse: str, s3: dict[str, str] | None = None) -> RestCatalog:
+    try:
+        return RestCatalog(directory, warehouse, s3).start()
+    except RestUnavailable as error:
+        pytest.fail(f"Iceberg's REST catalog server cannot run here: {error}")
+
+
+@pytest.fixture(scope="session")
+def rest_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestCatalog]:
+    """Iceberg's REST catalog server, its warehouse a local directory."""
+    directory = tmp_path_factory.mktemp("rest")
+    server = _rest_catalog(directory, (directory / "warehouse").as_uri())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def rest_s3(tmp_path_factory: pytest.TempPathFactory, s3: S3Server) -> Iterator[RestCatalog]:
+    """Iceberg's REST catalog server, its warehouse in the S3 server's bucket."""
+    server = _rest_catalog(tmp_path_factory.mktemp("rest-s3"), "s3://lake/rest", s3.properties())
+    yield server
+    server.stop()
+
+
+CATALOG_KINDS = os.environ.get("INGEST_TEST_CATALOGS", "sqlite,postgres").split(",")
+
+
+@pytest.fixture(params=CATALOG_KINDS)
 def catalog_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -186,6 +217,22 @@ class Env:
         return rows, dead
 
 
+def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The ``catalog:`` section for catalog kind ``kind`` (``catalog[+storage]``)."""
+    catalog, _, storage = kind.partition("+")
+    s3: dict[str, str] = request.getfixturevalue("s3").properties() if storage == "s3" else {}
+    if catalog == "rest":
+        rest: RestCatalog = request.getfixturevalue("rest_s3" if s3 else "rest_local")
+        return {"name": "lake_rest", "type": "rest", "uri": rest.uri, **s3}
+    uri = f"sqlite:///{tmp_path}/catalog.db" if catalog == "sqlite" else POSTGRES_URI
+    if s3:
+        warehouse = f"s3://lake/{tmp_path.name}-{name}"
+    else:
+        (tmp_path / "warehouse").mkdir(exist_ok=True)
+        warehouse = (tmp_path / "warehouse").as_uri()
+    return {"name": f"lake_{catalog}", "type": "sql", "uri": uri, "warehouse": warehouse, **s3}
+
+
 @pytest.fixture
 def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     def factory(partitions: int = 4, cluster: str | None = None, replicas: int = 1, **overrides: Any) -> Env:
@@ -201,16 +248,7 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.
             admin = AdminClient({"bootstrap.servers": servers})  # held until the futures are done
             for future in admin.create_topics([NewTopic(name, partitions, replicas)]).values():
                 future.result(30)
-        catalog, _, storage = catalog_kind.partition("+")
-        uri = f"sqlite:///{tmp_path}/catalog.db" if catalog == "sqlite" else POSTGRES_URI
-        properties = {"name": f"lake_{catalog}", "type": "sql", "uri": uri}
-        if storage == "s3":
-            server: S3Server = request.getfixturevalue("s3")
-            properties |= {"warehouse": f"s3://lake/{tmp_path.name}-{name}", **server.properties()}
-        else:
-            warehouse = tmp_path / "warehouse"
-            warehouse.mkdir(exist_ok=True)
-            properties["warehouse"] = warehouse.as_uri()
+        properties = _catalog(catalog_kind, tmp_path, name, request)
         data: dict[str, Any] = {
             "pipeline": "orders",
             "kafka": {"bootstrap.servers": servers},
