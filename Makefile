@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup services kafka demo test test-fast test-spark iceberg-spark lint format bench clean
+.PHONY: help setup services kafka catalogs demo test test-fast test-spark iceberg-spark lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,11 +24,22 @@ services: ## install (Debian's postgresql) and start PostgreSQL for the tests, a
 kafka: setup ## resolve Apache Kafka's broker from Maven Central into .cache/ (the integration tests' broker; needs java, mvn)
 	$(BIN)/python -m tests.services.kafka resolve
 
-demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result (and an Avro topic, with Apicurio Registry where Java 21+ is)
-	$(BIN)/python -m tests.services.apicurio run -- $(BIN)/ingest demo --config conf/orders.yaml
+catalogs: setup ## Iceberg's REST catalog server from Maven Central and moto's S3 and Glue server (its own venv) into .cache/ (the tests' REST, S3 and Glue catalogs)
+	$(BIN)/python -m tests.services.iceberg_rest resolve
+	$(BIN)/python -c 'from tests.services import moto; print(moto.install())'
 
-test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests)
+# `make demo DEMO_CATALOG=rest+s3`: the same pipeline on a REST catalog with its warehouse on S3
+DEMO_CATALOG ?= sqlite
+demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result (and an Avro topic, with Apicurio Registry where Java 21+ is); DEMO_CATALOG=rest+s3 for a REST catalog and S3
+ifeq ($(DEMO_CATALOG),rest+s3)
+	$(BIN)/python -m tests.services.iceberg_rest run -- $(BIN)/ingest demo --config conf/orders_rest_s3.yaml
+else
+	$(BIN)/python -m tests.services.apicurio run -- $(BIN)/ingest demo --config conf/orders.yaml
+endif
+
+test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with SQL and REST catalogs)
 	$(BIN)/pytest
+	INGEST_TEST_CATALOGS=sqlite+s3,rest+s3 $(BIN)/pytest -q tests/integration/test_crash.py tests/integration/test_protocol.py
 	INGEST_TEST_BROKER=tansu $(BIN)/pytest -q tests/integration/test_cli_end_to_end.py  # smoke: the demo's broker
 
 test-fast: setup ## only the pure-core unit tests

@@ -28,6 +28,7 @@ def _rewrite(env: Env, **changes: object) -> None:
 SHARED = {"max_records": 1_000, "chunk_records": 250, "workers": 2}
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite", "rest+s3"])  # and once on a REST catalog with S3
 def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow) -> None:
     env = make_env(batch=SHARED)
     env.produce(3_000, bad_every=11)

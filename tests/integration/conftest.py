@@ -7,7 +7,8 @@ session, an external Kafka when ``KAFKA_BOOTSTRAP_SERVERS`` is set, or the embed
 Every test gets its own topic, namespace and warehouse. ``catalog_kind`` names the catalog and,
 after a ``+``, the warehouse's storage: ``sqlite`` and ``postgres`` keep files on the local disk,
 ``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server; ``rest`` and
-``rest+s3`` talk to Iceberg's REST catalog server (Maven Central), backed by a JDBC store.
+``rest+s3`` talk to Iceberg's REST catalog server (Maven Central), backed by a JDBC store;
+``glue+s3`` is pyiceberg's AWS Glue catalog against the S3 server's Glue endpoint.
 Tests that do not choose their catalogs run on ``INGEST_TEST_CATALOGS`` (comma-separated kinds;
 ``sqlite,postgres`` by default).
 """
@@ -224,6 +225,9 @@ def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureReques
     if catalog == "rest":
         rest: RestCatalog = request.getfixturevalue("rest_s3" if s3 else "rest_local")
         return {"name": "lake_rest", "type": "rest", "uri": rest.uri, **s3}
+    if catalog == "glue":
+        glue = {f"glue.{key.removeprefix('s3.')}": value for key, value in s3.items() if key != "s3.path-style-access"}
+        return {"name": "lake_glue", "type": "glue", "warehouse": f"s3://lake/glue-{name}", **glue, **s3}
     uri = f"sqlite:///{tmp_path}/catalog.db" if catalog == "sqlite" else POSTGRES_URI
     if s3:
         warehouse = f"s3://lake/{tmp_path.name}-{name}"

@@ -19,7 +19,9 @@ from tests.runs import one_batch
 pytestmark = [
     pytest.mark.integration,
     # every test on the local disk (two catalogs) and on S3
-    pytest.mark.parametrize("catalog_kind", ["sqlite", "postgres", "sqlite+s3", "rest", "rest+s3"], indirect=True),
+    pytest.mark.parametrize(
+        "catalog_kind", ["sqlite", "postgres", "sqlite+s3", "rest", "rest+s3", "glue+s3"], indirect=True
+    ),
 ]
 
 AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 1}

@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Env, bootstrap, catalog_kind, make_env, registry  # noqa: F401  (fixtures)
+from tests.integration.conftest import (  # noqa: F401  (fixtures)
+    REPO,
+    Env,
+    bootstrap,
+    catalog_kind,
+    make_env,
+    registry,
+    rest_local,
+    rest_s3,
+    s3,
+)
 
 # local mode: executors are this machine's processes, on this interpreter; Spark binds to loopback
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

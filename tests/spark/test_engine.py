@@ -51,6 +51,8 @@ def _ledger_summary(pipeline: Pipeline) -> dict[str, str]:
     return {k: v for k, v in head.summary.items() if k.startswith("ingest.")}
 
 
+# the SQL catalogs on a local disk, and a REST catalog on S3: the executors write to S3, the driver commits through REST
+@pytest.mark.parametrize("catalog_kind", ["sqlite", "postgres", "rest+s3"], indirect=True)
 def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spark_conf) -> None:
     env = make_env(batch={"max_records": 2_000})
     env.produce(3_000, bad_every=11)

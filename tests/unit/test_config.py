@@ -80,6 +80,17 @@ def test_the_shipped_example_config_is_valid() -> None:
     assert config.kafka["bootstrap.servers"] == "127.0.0.1:9092"
 
 
+def test_the_rest_and_s3_example_takes_its_secrets_from_the_environment() -> None:
+    path = Path(__file__).resolve().parents[2] / "conf" / "orders_rest_s3.yaml"
+    with pytest.raises(ConfigError, match=r"catalog\.s3\.access-key-id: .*AWS_ACCESS_KEY_ID referenced but not set"):
+        load(path, env={})
+
+    config = load(path, env={"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s3cr3t"})
+
+    assert config.catalog["type"] == "rest" and config.catalog["s3.secret-access-key"] == "s3cr3t"
+    assert config.commit.request_timeout_s == 60
+
+
 # --- errors name the key -----------------------------------------------------------------------
 
 
