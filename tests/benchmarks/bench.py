@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -322,6 +323,20 @@ def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
     return _ingest(args, {})
 
 
+def stage_ingest_s3(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage, its warehouse (data and metadata) in a bucket of moto's S3
+    server over HTTP, the SQLite catalog the same."""
+    catalog = {"name": "bench", "type": "sql", "warehouse": f"s3://lake/{uuid.uuid4().hex}", **json.loads(args.s3)}
+    return _ingest(args, {"catalog": catalog}, keep_uri=True)
+
+
+def stage_ingest_rest_s3(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest_s3`` stage, through Iceberg's REST catalog server (its JDBC store in
+    SQLite) instead of the SQLite catalog: the commits go over HTTP too."""
+    catalog = {"name": "bench", "type": "rest", "uri": args.rest, **json.loads(args.s3)}
+    return _ingest(args, {"catalog": catalog, "table": f"bench{uuid.uuid4().hex[:8]}.orders"})
+
+
 def stage_poison_1(args: argparse.Namespace) -> dict[str, Any]:
     """`ingest` as the ``ingest`` stage, on the same orders with every 100th one poisoned (its
     ``amount`` a string): each poison record a dead letter naming the field."""
@@ -348,13 +363,17 @@ def _avro(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _ingest(args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any]:
+def _ingest(args: argparse.Namespace, overrides: dict[str, Any], keep_uri: bool = False) -> dict[str, Any]:
+    """``keep_uri``: the overriding catalog keeps the stage's SQLite catalog file."""
     from ingest import config as config_module
     from ingest.engines.local import processes as local_processes
     from ingest.runner import opened  # imports no pyiceberg
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = config_module.parse({k: v for k, v in (_config(args, tmp) | overrides).items() if v is not None})
+        data = _config(args, tmp) | overrides
+        if keep_uri:
+            data["catalog"]["uri"] = _config(args, tmp)["catalog"]["uri"]
+        config = config_module.parse({k: v for k, v in data.items() if v is not None})
         started = time.perf_counter()
         with opened(config) as run:
             open_s = time.perf_counter() - started
@@ -530,6 +549,8 @@ STAGES = {
     "avro_decode": stage_avro_decode,
     "avro_naive": stage_avro_naive,
     "avro_ingest": stage_avro_ingest,
+    "ingest_s3": stage_ingest_s3,
+    "ingest_rest_s3": stage_ingest_rest_s3,
     "poison_1": stage_poison_1,
     "poison_100": stage_poison_100,
     "fixed": stage_fixed,
@@ -553,6 +574,7 @@ def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "--partitions",
         str(args.partitions),
         *(["--registry", args.registry] if args.registry else []),
+        *(["--s3", args.s3, "--rest", args.rest] if args.s3 else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
     if done.returncode != 0:
@@ -572,6 +594,8 @@ def main() -> None:
     parser.add_argument("--bootstrap")
     parser.add_argument("--topic", default="bench")
     parser.add_argument("--registry", help="the Schema Registry's URL (the Avro stages)")
+    parser.add_argument("--s3", help="pyiceberg's S3 properties, as JSON (the S3 stages)")
+    parser.add_argument("--rest", help="the REST catalog's URI (the REST stage)")
     args = parser.parse_args()
     if args.stage:
         result = STAGES[args.stage](args)
@@ -590,7 +614,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     from ingest.kafka.embedded import EmbeddedBroker
 
     console = Console(stderr=True)
-    with EmbeddedBroker() as broker, _registry(console) as registry:
+    with EmbeddedBroker() as broker, _registry(console) as registry, _s3_and_rest(console) as storage:
         args.bootstrap = broker.bootstrap_servers
         create_topic(args.bootstrap, args.topic, args.partitions)
         started = time.perf_counter()
@@ -629,6 +653,9 @@ def orchestrate(args: argparse.Namespace) -> None:
             )
             del values
             stages += ["avro_decode", "avro_naive", "avro_ingest"]
+        if storage is not None:
+            args.s3, args.rest = storage
+            stages += ["ingest_s3", "ingest_rest_s3"]
         results = {}
         for name in stages:
             results[name] = _run_stage(name, args)
@@ -663,6 +690,11 @@ def orchestrate(args: argparse.Namespace) -> None:
             "avro_ingest_vs_avro_naive": results["avro_ingest"]["records_per_s"]
             / results["avro_naive"]["records_per_s"],
         }
+    if "ingest_s3" in results:
+        report["ratios"] |= {
+            f"{name}_vs_ingest": results[name]["records_per_s"] / results["ingest"]["records_per_s"]
+            for name in ("ingest_s3", "ingest_rest_s3")
+        }
     if "spark" in results:
         report["ratios"] |= {
             "spark_vs_raw": results["spark"]["records_per_s"] / results["raw"]["records_per_s"],
@@ -676,6 +708,8 @@ def orchestrate(args: argparse.Namespace) -> None:
             "ingest": f"ingest ({r.get('processes')} processes, started by the run)",
             "catchup": f"ingest, 2nd batch of a catch-up ({r.get('processes')} processes, running)",
             "avro_ingest": f"ingest, Avro values ({r.get('processes')} processes, started by the run)",
+            "ingest_s3": f"ingest, warehouse on S3 (moto), SQLite catalog ({r.get('processes')} processes)",
+            "ingest_rest_s3": f"ingest, warehouse on S3 (moto), REST catalog ({r.get('processes')} processes)",
             "poison_1": "ingest, 1% poison (dead letters)",
             "poison_100": "ingest, 100% poison (dead letters)",
         }.get(name, name)
@@ -703,6 +737,15 @@ def orchestrate(args: argparse.Namespace) -> None:
             f"spark / naive = {ratios['spark_vs_naive']:.1f}×; session start {spark['session_start_s']:.1f}s, "
             f"warm-up batch {spark['warmup_batch_s']:.1f}s"
         )
+    if "ingest_s3" in results:
+        console.print(
+            f"S3 (moto, one Python process on this machine): ingest on S3 / on the local disk = "
+            f"{ratios['ingest_s3_vs_ingest']:.2f} (SQLite catalog), {ratios['ingest_rest_s3_vs_ingest']:.2f} "
+            f"(REST catalog); before the batch {results['ingest_s3']['open_s']:.2f}s and "
+            f"{results['ingest_rest_s3']['open_s']:.2f}s"
+        )
+    else:
+        console.print("S3 not measured: moto's S3 server or the REST catalog server could not run (see above)")
     if "avro_ingest" in results:
         console.print(
             f"Avro: ingest (Avro) / ingest (JSON) = {ratios['avro_ingest_vs_ingest']:.2f} (target ≥ 0.70); "
@@ -720,6 +763,25 @@ def orchestrate(args: argparse.Namespace) -> None:
         out.write(json.dumps(report) + "\n")
     if args.json:
         print(json.dumps(report, indent=2))
+
+
+@contextlib.contextmanager
+def _s3_and_rest(console: Any) -> Iterator[tuple[str, str] | None]:
+    """moto's S3 server with a bucket ``lake``, and a REST catalog server warehoused in it: (the S3
+    properties as JSON, the REST URI); None, saying why, where they cannot run."""
+    from tests.services.iceberg_rest import RestCatalog, RestUnavailable
+    from tests.services.moto import S3Server, S3Unavailable
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+        try:
+            s3 = servers.enter_context(S3Server(Path(tmp) / "moto.log"))
+            s3.create_bucket("lake")
+            rest = servers.enter_context(RestCatalog(Path(tmp) / "rest", "s3://lake/rest", s3.properties()))
+        except (S3Unavailable, RestUnavailable) as error:
+            console.print(f"S3 stages skipped: {error}")
+            yield None
+            return
+        yield json.dumps(s3.properties()), rest.uri
 
 
 @contextlib.contextmanager

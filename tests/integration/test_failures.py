@@ -195,7 +195,7 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
             {"catalog": {"uri": POSTGRES_URI.rsplit("/", 1)[0] + "/no_such_db"}},
             'catalog.uri: the PostgreSQL server refused: database "no_such_db" does not exist',
         ),
-        ({"catalog": {"type": "glue"}}, "catalog: AWS glue support not installed: pip install 'pyiceberg[glue]'"),
+        ({"catalog": {"type": "hive"}}, "catalog: Apache Hive support not installed: pip install 'pyiceberg[hive]'"),
         (
             {"partition_by": ["day(order_id)"]},
             "partition_by: 'day(order_id)': day cannot partition order_id, a long column",
