@@ -33,8 +33,10 @@ DEMO_CATALOG ?= sqlite
 demo: setup ## run the pipeline on the embedded broker and a local warehouse, then show the result (and an Avro topic, with Apicurio Registry where Java 21+ is); DEMO_CATALOG=rest+s3 for a REST catalog and S3
 ifeq ($(DEMO_CATALOG),rest+s3)
 	$(BIN)/python -m tests.services.iceberg_rest run -- $(BIN)/ingest demo --config conf/orders_rest_s3.yaml
-else
+else ifeq ($(DEMO_CATALOG),sqlite)
 	$(BIN)/python -m tests.services.apicurio run -- $(BIN)/ingest demo --config conf/orders.yaml
+else
+	$(error DEMO_CATALOG is sqlite (the default) or rest+s3, not '$(DEMO_CATALOG)')
 endif
 
 test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with SQL and REST catalogs)

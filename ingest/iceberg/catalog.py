@@ -28,6 +28,7 @@ def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> C
     ``request_timeout_s`` (``commit.request_timeout_s``)."""
     props = dict(properties)
     name = props.pop("name")
+    _bound_rest_requests(request_timeout_s)
     try:
         catalog = load_catalog(name, **props)
         if type(catalog).__module__ == "pyiceberg.catalog.sql":  # SqlCatalog: its module is loaded now
@@ -35,11 +36,13 @@ def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> C
 
             catalog.engine.dispose()  # type: ignore[attr-defined]
             catalog = HeldSqlCatalog(catalog.name, **catalog.properties)
-        session = getattr(catalog, "_session", None)  # RestCatalog's requests.Session
-        if session is not None:
-            _time_out(session, request_timeout_s)
         return catalog
     except (ValueError, NotImplementedError, NotInstalledError, ImportError) as error:
+        if type(error).__name__ == "ValidationError":  # pydantic's: an answer that is no REST response
+            raise CatalogUnavailable(
+                f"cannot open Iceberg catalog {name!r}: its answer is not an Iceberg REST response "
+                f"(a proxy's error page?): {str(error).splitlines()[0]}"
+            ) from None
         raise ConfigError(f"catalog: {error}") from None
     except Exception as error:  # driver errors of every catalog backend
         mistake = _mistake(props, str(error))
@@ -50,17 +53,27 @@ def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> C
         raise CatalogUnavailable(f"cannot open Iceberg catalog {name!r}: {error}") from None
 
 
-def _time_out(session: Any, seconds: float) -> None:
-    """Give every request of ``session`` a timeout: pyiceberg's REST client sets none, so a
-    catalog that never answers a commit would hold the batch for ever instead of leaving an unknown
-    outcome to settle (requests' way: a default for ``Session.request``)."""
-    request = session.request
+def _bound_rest_requests(seconds: float) -> None:
+    """Give every request of pyiceberg's REST client a timeout of ``seconds``: it sets none, so a
+    catalog that never answers would hold a run for ever, where an unanswered commit should be an
+    unknown outcome to settle and an unanswered load a retryable failure. Each session the client
+    makes (the config request when it opens, its legacy OAuth2 token requests, every call after)
+    is a ``pyiceberg.catalog.rest.Session``: that name becomes a subclass whose requests default to
+    ``seconds`` (requests' own way to set one). The token request of ``auth.type: oauth2`` calls
+    ``requests.post`` directly and stays unbounded."""
+    from pyiceberg.catalog import rest
 
-    def timed(method: str, url: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("timeout", seconds)
-        return request(method, url, **kwargs)
+    session: Any = getattr(rest, "Session")  # noqa: B009  (not in its __all__)
+    base: Any = getattr(session, "untimed", session)
 
-    session.request = timed
+    class TimedSession(base):  # type: ignore[misc, valid-type]
+        untimed = base
+
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", seconds)
+            return super().request(method, url, *args, **kwargs)
+
+    setattr(rest, "Session", TimedSession)  # noqa: B010
 
 
 #: what a PostgreSQL server says when the configuration, not the moment, is wrong

@@ -37,6 +37,7 @@ from ingest.kafka.embedded import EmbeddedBroker
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
 from tests.services.iceberg_rest import RestCatalog, RestUnavailable
+from tests.services.iceberg_rest import unavailable as rest_unavailable
 from tests.services.moto import S3Server, S3Unavailable
 
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -93,20 +94,28 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apicurio]:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """moto's S3 server, with a bucket ``lake`` the S3 warehouses live in."""
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
     try:
-        server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log").start()
+        server.start().create_bucket("lake")
     except S3Unavailable as error:
+        server.stop()
         pytest.fail(f"the S3 server cannot run here: {error}")
-    server.create_bucket("lake")
-    yield server
-    server.stop()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _rest_catalog(directory: Path, warehouse: str, s3: dict[str, str] | None = None) -> RestCatalog:
+    """The server started, or the test skipped where Java or Maven is missing (as the Spark interop
+    tests do) and failed where they are and the server still would not run."""
+    missing = rest_unavailable()
+    if missing:
+        pytest.skip(f"Iceberg's REST catalog server cannot run here: {missing}")
     try:
         return RestCatalog(directory, warehouse, s3).start()
     except RestUnavailable as error:
-        pytest.fail(f"Iceberg's REST catalog server cannot run here: {error}")
+        pytest.fail(f"Iceberg's REST catalog server would not run: {error}")
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +235,7 @@ def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureReques
         rest: RestCatalog = request.getfixturevalue("rest_s3" if s3 else "rest_local")
         return {"name": "lake_rest", "type": "rest", "uri": rest.uri, **s3}
     if catalog == "glue":
-        glue = {f"glue.{key.removeprefix('s3.')}": value for key, value in s3.items() if key != "s3.path-style-access"}
+        glue = {f"glue.{key.removeprefix('s3.')}": value for key, value in s3.items()}
         return {"name": "lake_glue", "type": "glue", "warehouse": f"s3://lake/glue-{name}", **glue, **s3}
     uri = f"sqlite:///{tmp_path}/catalog.db" if catalog == "sqlite" else POSTGRES_URI
     if s3:

@@ -58,7 +58,9 @@ def test_sigkill_at_random_moments(make_env) -> None:
 
 
 @pytest.mark.parametrize("copies", [2, 4])
-def test_concurrent_copies_of_one_pipeline(make_env, copies: int) -> None:
+def test_concurrent_copies_of_one_pipeline(make_env, catalog_kind: str, copies: int) -> None:
+    if catalog_kind.startswith("glue"):
+        pytest.skip("moto's Glue ignores UpdateTable's VersionId: no compare-and-swap for copies to race on")
     env = make_env(batch={"max_records": 500})
     env.produce(4_000, bad_every=17)
     processes = [env.popen("run", "--until-caught-up", "--json") for _ in range(copies)]

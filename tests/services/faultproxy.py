@@ -7,8 +7,8 @@ It forwards every request to the upstream server, except that the commits it is 
   response (a lost acknowledgement);
 - ``error``: forwarded and applied; the client gets ``status`` (500 by default: pyiceberg's
   ``CommitStateUnknownException``) instead of the catalog's answer;
-- ``hold``: forwarded and applied; the response is held for ``hold_s`` (a timeout on the client's
-  side, or the moment to SIGKILL it) and then dropped;
+- ``hold``: forwarded and applied; the response is held for ``hold_s`` (past the client's timeout,
+  or until ``disarm()``) and then dropped;
 - ``refuse``: not forwarded at all; the client gets ``status`` (the commit never happened, and the
   client cannot tell).
 
@@ -23,7 +23,6 @@ import http.client
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -32,6 +31,7 @@ from urllib.parse import urlparse
 
 Fault = Literal["drop", "error", "hold", "refuse"]
 COMMIT = re.compile(r"^/v1/(?:[^/]+/)?namespaces/[^/]+/tables/[^/?]+$")
+INJECTED = b'{"error": {"message": "injected by the test proxy", "type": "Fault", "code": 0}}'
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
 
 
@@ -49,6 +49,8 @@ class Plan:
     seen: int = 0
     faulted: int = 0
     met: threading.Event = field(default_factory=threading.Event)
+    #: ends a ``hold`` early (``disarm()``)
+    released: threading.Event = field(default_factory=threading.Event)
 
     def take(self, path: str) -> Fault | None:
         """The fault for this commit request (None: pass it), counting it."""
@@ -79,26 +81,22 @@ class FaultProxy:
 
             def _relay(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                fault = None
-                if self.command == "POST" and COMMIT.match(self.path.split("?")[0]):
-                    with proxy._lock:
-                        fault = proxy.plan.take(self.path.split("?")[0])
+                with proxy._lock:  # this request's plan, whatever arm() or disarm() do meanwhile
+                    plan = proxy.plan
+                    commit = self.command == "POST" and COMMIT.match(self.path.split("?")[0])
+                    fault = plan.take(self.path.split("?")[0]) if commit else None
                 if fault == "refuse":
-                    proxy.plan.met.set()
-                    self._answer(
-                        proxy.plan.status, b'{"error": {"message": "injected", "type": "Fault", "code": 0}}', {}
-                    )
+                    plan.met.set()
+                    self._answer(plan.status, INJECTED, {})
                     return
                 status, payload, headers = proxy._forward(self.command, self.path, self.headers, body)
                 if fault is not None:
-                    proxy.plan.met.set()
+                    plan.met.set()
                 if fault == "error":
-                    self._answer(
-                        proxy.plan.status, b'{"error": {"message": "injected", "type": "Fault", "code": 0}}', {}
-                    )
+                    self._answer(plan.status, INJECTED, {})
                 elif fault in ("drop", "hold"):
                     if fault == "hold":
-                        time.sleep(proxy.plan.hold_s)
+                        plan.released.wait(plan.hold_s)
                     self.close_connection = True
                     with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -134,6 +132,7 @@ class FaultProxy:
 
     def disarm(self) -> None:
         with self._lock:
+            self.plan.released.set()
             self.plan = Plan()
 
     def _forward(self, method: str, path: str, headers: object, body: bytes) -> tuple[int, bytes, dict[str, str]]:

@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 
 from ingest.kafka.embedded import free_port
 from tests.services import maven
+from tests.services.ready import ready
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -32,6 +30,11 @@ LIB = REPO / ".cache" / f"iceberg-rest-{VERSION}" / "lib"
 
 class RestUnavailable(Exception):
     """Java or Maven is missing, Maven could not resolve the server, or it would not start."""
+
+
+def unavailable() -> str | None:
+    """Why the server cannot run here (None: it can)."""
+    return maven.unavailable(LIB)
 
 
 def resolve() -> Path:
@@ -97,17 +100,12 @@ class RestCatalog:
                 env=env,
                 cwd=self.directory,
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RestUnavailable(f"the REST catalog server exited with {self.process.returncode}; see {self.log}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
-                    return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise RestUnavailable(f"the REST catalog server did not answer within {timeout_s:.0f} s; see {self.log}")
+        try:
+            ready(self.process, f"{self.uri}/v1/config", timeout_s, self.log)
+        except TimeoutError as error:
+            self.stop()
+            raise RestUnavailable(f"the REST catalog server {error}") from None
+        return self
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

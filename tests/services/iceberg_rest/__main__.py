@@ -3,7 +3,7 @@ Central into .cache/ (the tests do it on first use too).
 
 ``python -m tests.services.iceberg_rest run -- COMMAND…``: run COMMAND with a REST catalog whose
 warehouse lies in a bucket of moto's S3 server, both started for it and stopped after, and with
-``ICEBERG_REST_URI``, ``S3_ENDPOINT``, ``S3_PATH_STYLE_ACCESS``, ``AWS_ACCESS_KEY_ID``,
+``ICEBERG_REST_URI``, ``S3_ENDPOINT``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY`` and ``AWS_REGION`` set as ``conf/orders_rest_s3.yaml`` reads them
 (``make demo DEMO_CATALOG=rest+s3``)."""
 
@@ -33,7 +33,6 @@ def run(command: list[str]) -> int:
                         **os.environ,
                         "ICEBERG_REST_URI": catalog.uri,
                         "S3_ENDPOINT": s3.endpoint,
-                        "S3_PATH_STYLE_ACCESS": "true",
                         "AWS_ACCESS_KEY_ID": s3_properties["s3.access-key-id"],
                         "AWS_SECRET_ACCESS_KEY": s3_properties["s3.secret-access-key"],
                         "AWS_REGION": s3_properties["s3.region"],

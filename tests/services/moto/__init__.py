@@ -1,7 +1,7 @@
 """An S3 server for the test suite: moto's, in a virtualenv of its own.
 
-moto needs botocore, and botocore refuses the python-dateutil the project's Airflow brings, so moto
-cannot share the project's environment. ``install()`` makes ``.cache/moto-<version>`` from the pinned
+moto's server brings Flask, Werkzeug and pins of its own that have no business in the project's
+environment (beside Airflow's), so it lives apart. ``install()`` makes ``.cache/moto-<version>`` from the pinned
 ``requirements.txt`` beside this file, once (a ``.complete`` marker says it finished).
 :class:`S3Server` runs ``moto_server`` on 127.0.0.1 and a free port: real S3 over HTTP, which
 pyiceberg's and pyarrow's S3 clients talk to as to any S3 endpoint. Nothing here is used by the
@@ -10,17 +10,17 @@ pipeline.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 
 from ingest.kafka.embedded import free_port
+from tests.services.ready import ready
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -39,18 +39,23 @@ class S3Unavailable(Exception):
 def install() -> Path:
     """moto's ``moto_server``, installing it into its virtualenv the first time."""
     server = VENV / "bin" / "moto_server"
-    if (VENV / ".complete").exists():
-        return server
-    shutil.rmtree(VENV, ignore_errors=True)  # a partial install: start over
-    steps = [
-        [sys.executable, "-m", "venv", str(VENV)],
-        [str(VENV / "bin" / "pip"), "install", "--quiet", "-r", str(REQUIREMENTS)],
-    ]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise S3Unavailable(f"{' '.join(step[:3])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    (VENV / ".complete").touch()
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    # one installer at a time (the tests, `make catalogs`, the bench); a venv cannot be built
+    # elsewhere and moved in, its scripts name their interpreter by path
+    with open(VENV.with_name(VENV.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (VENV / ".complete").exists():
+            return server
+        shutil.rmtree(VENV, ignore_errors=True)  # a partial install: start over
+        steps = [
+            [sys.executable, "-m", "venv", str(VENV)],
+            [str(VENV / "bin" / "pip"), "install", "--quiet", "-r", str(REQUIREMENTS)],
+        ]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise S3Unavailable(f"{' '.join(step[:3])} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        (VENV / ".complete").touch()
     return server
 
 
@@ -73,7 +78,6 @@ class S3Server:
             "s3.access-key-id": ACCESS_KEY,
             "s3.secret-access-key": SECRET_KEY,
             "s3.region": REGION,
-            "s3.path-style-access": "true",
         }
 
     def start(self, timeout_s: float = 60.0) -> S3Server:
@@ -85,17 +89,12 @@ class S3Server:
             self.process = subprocess.Popen(
                 [str(server), "-H", "127.0.0.1", "-p", str(self.port)], stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise S3Unavailable(f"moto_server exited with {self.process.returncode}; see {self.log}")
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
-                    return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise S3Unavailable(f"moto_server did not answer within {timeout_s:.0f} s; see {self.log}")
+        try:
+            ready(self.process, f"{self.endpoint}/moto-api/", timeout_s, self.log)
+        except TimeoutError as error:
+            self.stop()
+            raise S3Unavailable(f"moto_server {error}") from None
+        return self
 
     def create_bucket(self, name: str) -> None:
         request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
