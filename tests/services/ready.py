@@ -1,4 +1,4 @@
-"""Waiting for a test server the tests started to answer."""
+"""Waiting for a test server the tests started to answer, and stopping it."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def ready(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Pat
         if process.poll() is None:
             return
     raise TimeoutError(f"did not answer at {url} within {timeout_s:.0f} s; see {log}")
+
+
+def stop(process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """Terminate ``process`` if it still runs, and kill it if it outlives ``grace_s``."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -19,7 +19,7 @@ from types import TracebackType
 
 from ingest.kafka.embedded import free_port
 from tests.services import maven
-from tests.services.ready import ready
+from tests.services.ready import ready, stop
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -108,13 +108,7 @@ class RestCatalog:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process, 15)
         self.process = None
 
     def __enter__(self) -> RestCatalog:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ingest.kafka.embedded import free_port
-from tests.services.ready import ready
+from tests.services.ready import ready, stop
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -102,13 +102,7 @@ class S3Server:
             pass
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process, 10)
         self.process = None
 
     def __enter__(self) -> S3Server:
