@@ -7,13 +7,17 @@ id (``ingest.<pipeline>.*``); this module is its codec and the ancestry lookup, 
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ingest.errors import LedgerFormatError
 
-FORMAT_VERSION = 1
+#: the ledger format this version writes (format 1, every map nested per partition, is still read)
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 #: every summary key and table property this project writes starts with this
 PREFIX = "ingest."
 REGISTRY_PROPERTY = f"{PREFIX}pipelines"
@@ -122,20 +126,70 @@ def _key(pipeline: str, name: str) -> str:
     return f"ingest.{pipeline}.{name}"
 
 
-def _encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:
-    nested: dict[str, dict[str, int]] = {}
+def _nested(offsets: Mapping[TopicPartition, int]) -> dict[str, list[int] | dict[str, int]]:
+    """``{"topic": [o0, o1, ...]}`` when a topic's partitions are 0..n-1 (the usual case), else
+    ``{"topic": {"p": o}}`` (format 1 wrote the second form for every topic)."""
+    grouped: dict[str, dict[int, int]] = {}
     for tp in sorted(offsets):
-        nested.setdefault(tp.topic, {})[str(tp.partition)] = offsets[tp]
-    return json.dumps(nested, separators=(",", ":"), sort_keys=True)
+        grouped.setdefault(tp.topic, {})[tp.partition] = offsets[tp]
+    return {
+        topic: list(parts.values()) if list(parts) == list(range(len(parts))) else {str(p): o for p, o in parts.items()}
+        for topic, parts in grouped.items()
+    }
+
+
+def _encode_offsets(offsets: Mapping[TopicPartition, int]) -> str:
+    return json.dumps(_nested(offsets), separators=(",", ":"), sort_keys=True)
 
 
 def _decode_offsets(text: str) -> dict[TopicPartition, int]:
-    nested = json.loads(text)
+    return _offsets_of(json.loads(text))
+
+
+def _offsets_of(nested: Mapping[str, list[int] | Mapping[str, int]]) -> dict[TopicPartition, int]:
     return {
         TopicPartition(topic, int(partition)): int(offset)
         for topic, partitions in nested.items()
-        for partition, offset in partitions.items()
+        for partition, offset in (enumerate(partitions) if isinstance(partitions, list) else partitions.items())
     }
+
+
+def _encode_detail(ledger: Ledger) -> str:
+    """Start offsets, timestamps and origin in one compressed key (format 2): at 1,000 partitions
+    they were ~50 KB of a snapshot's summary, which every snapshot kept in the table metadata repeats.
+
+    zlib over JSON, base64: each start as its distance below the partition's offset (the batch's
+    size), the timestamps after their minimum; decompressed, it reads as plain JSON."""
+    reads = {tp: ledger.offsets[tp] - start for tp, start in ledger.start_offsets.items() if tp in ledger.offsets}
+    starts = {tp: start for tp, start in ledger.start_offsets.items() if tp not in ledger.offsets}
+    base = min(ledger.timestamps.values(), default=0)
+    detail = {
+        "read": _nested(reads),
+        "start": _nested(starts),
+        "time-base": base,
+        "times": _nested({tp: ts - base for tp, ts in ledger.timestamps.items()}),
+        "origin": _nested(ledger.origin),
+    }
+    text = json.dumps(detail, separators=(",", ":"), sort_keys=True).encode()
+    return base64.b64encode(zlib.compress(text, 9)).decode("ascii")
+
+
+def _decode_detail(
+    pipeline: str, text: str, offsets: Mapping[TopicPartition, int]
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Start offsets, timestamps and origin of a format-2 ledger."""
+    try:
+        detail = json.loads(zlib.decompress(base64.b64decode(text, validate=True)))
+        starts = {tp: offsets[tp] - read for tp, read in _offsets_of(detail["read"]).items()}
+        starts |= _offsets_of(detail["start"])
+        base = int(detail["time-base"])
+        timestamps = {tp: base + delta for tp, delta in _offsets_of(detail["times"]).items()}
+        return starts, timestamps, _offsets_of(detail["origin"])
+    except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as error:
+        raise LedgerFormatError(
+            f"'ingest.{pipeline}.detail' is not the zlib-compressed JSON this version writes: corrupted ledger "
+            f"({type(error).__name__}: {error})"
+        ) from None
 
 
 def encode(
@@ -150,8 +204,7 @@ def encode(
         _key(pipeline, "format"): str(FORMAT_VERSION),
         _key(pipeline, "batch"): str(ledger.batch),
         _key(pipeline, "offsets"): _encode_offsets(ledger.offsets),
-        _key(pipeline, "start-offsets"): _encode_offsets(ledger.start_offsets),
-        _key(pipeline, "timestamps"): _encode_offsets(ledger.timestamps),
+        _key(pipeline, "detail"): _encode_detail(ledger),
         _key(pipeline, "records"): str(counts.records),
         _key(pipeline, "dead-letters"): str(counts.dead_letters),
         _key(pipeline, "bytes"): str(counts.bytes),
@@ -166,8 +219,6 @@ def encode(
         props[_key(pipeline, "lost-ranges")] = json.dumps(
             [[r.tp.topic, r.tp.partition, r.start, r.end] for r in ledger.lost], separators=(",", ":")
         )
-    if ledger.origin:
-        props[_key(pipeline, "origin")] = _encode_offsets(ledger.origin)
     if ledger.reset_id is not None:
         props[_key(pipeline, "reset-id")] = ledger.reset_id
     if ledger.resets:
@@ -179,7 +230,7 @@ def encode(
     if ledger.sync is not None:
         sync: dict[str, object] = {"id": ledger.sync.sync_id, "branch": ledger.sync.branch}
         if ledger.sync.rewind_to is not None:
-            sync["rewind-to"] = json.loads(_encode_offsets(ledger.sync.rewind_to))
+            sync["rewind-to"] = _nested(ledger.sync.rewind_to)
         if ledger.sync.redriven is not None:
             redriven: dict[str, dict[str, list[list[int]]]] = {}
             for tp, spans in sorted(ledger.sync.redriven.items()):
@@ -198,7 +249,7 @@ def _decode_sync(text: str | None) -> DeadLetterSync | None:
     return DeadLetterSync(
         data["id"],
         data.get("branch"),
-        _decode_offsets(json.dumps(rewind)) if rewind is not None else None,
+        _offsets_of(rewind) if rewind is not None else None,
         None
         if redriven is None
         else {
@@ -237,27 +288,35 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
     version_text = summary.get(_key(pipeline, "format"))
     if offsets is None and version_text is None:
         return None
-    version = int(version_text or FORMAT_VERSION)
-    if version != FORMAT_VERSION:
+    version = int(version_text or 1)
+    if version not in READABLE_FORMATS:
         raise LedgerFormatError(
             f"snapshot summary has ledger format {version} for pipeline {pipeline!r}; this version of "
-            f"lakehouse-ingest reads format {FORMAT_VERSION}. Upgrade lakehouse-ingest."
+            f"lakehouse-ingest reads formats {', '.join(map(str, READABLE_FORMATS))}. Upgrade lakehouse-ingest."
         )
     if offsets is None:
         raise LedgerFormatError(f"snapshot summary has 'ingest.{pipeline}.format' but no offsets: corrupted ledger")
     lost_text = summary.get(_key(pipeline, "lost-ranges"))
     lost = tuple(LostRange(TopicPartition(t, int(p)), int(s), int(e)) for t, p, s, e in json.loads(lost_text or "[]"))
+    next_offsets = _decode_offsets(offsets)
+    detail = summary.get(_key(pipeline, "detail"))
+    if detail is not None:
+        starts, timestamps, origin = _decode_detail(pipeline, detail, next_offsets)
+    else:  # format 1
+        starts = _decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}"))
+        timestamps = _decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}"))
+        origin = _decode_offsets(summary.get(_key(pipeline, "origin"), "{}"))
     return Ledger(
         batch=int(summary[_key(pipeline, "batch")]),
-        offsets=_decode_offsets(offsets),
-        start_offsets=_decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}")),
+        offsets=next_offsets,
+        start_offsets=starts,
         cluster_id=summary.get(_key(pipeline, "kafka-cluster")),
-        timestamps=_decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
+        timestamps=timestamps,
         lost=lost,
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
         sync=_decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
-        origin=_decode_offsets(summary.get(_key(pipeline, "origin"), "{}")),
+        origin=origin,
     )
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import random
+import zlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -58,11 +62,17 @@ def test_round_trip_keeps_every_field() -> None:
 def test_summary_layout_matches_the_protocol() -> None:
     summary = encode("orders", full_ledger(), BatchCounts(records=18, dead_letters=2, bytes=4096))
 
-    assert json.loads(summary["ingest.orders.offsets"]) == {"orders": {"0": 120, "1": 99}, "payments": {"0": 5}}
-    assert json.loads(summary["ingest.orders.start-offsets"]) == {
-        "orders": {"0": 100, "1": 99},
-        "payments": {"0": 0},
+    # a topic's partitions 0..n-1 as a list: the offsets stay readable in any engine's snapshots table
+    assert json.loads(summary["ingest.orders.offsets"]) == {"orders": [120, 99], "payments": [5]}
+    detail = json.loads(zlib.decompress(base64.b64decode(summary["ingest.orders.detail"])))
+    assert detail == {
+        "read": {"orders": [20, 0], "payments": [5]},
+        "start": {},
+        "time-base": 1_700_000_100_000,
+        "times": {"orders": [200_000, 0], "payments": [100_000]},
+        "origin": {},
     }
+    assert "ingest.orders.start-offsets" not in summary and "ingest.orders.timestamps" not in summary
     assert summary["ingest.orders.batch"] == "7"
     assert summary["ingest.orders.format"] == str(FORMAT_VERSION)
     assert summary["ingest.orders.kafka-cluster"] == "kafka-cluster-xyz"
@@ -72,6 +82,63 @@ def test_summary_layout_matches_the_protocol() -> None:
     assert summary["ingest.orders.bytes"] == "4096"
     # every value is a string: Iceberg snapshot summaries are string -> string
     assert all(isinstance(v, str) for v in summary.values())
+
+
+def test_partitions_other_than_0_to_n_are_keyed_by_number() -> None:
+    ledger = Ledger(batch=3, offsets={A1: 7, B0: 2}, start_offsets={A1: 5, A0: 1, B0: 2})
+    summary = encode("p", ledger, BatchCounts())
+
+    assert json.loads(summary["ingest.p.offsets"]) == {"orders": {"1": 7}, "payments": [2]}
+    assert decode("p", summary) == ledger
+
+
+def test_a_format_1_ledger_is_still_read() -> None:
+    # what lakehouse-ingest wrote before format 2: every map nested per partition, in its own key
+    summary = {
+        "ingest.orders.format": "1",
+        "ingest.orders.batch": "7",
+        "ingest.orders.offsets": '{"orders":{"0":120,"1":99},"payments":{"0":5}}',
+        "ingest.orders.start-offsets": '{"orders":{"0":100,"1":99},"payments":{"0":0}}',
+        "ingest.orders.timestamps": '{"orders":{"0":1700000300000,"1":1700000100000},"payments":{"0":1700000200000}}',
+        "ingest.orders.origin": '{"orders":{"0":0,"1":0},"payments":{"0":0}}',
+        "ingest.orders.kafka-cluster": "kafka-cluster-xyz",
+        "ingest.orders.lost-ranges": '[["orders",0,40,60],["payments",0,0,3]]',
+    }
+
+    assert decode("orders", summary) == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0})
+
+
+def test_a_corrupted_detail_key_is_a_ledger_format_error() -> None:
+    summary = encode("orders", full_ledger(), BatchCounts())
+    summary["ingest.orders.detail"] = "not base64 of zlib!"
+
+    with pytest.raises(LedgerFormatError, match=r"ingest\.orders\.detail"):
+        decode("orders", summary)
+
+
+def test_a_ledger_of_1000_partitions_is_a_fraction_of_format_1() -> None:
+    rng = random.Random(7)
+    tps = [TopicPartition(f"events_{t:03d}", p) for t in range(200) for p in range(5)]
+    offsets = {tp: rng.randint(10**6, 5 * 10**7) for tp in tps}
+    ledger = Ledger(
+        batch=9,
+        offsets=offsets,
+        start_offsets={tp: o - rng.randint(300, 700) for tp, o in offsets.items()},
+        timestamps={tp: 1_764_900_000_000 - rng.randint(0, 300_000) for tp in tps},
+        origin={tp: 0 for tp in tps},
+    )
+    summary = encode("p", ledger, BatchCounts())
+    assert decode("p", summary) == ledger
+    size = sum(len(k) + len(v) for k, v in summary.items())
+    format_1 = 0  # its four maps, nested per partition
+    for values in (ledger.offsets, ledger.start_offsets, ledger.timestamps, ledger.origin):
+        nested: dict[str, dict[str, int]] = {}
+        for tp, value in values.items():
+            nested.setdefault(tp.topic, {})[str(tp.partition)] = value
+        format_1 += len(json.dumps(nested, separators=(",", ":")))
+    # format 1 wrote ~61 KB for this ledger; the offsets alone, readable, are ~11 KB of it
+    assert format_1 > 55_000
+    assert size < format_1 / 2.5, (size, format_1)
 
 
 def test_valid_through_is_the_oldest_partition_timestamp() -> None:
@@ -177,7 +244,7 @@ def test_unknown_format_of_another_pipeline_does_not_concern_this_one() -> None:
 def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
     # walking past a newer-format snapshot to an older ledger would resume too early (duplicates)
     newer = encode("orders", Ledger(batch=2, offsets={A0: 20}), BatchCounts())
-    newer["ingest.orders.format"] = "2"
+    newer["ingest.orders.format"] = str(FORMAT_VERSION + 1)
     older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
 
     with pytest.raises(LedgerFormatError):
@@ -186,7 +253,7 @@ def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
 
 def test_a_future_format_without_the_v1_offsets_key_is_not_silently_skipped() -> None:
     # was: decode() checked the format only when the offsets key was present
-    newer = {"ingest.orders.format": "2", "ingest.orders.batch": "2", "ingest.orders.ledger": "{}"}
+    newer = {"ingest.orders.format": str(FORMAT_VERSION + 1), "ingest.orders.batch": "2", "ingest.orders.ledger": "{}"}
     older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
 
     with pytest.raises(LedgerFormatError):
