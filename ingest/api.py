@@ -114,7 +114,7 @@ def status(config: Config) -> Status:
     pipeline = _existing(loaded)
     if pipeline is not None:
         return report.status(pipeline)
-    source = KafkaSource(loaded.kafka, loaded.topics, loaded.group_id, loaded.batch.read_timeout_s)
+    source = KafkaSource(loaded.kafka, loaded.subscription, loaded.group_id, loaded.batch.read_timeout_s)
     return report.status_before_tables(loaded, source)
 
 

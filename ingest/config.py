@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,6 +33,8 @@ SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.
 OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
 #: value formats read through a Schema Registry (the Confluent wire format: magic byte, schema id)
 REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+#: neither ``topics:`` nor ``topics_pattern:`` given
+NO_TOPICS = "required key is missing (or give `topics_pattern:`, a regular expression the topics' names match)"
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
 ORPHAN_AGE_FLOOR_HOURS = 1.0
 
@@ -67,10 +70,9 @@ class FieldSpec(_Strict):
         return value
 
 
-class TopicSpec(_Strict):
-    """A topic and how its record values are encoded (a plain name in ``topics:`` is a JSON topic)."""
+class _Encoding(_Strict):
+    """How a topic's record values (and keys) are encoded."""
 
-    name: Annotated[str, Field(min_length=1)]
     #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
     #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
     format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
@@ -87,16 +89,22 @@ class TopicSpec(_Strict):
     key_subject: str | None = None
 
     @model_validator(mode="after")
-    def _schema_file_is_avro(self) -> TopicSpec:
+    def _schema_file_is_avro(self) -> _Encoding:
         if self.schema_file is not None and self.format != "avro":
             raise ValueError(f"schema_file is for `format: avro` topics without a registry, not {self.format!r}")
         return self
 
     @model_validator(mode="after")
-    def _key_subject_has_a_format(self) -> TopicSpec:
+    def _key_subject_has_a_format(self) -> _Encoding:
         if self.key_subject is not None and self.key_format not in REGISTRY_FORMATS:
             raise ValueError("key_subject is for keys in a registry format (key_format: avro, protobuf or json_schema)")
         return self
+
+
+class TopicSpec(_Encoding):
+    """A topic and how its record values are encoded (a plain name in ``topics:`` is a JSON topic)."""
+
+    name: Annotated[str, Field(min_length=1)]
 
     @property
     def value_subject(self) -> str:
@@ -105,6 +113,56 @@ class TopicSpec(_Strict):
     @property
     def key_subject_name(self) -> str:
         return self.key_subject or f"{self.name}-key"
+
+
+class TopicPattern(_Encoding):
+    """``topics_pattern:``: every topic whose whole name matches ``pattern`` (a Python regular
+    expression), looked up at each plan, so a topic created later is read from its earliest offset
+    by the next batch. Topics whose names begin with ``__`` (Kafka's own) never match."""
+
+    pattern: Annotated[str, Field(min_length=1)]
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise ValueError(f"{value!r} is not a regular expression: {error}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _subjects_named(self) -> TopicPattern:
+        if self.format in REGISTRY_FORMATS and self.schema_file is None and self.subject is None:
+            raise ValueError(
+                f"format {self.format!r} with a pattern needs `subject:` (the topics it will match are not known "
+                "in advance, so their `<topic>-value` subjects cannot be read for the table's schema)"
+            )
+        if self.key_format in REGISTRY_FORMATS and self.key_subject is None:
+            raise ValueError(f"key_format {self.key_format!r} with a pattern needs `key_subject:`")
+        return self
+
+    @property
+    def name(self) -> str:
+        """The pattern, where messages name a topic."""
+        return self.pattern
+
+    @property
+    def value_subject(self) -> str:
+        assert self.subject is not None  # validated when the values are in a registry
+        return self.subject
+
+    @property
+    def key_subject_name(self) -> str:
+        assert self.key_subject is not None  # validated when the keys are in a registry
+        return self.key_subject
+
+    def matches(self, topic: str) -> bool:
+        return not topic.startswith("__") and re.fullmatch(self.pattern, topic) is not None
+
+
+#: what ``topics:`` or ``topics_pattern:`` names, with its encoding
+TopicSource = TopicSpec | TopicPattern
 
 
 class BatchSpec(_Strict):
@@ -210,7 +268,9 @@ class MaintenanceSpec(_Strict):
 class PipelineConfig(_Strict):
     pipeline: str
     kafka: dict[str, str | int | float | bool]
-    topic_specs: Annotated[list[TopicSpec], Field(alias="topics", min_length=1)]
+    topic_specs: Annotated[list[TopicSpec], Field(alias="topics")] = []
+    #: instead of ``topics:``, every topic whose name matches, as Kafka Connect's ``topics.regex``
+    topics_pattern: TopicPattern | None = None
     #: confluent-kafka ``SchemaRegistryClient`` properties (``url``, ``basic.auth.user.info``, ...)
     schema_registry: dict[str, str | int | float | bool] | None = None
     #: where the first batch starts: ``earliest``, ``latest``, or an ISO-8601 timestamp with a zone
@@ -255,6 +315,11 @@ class PipelineConfig(_Strict):
         if isinstance(value, list):
             return [{"name": item} if isinstance(item, str) else item for item in value]
         return value
+
+    @field_validator("topics_pattern", mode="before")
+    @classmethod
+    def _plain_pattern(cls, value: Any) -> Any:
+        return {"pattern": value} if isinstance(value, str) else value
 
     @field_validator("schema_registry")
     @classmethod
@@ -353,18 +418,23 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
+        if self.topic_specs and self.topics_pattern is not None:
+            raise ValueError("topics_pattern: give the topics to read as `topics:` or as `topics_pattern:`, not both")
+        if not self.topic_specs and self.topics_pattern is None:
+            given = "topic_specs" in self.model_fields_set
+            raise ValueError(f"topics: {'needs at least one topic' if given else NO_TOPICS}")
         topics = [t.name for t in self.topic_specs]
         if len(set(topics)) != len(topics):
             raise ValueError(f"topics: a topic is listed twice: {sorted({t for t in topics if topics.count(t) > 1})}")
-        formats = {t.format for t in self.topic_specs}
+        formats = {t.format for t in self.sources}
         if len(formats) > 1:
             raise ValueError(
                 f"topics: one pipeline reads one value format for now, got {sorted(formats)}; run a pipeline per format"
             )
-        files = {t.schema_file for t in self.topic_specs}
+        files = {t.schema_file for t in self.sources}
         if len(files) > 1:
             raise ValueError("topics: every topic of a pipeline has the same schema_file, or none has one")
-        key_formats = {t.key_format for t in self.topic_specs}
+        key_formats = {t.key_format for t in self.sources}
         if len(key_formats) > 1:
             shown = sorted(str(k) for k in key_formats)
             raise ValueError(f"topics: every topic of a pipeline has the same key_format, or none has one; got {shown}")
@@ -441,22 +511,44 @@ class PipelineConfig(_Strict):
 
     @property
     def topics(self) -> list[str]:
+        """The topics of ``topics:`` (none with ``topics_pattern:``: see :meth:`topics_in`)."""
         return [t.name for t in self.topic_specs]
+
+    @property
+    def subscription(self) -> list[str] | TopicPattern:
+        """What the Kafka source reads: the topics listed, or the pattern that names them."""
+        return self.topics_pattern if self.topics_pattern is not None else self.topics
+
+    @property
+    def sources(self) -> list[TopicSource]:
+        """What ``topics:`` or ``topics_pattern:`` name, with their encodings."""
+        return [self.topics_pattern] if self.topics_pattern is not None else list(self.topic_specs)
+
+    def selects(self, topic: str) -> bool:
+        """Whether the pipeline reads ``topic``."""
+        return self.topics_pattern.matches(topic) if self.topics_pattern is not None else topic in self.topics
+
+    def topics_in(self, known: Iterable[str]) -> list[str]:
+        """The pipeline's topics among ``known`` (the topics of a ledger, of Kafka's metadata):
+        ``topics:`` as listed, or those ``topics_pattern:`` matches."""
+        if self.topics_pattern is None:
+            return self.topics
+        return sorted({topic for topic in known if self.topics_pattern.matches(topic)})
 
     @property
     def schema_file(self) -> str | None:
         """The Avro writer schema file of the topics (plain Avro, no registry)."""
-        return self.topic_specs[0].schema_file
+        return self.sources[0].schema_file
 
     @property
     def format(self) -> str:
         """The topics' value format (one per pipeline)."""
-        return self.topic_specs[0].format
+        return self.sources[0].format
 
     @property
     def key_format(self) -> str | None:
         """The topics' key format (one per pipeline); None: keys are not decoded."""
-        return self.topic_specs[0].key_format
+        return self.sources[0].key_format
 
     @property
     def dead_letters(self) -> str:
@@ -526,7 +618,8 @@ def _interpolate_values(data: Any, env: dict[str, str] | None, where: str = "") 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative warehouse, SQLite and schema file paths are relative to the config file's directory."""
     topics = data.get("topics")
-    for topic in topics if isinstance(topics, list) else []:
+    pattern = data.get("topics_pattern")
+    for topic in [*(topics if isinstance(topics, list) else []), pattern]:
         if isinstance(topic, dict) and isinstance(topic.get("schema_file"), str):
             topic["schema_file"] = str((base / topic["schema_file"]).resolve())
     catalog = data.get("catalog")
@@ -567,7 +660,10 @@ def _format(error: ValidationError, data: Any) -> str:
         elif item["type"] == "missing":
             message = "required key is missing"
         lines.append(f"  {where}: {message}" if where else f"  {message}")
-    return "\n".join(lines)
+    if isinstance(data, dict) and not {"topics", "topics_pattern"} & set(data):
+        # the check that names it runs only once every key is valid; other keys' errors come first
+        lines.append(f"  topics: {NO_TOPICS}")
+    return "\n".join(dict.fromkeys(lines))
 
 
 def parse(data: Any, source: str = "<config>") -> PipelineConfig:

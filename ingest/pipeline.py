@@ -17,7 +17,7 @@ from typing import Literal
 
 from ingest import failpoints, formats
 from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSpec, schema_file_text
+from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSource, schema_file_text
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
@@ -214,7 +214,8 @@ class Pipeline:
         started = time.monotonic()
         ranges = [(tp.topic, tp.partition, s, e) for tp, s, e in batch.ranges()]
         if self.rows.branch == MAIN:  # a rollback or publish may still owe its dead-letter step
-            settle(self.dead, self.config.pipeline, self.config.topics, batch.base, self.config.commit.max_attempts)
+            topics = self.config.topics_in(batch.base.topics if batch.base is not None else ())
+            settle(self.dead, self.config.pipeline, topics, batch.base, self.config.commit.max_attempts)
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = self._produce(batch, engine)
@@ -285,9 +286,9 @@ class Pipeline:
         config, registry = self.config, self.registry
         if registry is not None and config.on_schema_change == "evolve":
             if _values_in_registry(config):
-                self._evolve([registry.latest(t.value_subject) for t in config.topic_specs])
+                self._evolve([registry.latest(t.value_subject) for t in config.sources])
             if config.key_format in REGISTRY_FORMATS:
-                self._evolve([_latest_key(registry, t) for t in config.topic_specs], key=True)
+                self._evolve([_latest_key(registry, t) for t in config.sources], key=True)
         for _ in range(MAX_SCHEMA_CATCH_UPS):
             try:
                 return engine.produce(batch, self.fields)
@@ -389,7 +390,7 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
     ``catalog_absent`` (a SQLite catalog whose file does not exist yet) the catalog is not opened:
     it holds no table."""
     # librdkafka checks its properties now: a misspelt one stops the run before any side effect
-    source = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s)
+    source = KafkaSource(config.kafka, config.subscription, config.group_id, config.batch.read_timeout_s)
     registry = None
     if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
         from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
@@ -439,7 +440,7 @@ def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
 
 def _merged_subjects(
     config: PipelineConfig,
-    latest: Callable[[TopicSpec], WriterSchema],
+    latest: Callable[[TopicSource], WriterSchema],
     own: Callable[[WriterSchema], list[Field]],
     part: Literal["value", "key"],
     fix: str,
@@ -447,7 +448,7 @@ def _merged_subjects(
     """The fields of the topics' latest ``part`` schemas (``latest``, mapped by ``own``), merged in
     the order of ``topics:``; a schema that maps to none, or subjects that disagree, are config errors."""
     fields: list[Field] = []
-    for topic in config.topic_specs:
+    for topic in config.sources:
         writer = latest(topic)
         subject = topic.key_subject_name if part == "key" else topic.value_subject
         try:
@@ -465,7 +466,7 @@ def _merged_subjects(
     return fields
 
 
-def _latest_key(registry: SchemaRegistry, topic: TopicSpec) -> WriterSchema:
+def _latest_key(registry: SchemaRegistry, topic: TopicSource) -> WriterSchema:
     try:
         return registry.latest(topic.key_subject_name)
     except SubjectNotFound:

@@ -104,6 +104,10 @@ class Ledger:
     #: history began before it was kept
     origin: Mapping[TopicPartition, int] = field(default_factory=dict)
 
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(tp.topic for tp in self.offsets)
+
     def remembers(self, reset_id: str) -> bool:
         return any(reset.reset_id == reset_id for reset in self.resets)
 

@@ -67,7 +67,7 @@ def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
     answer from Kafka, workers start when a batch needs them, and the plan reports the error.
     """
     pool = WorkerPool(processes(config) - 1)
-    source = KafkaSource(config.kafka, config.topics, config.group_id, EARLY_GUESS_TIMEOUT_S)
+    source = KafkaSource(config.kafka, config.subscription, config.group_id, EARLY_GUESS_TIMEOUT_S)
     try:
         backlog = source.backlog()
     except IngestError as error:

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
+from ingest.config import TopicPattern
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
@@ -128,8 +129,11 @@ class Stops:
 class KafkaSource:
     """Kafka as the pipeline sees it: a view of partitions and exact range reads."""
 
-    def __init__(self, props: Mapping[str, Any], topics: Sequence[str], group_id: str, timeout_s: float) -> None:
-        self.topics = list(topics)
+    def __init__(
+        self, props: Mapping[str, Any], topics: Sequence[str] | TopicPattern, group_id: str, timeout_s: float
+    ) -> None:
+        #: the topics listed, or a pattern that names them anew at each :meth:`describe`
+        self.topics = topics if isinstance(topics, TopicPattern) else list(topics)
         self.timeout_s = timeout_s
         self._props = dict(props)
         self._group_id = group_id
@@ -170,10 +174,20 @@ class KafkaSource:
         )
 
     def describe(self) -> KafkaView:
-        """Cluster id, partitions and low/high (last stable) offsets of the configured topics."""
+        """Cluster id, partitions and low/high (last stable) offsets of the configured topics (those
+        that match the pattern now, with ``topics_pattern:``)."""
         metadata = self._metadata()
         tps: list[TopicPartition] = []
-        for topic in self.topics:
+        topics = self.topics
+        if isinstance(topics, TopicPattern):
+            topics = sorted(name for name in metadata.topics if topics.matches(name))
+            if not topics:
+                log.warning(
+                    "no topic on %s matches topics_pattern %r: nothing to read",
+                    self._props["bootstrap.servers"],
+                    self.topics.pattern,  # type: ignore[union-attr]
+                )
+        for topic in topics:
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
                 code = info.error.code() if info is not None and info.error is not None else None

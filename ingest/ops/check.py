@@ -66,16 +66,19 @@ def check(config: PipelineConfig) -> CheckResult:
         return True
 
     def kafka() -> str:
-        view = KafkaSource(config.kafka, config.topics, config.group_id, config.batch.read_timeout_s).describe()
+        source = KafkaSource(config.kafka, config.subscription, config.group_id, config.batch.read_timeout_s)
+        view = source.describe()
         held = sum(wm.high - wm.low for wm in view.partitions.values())
-        return f"{len(view.partitions)} partitions of {', '.join(config.topics)}; {held} records held"
+        topics = sorted({tp.topic for tp in view.partitions})
+        matching = f" (matching {config.topics_pattern.pattern!r})" if config.topics_pattern is not None else ""
+        return f"{len(view.partitions)} partitions of {', '.join(topics) or 'no topic'}{matching}; {held} records held"
 
     def registry() -> str:
         from ingest.kafka.registry import Registry
 
         client = Registry(config.schema_registry or {})
         subjects = []
-        for topic in config.topic_specs:
+        for topic in config.sources:
             values = topic.format in REGISTRY_FORMATS and topic.schema_file is None
             if values and (config.schema_ is None or config.on_schema_change == "evolve"):  # as a run reads them
                 subjects.append(topic.value_subject)

@@ -131,7 +131,9 @@ def dead_letter_count(pipeline: Pipeline) -> DeadLetterCount:
     """The pipeline's dead letters (those of its topics) on its dead-letter table's main."""
     d = records.DEAD_LETTERS
     pipeline.dead.refresh()
-    dead = pipeline.dead.dead_letters_of(pipeline.config.topics, [d.timestamp, d.offset, "error"])
+    found = pipeline.ledger()
+    topics = pipeline.config.topics_in(found.ledger.topics if found is not None else ())
+    dead = pipeline.dead.dead_letters_of(topics, [d.timestamp, d.offset, "error"])
     if dead.num_rows == 0:
         return DeadLetterCount(0)
     newest = dead.sort_by([(d.timestamp, "descending"), (d.offset, "descending")]).slice(0, NEWEST_DEAD_LETTERS)
@@ -493,7 +495,7 @@ def verify(pipeline: Pipeline) -> Verification:
             in_kafka.setdefault(tp, []).append(offsets)
     r, d = records.ROWS, records.DEAD_LETTERS
     rows = pipeline.rows.scan_columns([r.topic, r.partition, r.offset], found.snapshot_id)
-    rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics)))
+    rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics_in(found.ledger.topics), pa.string())))
     pipeline.dead.refresh()
     dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset])
     row_offsets = _offsets_by_partition(rows, r.topic, r.partition, r.offset)

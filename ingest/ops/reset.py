@@ -209,7 +209,8 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
 
     def settle_dead_letters(ledger: Ledger | None) -> None:
         # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
-        settle(pipeline.dead, name, pipeline.config.topics, ledger, command.max_attempts)
+        topics = pipeline.config.topics_in(ledger.topics if ledger is not None else ())
+        settle(pipeline.dead, name, topics, ledger, command.max_attempts)
 
     result = move_ledger(pipeline.rows, pipeline.source, command, settle_dead_letters)
     return replace(result, dead_letter_ledger_lost=dead_lost) if result.status == "applied" else result
@@ -369,8 +370,9 @@ def _from_table(
             note=f"both ledgers of {name!r} are intact: nothing to rebuild (--to-offsets and the others move it)",
         )
     view = pipeline.source.describe()
-    last_row, row_times = _newest(pipeline.rows, records.ROWS, pipeline.config.topics)
-    last_dead, dead_times = _newest(pipeline.dead, records.DEAD_LETTERS, pipeline.config.topics)
+    topics = pipeline.config.topics_in(tp.topic for tp in view.partitions)
+    last_row, row_times = _newest(pipeline.rows, records.ROWS, topics)
+    last_dead, dead_times = _newest(pipeline.dead, records.DEAD_LETTERS, topics)
     check_coordinates(last_row, last_dead, view)
     unseen: Sequence[TopicPartition] = ()
     if lost:

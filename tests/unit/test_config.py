@@ -151,7 +151,7 @@ def test_a_missing_required_key_is_named(key: str) -> None:
         ("start", "beginning", "start: 'beginning' is not a start position: use 'earliest', 'latest', or an ISO-8601"),
         ("start", "2026-12-01T00:00:00", "start: '2026-12-01T00:00:00' is not a start position"),  # no zone
         ("on_data_loss", "ignore", "on_data_loss: Input should be 'fail' or 'skip'"),
-        ("topics", [], "topics: List should have at least 1 item"),
+        ("topics", [], "topics: needs at least one topic"),
         ("dead_letter_table", "analytics.orders", "dead_letter_table must differ from table"),
         ("renames", {"address.zip": "postcode"}, "renames: 'address.zip' is not a top-level column name"),
         ("renames", {"qty": "quantity", "quantity": "units"}, "'qty' → 'quantity' → 'units' is a chain"),
@@ -559,3 +559,63 @@ def test_metrics_need_somewhere_to_go() -> None:
     assert "metrics: give textfile, pushgateway or port" in error_of(data)
     data["metrics"] = {"textfile": "/var/lib/node_exporter/ingest.prom", "port": 9108}
     assert parse(data).metrics is not None and parse(data).metrics.job == "ingest"  # type: ignore[union-attr]
+
+
+# --- topics_pattern ----------------------------------------------------------------------------
+
+
+def with_pattern(pattern: Any) -> dict[str, Any]:
+    data = minimal()
+    del data["topics"]
+    data["topics_pattern"] = pattern
+    return data
+
+
+def test_a_topics_pattern_matches_whole_names_and_never_kafkas_own_topics() -> None:
+    config = parse(with_pattern("orders_.*"))
+
+    assert config.topics == [] and config.format == "json"
+    assert [config.selects(t) for t in ("orders_eu", "orders", "x_orders_eu", "orders_eu.dlq")] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert not parse(with_pattern(".*")).selects("__consumer_offsets")
+    assert config.topics_in(["orders_us", "payments", "orders_eu"]) == ["orders_eu", "orders_us"]
+    # a listed pipeline's topics are its list, whatever a ledger holds
+    assert parse(minimal()).topics_in(["payments"]) == ["orders"]
+
+
+def test_a_topics_pattern_takes_an_encoding_like_a_topic() -> None:
+    data = with_pattern({"pattern": "orders_.*", "format": "avro", "subject": "orders-value"})
+    data["schema_registry"] = {"url": "http://registry:8081"}
+
+    config = parse(data)
+
+    assert config.format == "avro" and config.sources[0].value_subject == "orders-value"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (with_pattern("orders_("), "topics_pattern.pattern: 'orders_(' is not a regular expression"),
+        ({**with_pattern("orders_.*"), "topics": ["orders"]}, "give the topics to read as `topics:` or as"),
+        (
+            {**with_pattern({"pattern": "o.*", "format": "avro"}), "schema_registry": {"url": "http://r:8081"}},
+            "format 'avro' with a pattern needs `subject:`",
+        ),
+        ({k: v for k, v in minimal().items() if k != "topics"}, "topics: required key is missing (or give"),
+    ],
+)
+def test_a_topics_pattern_is_checked(data: dict[str, Any], expected: str) -> None:
+    assert expected in error_of(data)
+
+
+def test_a_missing_topics_key_is_named_beside_other_errors() -> None:
+    data = {k: v for k, v in minimal().items() if k != "topics"}
+    data["batch"] = {"max_records": 0}
+
+    message = error_of(data)
+
+    assert "batch.max_records" in message and "topics: required key is missing" in message
