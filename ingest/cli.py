@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ingest import api
+from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
 
 app = typer.Typer(
@@ -41,6 +42,16 @@ log = logging.getLogger("ingest")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML file.", show_default=False)]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+TableOption = Annotated[
+    str | None,
+    typer.Option(
+        "--table",
+        "-t",
+        help="With `tables:` in the config, the table to act on (run, status, history, verify, check and maintain "
+        "take every table without it).",
+        show_default=False,
+    ),
+]
 
 
 def _verbose(on: bool) -> None:
@@ -84,6 +95,7 @@ LogFormatOption = Annotated[
     LogFormat, typer.Option("--log-format", callback=_log_format, help="Log lines as text or JSON (one object each).")
 ]
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class EngineName(StrEnum):
@@ -137,6 +149,48 @@ def _fail(error: IngestError, json_output: bool) -> NoReturn:
     raise typer.Exit(int(error.exit_code)) from None
 
 
+def _routes(path: Path, table: str | None) -> list[PipelineConfig]:
+    """The tables ``--table`` names: that one, or every table of the config."""
+    from ingest.config import chosen, load_routes
+
+    routes = load_routes(path)
+    return [chosen(routes, str(path), table)] if table is not None else routes
+
+
+def _one(path: Path, table: str | None) -> PipelineConfig:
+    """The table a command acts on: the config's only one, or the one ``--table`` names."""
+    from ingest.config import load
+
+    return load(path, table=table)
+
+
+def _each(
+    json_output: bool,
+    routes: list[PipelineConfig],
+    act: Callable[[PipelineConfig], R],
+    data: Callable[[R], object],
+    show: Callable[[R], None],
+) -> list[R]:
+    """``act`` on each table, its result emitted as it comes: for a config of one table as
+    :func:`_emit` does; of several, under the table's name (``--json``: a document per line, the
+    table's result with ``"table"`` added)."""
+    results = []
+    for route in routes:
+        result = act(route)
+        results.append(result)
+        if len(routes) == 1:
+            _emit(json_output, data(result), lambda: show(result))  # noqa: B023 (called at once)
+            continue
+        document = data(result)
+        if json_output:
+            print(json.dumps({"table": route.table, **document} if isinstance(document, dict) else
+                             {"table": route.table, "entries": document}), flush=True)  # fmt: skip
+        else:
+            out.rule(f"[bold]{route.table}", align="left")
+            show(result)
+    return results
+
+
 def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
     """A command's result: as one line of JSON (``--json``), or rendered for people (:mod:`ingest.render`)."""
     if json_output:
@@ -174,6 +228,7 @@ def _main(
 @app.command()
 def run(
     config: ConfigOption,
+    table: TableOption = None,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
     until_caught_up: Annotated[
@@ -196,7 +251,11 @@ def run(
     stop = threading.Event()  # SIGTERM (Airflow killing the task, a pod stopping): finish the batch in flight
 
     def body() -> None:
-        with _open_run(config, engine) as opened_run:  # one engine (one Spark session) for every batch
+        routes = _routes(config, table)
+        if len(routes) > 1:
+            _run_tables(routes, engine, until_caught_up, interval, max_batches, json_output, stop)
+            return
+        with _open_run(routes[0], engine) as opened_run:  # one engine (one Spark session) for every batch
             if interval is not None and opened_run.metrics is not None and opened_run.metrics.spec.port is not None:
                 opened_run.metrics.serve()  # /metrics while it runs; each tick's values as it ends
             while not stop.is_set():
@@ -232,8 +291,45 @@ def run(
         signal.signal(signal.SIGTERM, previous)
 
 
+def _run_tables(
+    routes: list[PipelineConfig],
+    engine: EngineName,
+    until_caught_up: bool,
+    interval: float | None,
+    max_batches: int | None,
+    json_output: bool,
+    stop: threading.Event,
+) -> None:
+    """``ingest run`` of a config of several tables: each table's batches in turn, each with its own
+    ledger; a table that fails does not hold the others back. The first failure is the command's
+    (after every table had its turn); ``--every`` rides out retryable ones, as for one table."""
+    while not stop.is_set():
+        started = time.monotonic()
+        failures: list[IngestError] = []
+        for route in routes:
+            if stop.is_set():
+                break
+            if not json_output:
+                out.print(f"[bold]{route.table}[/]", highlight=False)
+            try:
+                with _open_run(route, engine) as opened_run:
+                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
+            except IngestError as error:
+                failures.append(error)
+                kind = "retryable" if error.retryable else "fatal"
+                err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
+        fatal = [error for error in failures if not error.retryable]
+        if fatal or (failures and interval is None):
+            raise (fatal or failures)[0]
+        if failures:
+            err.print(f"[yellow]retryable[/]: {len(failures)} of {len(routes)} tables failed; next in {interval:.0f}s")
+        if interval is None:
+            return
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+
 @contextlib.contextmanager
-def _open_run(path: Path, name: EngineName) -> Iterator[Any]:
+def _open_run(path: Path | PipelineConfig, name: EngineName) -> Iterator[Any]:
     """The run (pipeline and the engine ``--engine`` names) for every batch of the command."""
     with api.open_run(path, "spark" if name is EngineName.spark else "local") as run:  # workers start before pyiceberg
         yield run
@@ -260,7 +356,7 @@ def _run_once(
         for result in run.batches(until_caught_up=catch_up, max_batches=max_batches):
             progress.advance(task, result.records + result.dead_letters)
             if json_output:
-                print(json.dumps(result.as_dict()), flush=True)
+                print(json.dumps({**result.as_dict(), "table": pipeline.config.table}), flush=True)
             else:
                 render.batch(result, out)
             if stop is not None and stop.is_set():
@@ -276,6 +372,7 @@ def _status(pipeline: Any) -> Any:
 @app.command()
 def check(
     config: ConfigOption,
+    table: TableOption = None,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
@@ -285,10 +382,12 @@ def check(
     def body() -> None:
         from ingest import render
 
-        result = api.check(config)
-        _emit(json_output, result.as_dict(), lambda: render.check(result, out))
-        if not result.ok:
-            raise typer.Exit(result.exit_code)
+        results = _each(
+            json_output, _routes(config, table), api.check, lambda r: r.as_dict(), lambda r: render.check(r, out)
+        )
+        failed = [result for result in results if not result.ok]
+        if failed:
+            raise typer.Exit(failed[0].exit_code)
 
     _guarded(json_output, body)
 
@@ -296,6 +395,7 @@ def check(
 @app.command()
 def status(
     config: ConfigOption,
+    table: TableOption = None,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
@@ -305,8 +405,10 @@ def status(
     def body() -> None:
         from ingest import render
 
-        result = api.status(config)
-        _emit(json_output, result.as_dict(), lambda: render.status(result, out))
+        routes = _routes(config, table)
+        results = _each(json_output, routes, api.status, lambda r: r.as_dict(), lambda r: render.status(r, out))
+        if len(routes) > 1 and not json_output:
+            out.print(f"{len(routes)} tables: lag {sum(r.lag for r in results):,} records in all")
 
     _guarded(json_output, body)
 
@@ -314,6 +416,7 @@ def status(
 @app.command()
 def history(
     config: ConfigOption,
+    table: TableOption = None,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
     json_output: JsonOption = False,
@@ -324,8 +427,13 @@ def history(
     def body() -> None:
         from ingest import render
 
-        entries = api.history(config, limit=limit)
-        _emit(json_output, [e.as_dict() for e in entries], lambda: render.history(entries, out))
+        _each(
+            json_output,
+            _routes(config, table),
+            lambda route: api.history(route, limit=limit),
+            lambda entries: [e.as_dict() for e in entries],
+            lambda entries: render.history(entries, out),
+        )
 
     _guarded(json_output, body)
 
@@ -333,6 +441,7 @@ def history(
 @app.command()
 def verify(
     config: ConfigOption,
+    table: TableOption = None,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
@@ -343,9 +452,12 @@ def verify(
     def body() -> None:
         from ingest import render
 
-        result = api.verify(config)
-        _emit(json_output, result.as_dict(), lambda: render.verification(result, out))
-        if not result.ok:
+        routes = _routes(config, table)
+        results = _each(json_output, routes, api.verify, lambda r: r.as_dict(), lambda r: render.verification(r, out))
+        if len(routes) > 1 and not json_output:
+            ok = sum(result.ok for result in results)
+            out.print(f"{ok} of {len(routes)} tables verified" + ("" if ok < len(routes) else ": ok"))
+        if not all(result.ok for result in results):
             failed = VerificationFailed(
                 "verification failed: offsets are missing, duplicated or unexpected (listed above, "
                 f"at most {report.SAMPLE} per kind and partition)"
@@ -358,6 +470,7 @@ def verify(
 @app.command()
 def maintain(
     config: ConfigOption,
+    table: TableOption = None,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
@@ -367,8 +480,8 @@ def maintain(
     def body() -> None:
         from ingest import render
 
-        result = api.maintain(config)
-        _emit(json_output, result.as_dict(), lambda: render.maintenance(result, out))
+        routes = _routes(config, table)
+        _each(json_output, routes, api.maintain, lambda r: r.as_dict(), lambda r: render.maintenance(r, out))
 
     _guarded(json_output, body)
 
@@ -376,6 +489,7 @@ def maintain(
 @app.command()
 def redrive(
     config: ConfigOption,
+    table: TableOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Decode and report; change nothing.")] = False,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
@@ -386,7 +500,7 @@ def redrive(
     def body() -> None:
         from ingest import render
 
-        result = api.redrive(config, dry_run=dry_run)
+        result = api.redrive(_one(config, table), dry_run=dry_run)
         _emit(json_output, result.as_dict(), lambda: render.redrive(result, out))
 
     _guarded(json_output, body)
@@ -395,6 +509,7 @@ def redrive(
 @app.command("evolve-partitioning")
 def evolve_partitioning(
     config: ConfigOption,
+    table: TableOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say how the spec would change; change nothing.")] = False,
     json_output: JsonOption = False,
     verbose: VerboseOption = False,
@@ -405,7 +520,7 @@ def evolve_partitioning(
     def body() -> None:
         from ingest import render
 
-        result = api.evolve_partitioning(config, dry_run=dry_run)
+        result = api.evolve_partitioning(_one(config, table), dry_run=dry_run)
         _emit(json_output, result.as_dict(), lambda: render.repartitioned(result, out))
 
     _guarded(json_output, body)
@@ -425,6 +540,7 @@ def _timestamp_ms(text: str) -> int:
 def reset(
     config: ConfigOption,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the snapshot summary).")],
+    table: TableOption = None,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
     to_offsets: Annotated[
@@ -476,7 +592,7 @@ def reset(
             target = ResetTarget("earliest" if to_earliest else "latest")
         from ingest import render
 
-        result = api.reset(config, target, reason, reset_id)
+        result = api.reset(_one(config, table), target, reason, reset_id)
         _emit(json_output, result.as_dict(), lambda: render.reset(result, out, err))
 
     _guarded(json_output, body)
@@ -485,6 +601,7 @@ def reset(
 @app.command()
 def replay(
     config: ConfigOption,
+    table: TableOption = None,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
     from_snapshot: Annotated[int | None, typer.Option("--from-snapshot", help="Snapshot id S to replay from.")] = None,
@@ -503,7 +620,7 @@ def replay(
     def body() -> None:
         from ingest import render
 
-        with _open_run(config, EngineName.local) as opened_run:  # one worker pool for every catch-up
+        with _open_run(_one(config, table), EngineName.local) as opened_run:  # one worker pool for every catch-up
             result = api.replay(
                 opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
             )

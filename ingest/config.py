@@ -9,14 +9,23 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ingest.errors import ConfigError
 from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_sort, parse_transform, type_name
@@ -121,6 +130,9 @@ class TopicPattern(_Encoding):
     by the next batch. Topics whose names begin with ``__`` (Kafka's own) never match."""
 
     pattern: Annotated[str, Field(min_length=1)]
+    #: with ``tables:``: topics another entry lists, and the patterns of the entries before this
+    #: one; a topic goes to one table (listed beats matched, then the first pattern in order)
+    _claimed: tuple[frozenset[str], tuple[TopicPattern, ...]] = PrivateAttr(default=(frozenset(), ()))
 
     @field_validator("pattern")
     @classmethod
@@ -158,7 +170,19 @@ class TopicPattern(_Encoding):
         return self.key_subject
 
     def matches(self, topic: str) -> bool:
-        return not topic.startswith("__") and re.fullmatch(self.pattern, topic) is not None
+        listed, earlier = self._claimed
+        return (
+            not topic.startswith("__")
+            and re.fullmatch(self.pattern, topic) is not None
+            and topic not in listed
+            and not any(other.matches(topic) for other in earlier)
+        )
+
+    def beside(self, listed: frozenset[str], earlier: tuple[TopicPattern, ...]) -> TopicPattern:
+        """This pattern in a ``tables:`` entry: not taking what other entries take."""
+        routed = self.model_copy()
+        routed._claimed = (listed, earlier)
+        return routed
 
 
 #: what ``topics:`` or ``topics_pattern:`` names, with its encoding
@@ -213,6 +237,24 @@ class MetricsSpec(_Strict):
     job: str = "ingest"
     #: ``ingest run --every``: serve ``/metrics`` on this port while running
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    #: with ``tables:``, each table's run exports its own: a textfile per table, a Pushgateway group
+    #: per table (``{pipeline, table}``)
+    _per_table: bool = PrivateAttr(default=False)
+
+    @property
+    def per_table(self) -> bool:
+        return self._per_table
+
+    def of_table(self, table: str) -> MetricsSpec:
+        """This spec for one table of ``tables:``: ``ingest_shop.prom`` becomes ``ingest_shop.<table>.prom``."""
+        textfile = None
+        if self.textfile is not None:
+            path = Path(self.textfile)
+            textfile = str(path.with_name(f"{path.stem}.{table}{path.suffix or '.prom'}"))
+        routed = self.model_copy(update={"textfile": textfile})
+        routed._per_table = True
+        return routed
 
     @model_validator(mode="after")
     def _somewhere(self) -> MetricsSpec:
@@ -666,16 +708,121 @@ def _format(error: ValidationError, data: Any) -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
-def parse(data: Any, source: str = "<config>") -> PipelineConfig:
+def parse(data: Any, source: str = "<config>", table: str | None = None) -> PipelineConfig:
+    """The config of one table: the config's only one, or (``tables:``) the entry for ``table``."""
+    return chosen(parse_routes(data, source), source, table)
+
+
+def chosen(routes: Sequence[PipelineConfig], source: str, table: str | None) -> PipelineConfig:
+    """The route of ``table`` (``--table``), or the only one."""
+    if table is not None:
+        for route in routes:
+            if route.table == table:
+                return route
+        raise ConfigError(f"{source} has no table {table!r}; its tables: {', '.join(r.table for r in routes)}")
+    if len(routes) > 1:
+        raise ConfigError(
+            f"{source} routes to {len(routes)} tables ({', '.join(r.table for r in routes)}): name one with "
+            "--table (`ingest run`, `status`, `history`, `verify`, `check` and `maintain` take them all without it)"
+        )
+    return routes[0]
+
+
+def parse_routes(data: Any, source: str = "<config>") -> list[PipelineConfig]:
+    """Every table's config: one, or one per entry of ``tables:`` (each entry's keys over the shared ones)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level")
-    try:
-        return PipelineConfig.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(f"{source} is invalid:\n{_format(error, data)}") from None
+    if "tables" not in data:
+        try:
+            return [PipelineConfig.model_validate(data)]
+        except ValidationError as error:
+            raise ConfigError(f"{source} is invalid:\n{_format(error, data)}") from None
+    entries, shared = data["tables"], {k: v for k, v in data.items() if k != "tables"}
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{source} is invalid:\n  tables: a list of tables, each with `table:` and its topics")
+    lines = [
+        f"  {key}: with `tables:`, each entry names its table and topics; move it into the entries"
+        for key in sorted(ROUTE_KEYS & set(shared))
+    ]
+    routes: list[PipelineConfig] = []
+    for i, entry in enumerate(entries):
+        where = f"tables[{i}]" + (f" {entry['table']!r}" if isinstance(entry, dict) and "table" in entry else "")
+        if not isinstance(entry, dict):
+            lines.append(f"  {where}: expected a mapping (table:, topics: or topics_pattern:, schema:, ...)")
+            continue
+        lines += [
+            f"  {where}.{key}: not a key of a table (the pipeline's keys, such as kafka: and batch:, are given once, "
+            "at the top level)"
+            for key in sorted(set(entry) - TABLE_KEYS)
+        ]
+        merged = {**{k: v for k, v in shared.items() if k not in ROUTE_KEYS}, **entry}
+        try:
+            routes.append(PipelineConfig.model_validate(merged))
+        except ValidationError as error:
+            lines += [f"  {where}.{line.strip()}" for line in _format(error, merged).splitlines()]
+    lines += _across(routes)
+    if lines:
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(dict.fromkeys(lines)))
+    return _routed(routes)
 
 
-def load(path: str | Path, env: dict[str, str] | None = None) -> PipelineConfig:
+#: the keys of one table: an entry of ``tables:`` has these; at the top level beside ``tables:``
+#: they are every entry's default, but for ``ROUTE_KEYS``
+TABLE_KEYS = frozenset(
+    {"table", "topics", "topics_pattern", "schema", "on_schema_change", "renames", "unknown_fields", "refuse",
+     "partition_by", "table_properties", "sort_by", "headers", "dead_letter_table"}
+)  # fmt: skip
+ROUTE_KEYS = frozenset({"table", "topics", "topics_pattern"})
+
+
+def _across(routes: Sequence[PipelineConfig]) -> list[str]:
+    """What the entries of ``tables:`` must not share: a table, a listed topic."""
+    lines = []
+    tables = [r.table for r in routes]
+    for name in sorted({t for t in tables if tables.count(t) > 1}):
+        lines.append(f"  tables: {name!r} is listed twice")
+    dead = [r.dead_letters for r in routes]
+    for name in sorted({t for t in dead if dead.count(t) > 1 or t in tables}):
+        lines.append(
+            f"  tables: {name!r} is the dead-letter table of an entry and another table of the config; "
+            "set dead_letter_table"
+        )
+    listed = [t for r in routes for t in r.topics]
+    for topic in sorted({t for t in listed if listed.count(t) > 1}):
+        lines.append(f"  tables: topic {topic!r} is listed by two entries; a topic feeds one table")
+    if len(routes) > 1 and any(r.metrics is not None and r.metrics.port is not None for r in routes):
+        lines.append(
+            "  metrics.port: serving /metrics is for a config of one table for now; with `tables:` use textfile "
+            "(one file per table) or pushgateway (one group per table)"
+        )
+    return lines
+
+
+def _routed(routes: list[PipelineConfig]) -> list[PipelineConfig]:
+    """The entries of ``tables:`` side by side: each pattern leaving alone what the other entries
+    take, each table's metrics its own."""
+    listed = frozenset(t for r in routes for t in r.topics)
+    earlier: list[TopicPattern] = []
+    claimed = []
+    for route in routes:
+        pattern = route.topics_pattern
+        if pattern is not None:
+            routed = pattern.beside(listed, tuple(earlier))
+            route = route.model_copy(update={"topics_pattern": routed})
+            earlier.append(routed)
+        if route.metrics is not None:
+            route = route.model_copy(update={"metrics": route.metrics.of_table(route.table)})
+        claimed.append(route)
+    return claimed
+
+
+def load(path: str | Path, env: dict[str, str] | None = None, table: str | None = None) -> PipelineConfig:
+    """The config of one table (see :func:`parse`)."""
+    return chosen(load_routes(path, env), str(path), table)
+
+
+def load_routes(path: str | Path, env: dict[str, str] | None = None) -> list[PipelineConfig]:
+    """Every table's config in the file (see :func:`parse_routes`)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -689,4 +836,8 @@ def load(path: str | Path, env: dict[str, str] | None = None) -> PipelineConfig:
         raise ConfigError(f"{path}: {error}") from None
     if isinstance(data, dict):
         _resolve_paths(data, path.resolve().parent)
-    return parse(data, str(path))
+        entries = data.get("tables")
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict):
+                _resolve_paths(entry, path.resolve().parent)
+    return parse_routes(data, str(path))

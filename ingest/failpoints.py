@@ -1,13 +1,17 @@
 """Named points in a batch where the crash-safety tests kill the process for real.
 
 ``INGEST_FAILPOINT=<name>`` makes the process SIGKILL itself when it reaches that point, exactly
-as an OOM killer or a killed Airflow task would: no cleanup, no ``finally``, no flush. Unset (the
-normal case) it costs one dict lookup per point. ``INGEST_WORKER_FAILPOINT=<name>`` does the same
-in the local engine's worker processes (``mid-read``, ``mid-write``), as the OOM killer would.
+as an OOM killer or a killed Airflow task would: no cleanup, no ``finally``, no flush;
+``<name>#<n>`` when it reaches it the n-th time (a config of several tables reaches each point once
+per table's batch). Unset (the normal case) it costs one dict lookup per point.
+
+``INGEST_WORKER_FAILPOINT=<name>`` does the same in the local engine's worker processes
+(``mid-read``, ``mid-write``), as the OOM killer would.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 
@@ -21,7 +25,14 @@ OPERATIONS = ("between-tables",)
 ENGINE, WORKER = "INGEST_FAILPOINT", "INGEST_WORKER_FAILPOINT"
 
 
+_reached: collections.Counter[str] = collections.Counter()
+
+
 def reach(name: str, variable: str = ENGINE) -> None:
     assert name in POINTS or name in OPERATIONS, name
-    if os.environ.get(variable) == name:
+    armed = os.environ.get(variable)
+    if armed is None or not armed.startswith(name):
+        return
+    _reached[name] += 1
+    if armed == name or armed == f"{name}#{_reached[name]}":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -164,13 +164,15 @@ class RunMetrics:
             except OSError as error:
                 log.warning("metrics: cannot write %s: %s", self.spec.textfile, error)
         if self.spec.pushgateway is not None:
-            pipeline = self.labels["pipeline"]
-            outcome = {"pipeline": pipeline, "outcome": "success" if ok else "failure"}
+            group = {"pipeline": self.labels["pipeline"]}
+            if self.spec.per_table:  # one of the tables of `tables:`: each its own group
+                group["table"] = self.labels["table"]
+            outcome = {**group, "outcome": "success" if ok else "failure"}
             # a run that ended well replaces its group; a failed one only the metrics it has values
             # for, so the freshness and lag the last good run pushed stay when a failure cannot tell
             run_push = push_to_gateway if ok else pushadd_to_gateway
             for push, grouping, registry in (
-                (run_push, {"pipeline": pipeline}, self._run_only()),
+                (run_push, group, self._run_only()),
                 (push_to_gateway, outcome, self._outcomes[ok][0]),
             ):
                 try:

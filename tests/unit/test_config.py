@@ -619,3 +619,123 @@ def test_a_missing_topics_key_is_named_beside_other_errors() -> None:
     message = error_of(data)
 
     assert "batch.max_records" in message and "topics: required key is missing" in message
+
+
+# --- tables: (routing by topic) ------------------------------------------------------------------
+
+ROUTED = textwrap.dedent(
+    """\
+    pipeline: shop
+    kafka:
+      bootstrap.servers: "broker:9092"
+    catalog:
+      name: lake
+    unknown_fields: capture           # every table's, unless its entry says otherwise
+    batch:
+      max_records: 1000
+    tables:
+      - table: analytics.orders
+        topics: [orders_eu, orders_us]
+        schema:
+          - {name: order_id, type: long, required: true}
+          - {name: created_at, type: timestamptz}
+        partition_by: ["day(created_at)"]
+      - table: analytics.refunds
+        topics: [refunds]
+        unknown_fields: drop
+        schema:
+          - {name: refund_id, type: long}
+      - table: analytics.other
+        topics_pattern: "(orders|refunds)_.*"
+        schema:
+          - {name: id, type: long}
+    """
+)
+
+
+def routed() -> dict[str, Any]:
+    return yaml.safe_load(ROUTED)
+
+
+def test_tables_make_one_config_per_table_over_the_shared_keys() -> None:
+    from ingest.config import parse_routes
+
+    orders, refunds, other = parse_routes(routed())
+
+    assert [r.table for r in (orders, refunds, other)] == ["analytics.orders", "analytics.refunds", "analytics.other"]
+    assert {r.pipeline for r in (orders, refunds, other)} == {"shop"}
+    assert orders.topics == ["orders_eu", "orders_us"] and orders.partition_by == ["day(created_at)"]
+    assert (orders.unknown_fields, refunds.unknown_fields) == ("capture", "drop")
+    assert refunds.batch.max_records == 1000 and refunds.dead_letters == "analytics.refunds_dead_letter"
+    # a topic feeds one table: listed beats matched
+    assert not other.selects("orders_eu") and other.selects("orders_asia") and other.selects("refunds_x")
+    assert other.topics_in(["orders_eu", "orders_asia", "refunds"]) == ["orders_asia"]
+
+
+def test_of_two_patterns_that_match_a_topic_the_first_entry_takes_it() -> None:
+    from ingest.config import parse_routes
+
+    data = routed()
+    data["tables"][0] = {**data["tables"][0], "topics_pattern": "orders_.*"}
+    del data["tables"][0]["topics"]
+    data["tables"][1]["topics"] = ["orders_eu"]  # listed: its table's, whatever the patterns
+
+    first, listing, second = parse_routes(data)
+
+    assert (first.selects("orders_us"), second.selects("orders_us")) == (True, False)
+    assert (first.selects("orders_eu"), listing.selects("orders_eu"), second.selects("orders_eu")) == (
+        False,
+        True,
+        False,
+    )
+    assert (first.selects("refunds_1"), second.selects("refunds_1")) == (False, True)
+
+
+def test_one_table_of_several_is_chosen_by_name() -> None:
+    assert parse(routed(), "p.yaml", table="analytics.refunds").topics == ["refunds"]
+    with pytest.raises(ConfigError, match=r"routes to 3 tables \(analytics.orders, .*\): name one with --table"):
+        parse(routed(), "p.yaml")
+    with pytest.raises(ConfigError, match=r"has no table 'analytics\.nope'; its tables: analytics\.orders"):
+        parse(routed(), "p.yaml", table="analytics.nope")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d.update(table="analytics.x"), "table: with `tables:`, each entry names its table and topics"),
+        (
+            lambda d: d["tables"][1].update(batch={"max_records": 5}),
+            "tables[1] 'analytics.refunds'.batch: not a key of a table",
+        ),
+        (lambda d: d["tables"][1].update(topics=["orders_us"]), "topic 'orders_us' is listed by two entries"),
+        (lambda d: d["tables"][2].update(table="analytics.orders"), "'analytics.orders' is listed twice"),
+        (
+            lambda d: d["tables"][1].update(dead_letter_table="analytics.orders"),
+            "'analytics.orders' is the dead-letter table",
+        ),
+        (lambda d: d["tables"][0].pop("topics"), "tables[0] 'analytics.orders'.topics: required key is missing"),
+        (
+            lambda d: d["tables"][1]["schema"][0].update(type="lung"),
+            "tables[1] 'analytics.refunds'.schema[0] 'refund_id'.type",
+        ),
+        (lambda d: d.update(tables=[]), "tables: a list of tables"),
+    ],
+)
+def test_tables_are_checked_and_errors_name_the_entry(change: Any, expected: str) -> None:
+    data = routed()
+    change(data)
+
+    assert expected in error_of(data)
+
+
+def test_entries_paths_resolve_against_the_config_directory(tmp_path: Path) -> None:
+    from ingest.config import load_routes
+
+    data = routed()
+    data["tables"][1]["topics"] = [{"name": "refunds", "format": "avro", "schema_file": "refund.avsc"}]
+    del data["tables"][1]["schema"]
+    path = write(tmp_path, yaml.safe_dump(data))
+
+    refunds = load_routes(path)[1]
+
+    assert refunds.schema_file == str(tmp_path / "refund.avsc")
