@@ -60,12 +60,6 @@ def _explicit_failures(task: BaseOperator) -> Iterator[None]:
         raise AirflowFailException(f"internal error (a bug, please report it): {error!r}") from error
 
 
-def _open(config_path: str) -> Any:
-    from ingest.pipeline import Pipeline
-
-    return Pipeline.open(config_module.load(config_path))
-
-
 def asset_alias(config_path: str | Path) -> AssetAlias:
     """The asset alias an :class:`IngestOperator` of ``config_path`` emits its table's events through."""
     return AssetAlias(f"ingest_{Path(config_path).stem}")
@@ -104,32 +98,55 @@ class IngestOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        landed = False  # a batch of this run is in the table (committed, or landed with its acknowledgement lost)
+        landed: list[config_module.PipelineConfig] = []  # tables a batch of this run is in (committed, or
+        # landed with its acknowledgement lost)
         with _explicit_failures(self):
             from ingest.runner import opened
 
-            config = config_module.load(self.config_path)
-            with opened(config) as run:
-                totals |= {"pipeline": run.pipeline.config.pipeline, "batch": None, "snapshot_id": None}
-                for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
-                    self.log.info(
-                        "batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
-                        result.batch,
-                        result.status,
-                        result.records,
-                        result.dead_letters,
-                        result.seconds,
-                        result.snapshot_id,
-                    )
-                    totals["batches"] += 1
-                    totals["committed"] += result.status == "committed"
-                    totals["records"] += result.records
-                    totals["dead_letters"] += result.dead_letters
-                    totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
-                    landed = landed or result.status in ("committed", "landed")
-        if landed and self.alias in self.outlets:
-            context["outlet_events"][self.alias].add(table_asset(config), extra=totals)
+            routes = config_module.load_routes(self.config_path)
+            failures: list[Exception] = []
+            for config in routes:  # a config of several tables (`tables:`): each in turn, each its own ledger
+                try:
+                    with opened(config) as run:
+                        totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
+                        tables = totals.setdefault("tables", {}) if len(routes) > 1 else None
+                        for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
+                            self.log.info(
+                                "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
+                                config.table,
+                                result.batch,
+                                result.status,
+                                result.records,
+                                result.dead_letters,
+                                result.seconds,
+                                result.snapshot_id,
+                            )
+                            _add(totals, result)
+                            if tables is not None:
+                                _add(tables.setdefault(config.table, {"batches": 0, "committed": 0, "records": 0,
+                                                                      "dead_letters": 0}), result)  # fmt: skip
+                            if result.status in ("committed", "landed") and config not in landed:
+                                landed.append(config)
+                except Exception as error:  # the other tables still get their turn; the first failure is the task's
+                    if len(routes) == 1:
+                        raise
+                    self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
+                    failures.append(error)
+            if failures:
+                raise failures[0]
+        if self.alias in self.outlets:
+            for config in landed:
+                extra = totals["tables"][config.table] if "tables" in totals else totals
+                context["outlet_events"][self.alias].add(table_asset(config), extra=extra)
         return totals
+
+
+def _add(totals: dict[str, Any], result: Any) -> None:
+    totals["batches"] += 1
+    totals["committed"] += result.status == "committed"
+    totals["records"] += result.records
+    totals["dead_letters"] += result.dead_letters
+    totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
 
 
 def data_age(valid_through_ms: int | None, now: datetime) -> timedelta | None:
@@ -159,28 +176,45 @@ class FreshnessCheckOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         with _explicit_failures(self):
-            pipeline = _open(self.config_path)
-            found = pipeline.ledger()
+            from ingest.pipeline import Pipeline
+
+            pipelines = [Pipeline.open(config) for config in config_module.load_routes(self.config_path)]
+            found = [pipeline.ledger() for pipeline in pipelines]
         now = datetime.now(UTC)
-        age = data_age(found.ledger.valid_through if found else None, now)
-        name, table = pipeline.config.pipeline, pipeline.config.table
-        look = f"see its ingest task's log and `ingest status -c {self.config_path}`"
+        checked, stale = {}, []
+        for pipeline, ledger in zip(pipelines, found, strict=True):
+            age, message = self._age(pipeline.config, ledger.ledger.valid_through if ledger else None, now)
+            if age is None or age > self.max_staleness:
+                self.log.error("%s", message)
+                stale.append(message)
+            else:
+                self.log.info("%s (bound %s): fresh", message, self.max_staleness)
+            checked[pipeline.config.table] = age
+        if stale:
+            raise AirflowFailException("; ".join(stale))
+        ages = [age.total_seconds() for age in checked.values() if age is not None]
+        result: dict[str, Any] = {"age_s": max(ages), "max_staleness_s": self.max_staleness.total_seconds()}
+        if len(checked) > 1:  # a config of several tables: the oldest is the age; each table's too
+            result["tables"] = {table: age.total_seconds() for table, age in checked.items() if age is not None}
+        return result
+
+    def _age(
+        self, config: config_module.PipelineConfig, valid_through_ms: int | None, now: datetime
+    ) -> tuple[timedelta | None, str]:
+        age = data_age(valid_through_ms, now)
+        name, table = config.pipeline, config.table
+        look = f"see its ingest task's log and `ingest status -c {self.config_path} --table {table}`"
         # nothing committed is stale too: a pipeline that never got a batch in is the most stalled of all
         if age is None:
-            message = f"pipeline {name!r} has committed nothing to {table} yet ({look})"
-        else:
-            through = (now - age).isoformat(timespec="seconds")
-            message = f"pipeline {name!r}: data in {table} is complete through {through}, {_rounded(age)} ago"
-            if age > self.max_staleness:
-                message += (
-                    f", older than the bound of {self.max_staleness}: the pipeline is stalled ({look}) "
-                    "or a partition has had no new records for that long"
-                )
-        if age is None or age > self.max_staleness:
-            self.log.error("%s", message)
-            raise AirflowFailException(message)
-        self.log.info("%s (bound %s): fresh", message, self.max_staleness)
-        return {"age_s": age.total_seconds(), "max_staleness_s": self.max_staleness.total_seconds()}
+            return None, f"pipeline {name!r} has committed nothing to {table} yet ({look})"
+        through = (now - age).isoformat(timespec="seconds")
+        message = f"pipeline {name!r}: data in {table} is complete through {through}, {_rounded(age)} ago"
+        if age > self.max_staleness:
+            message += (
+                f", older than the bound of {self.max_staleness}: the pipeline is stalled ({look}) "
+                "or a partition has had no new records for that long"
+            )
+        return age, message
 
 
 def _rounded(age: timedelta) -> timedelta:

@@ -98,6 +98,16 @@ def open_run(config: Config, engine: EngineChoice = "local", *, spark: Any = Non
         yield run
 
 
+@contextmanager
+def spark_session() -> Iterator[Any]:
+    """A Spark session for several runs on ``engine="spark"`` (pass it as ``open_run(..., spark=)``):
+    the active session, or one built from the usual settings and stopped when the block ends."""
+    from ingest.engines.spark import shared_session  # ConfigError naming the extra when pyspark is missing
+
+    with shared_session() as spark:
+        yield spark
+
+
 def check(config: Config) -> CheckResult:
     """What a run of ``config`` would meet (Kafka, the registry, the catalog, the tables), changing nothing."""
     from ingest.ops.check import check as checked

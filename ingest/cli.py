@@ -303,6 +303,22 @@ def _run_tables(
     """``ingest run`` of a config of several tables: each table's batches in turn, each with its own
     ledger; a table that fails does not hold the others back. The first failure is the command's
     (after every table had its turn); ``--every`` rides out retryable ones, as for one table."""
+    with contextlib.ExitStack() as spark:
+        # one Spark session for every table's engine: an engine stops only the session it built
+        session = spark.enter_context(api.spark_session()) if engine is EngineName.spark else None
+        _run_tables_on(routes, engine, until_caught_up, interval, max_batches, json_output, stop, session)
+
+
+def _run_tables_on(
+    routes: list[PipelineConfig],
+    engine: EngineName,
+    until_caught_up: bool,
+    interval: float | None,
+    max_batches: int | None,
+    json_output: bool,
+    stop: threading.Event,
+    session: Any,
+) -> None:
     while not stop.is_set():
         started = time.monotonic()
         failures: list[IngestError] = []
@@ -312,7 +328,7 @@ def _run_tables(
             if not json_output:
                 out.print(f"[bold]{route.table}[/]", highlight=False)
             try:
-                with _open_run(route, engine) as opened_run:
+                with _open_run(route, engine, session) as opened_run:
                     _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
             except IngestError as error:
                 failures.append(error)
@@ -329,9 +345,10 @@ def _run_tables(
 
 
 @contextlib.contextmanager
-def _open_run(path: Path | PipelineConfig, name: EngineName) -> Iterator[Any]:
+def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None) -> Iterator[Any]:
     """The run (pipeline and the engine ``--engine`` names) for every batch of the command."""
-    with api.open_run(path, "spark" if name is EngineName.spark else "local") as run:  # workers start before pyiceberg
+    # the local engine's workers start before pyiceberg is imported
+    with api.open_run(path, "spark" if name is EngineName.spark else "local", spark=spark) as run:
         yield run
 
 

@@ -27,6 +27,7 @@ Tuning keys, read from the session's conf at every batch (``spark-submit --conf`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -256,6 +257,22 @@ def _positive(spark: SparkSession, key: str) -> int | None:
     if value <= 0:
         raise ConfigError(f"Spark setting {key}={text!r}: expected a positive integer")
     return value
+
+
+@contextlib.contextmanager
+def shared_session() -> Iterator[SparkSession]:
+    """One session for the engines of several tables (``tables:``) run one after another: the
+    active session, or one built from the usual Spark settings and stopped when the block ends
+    (an engine stops only a session it built itself)."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    spark = _start_session()
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _start_session() -> SparkSession:

@@ -21,7 +21,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Env, bootstrap, make_env, rest_local, rest_s3, s3  # noqa: F401  (fixtures reused)
+from tests.integration.conftest import (  # noqa: F401  (fixtures reused)
+    REPO,
+    Env,
+    bootstrap,
+    make_env,
+    rest_local,
+    rest_s3,
+    routed,
+    s3,
+)
 
 DAG_FOLDER = REPO / "jobs" / "airflow"
 DAG_FILE = DAG_FOLDER / "ingest_dags.py"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 
 from ingest.kafka.embedded import free_port
-from tests.integration.conftest import gone, record, workers_of
+from tests.integration.conftest import Routed, gone, record, workers_of
 
 from .conftest import NEEDS_AIRFLOW, Airflow, Env, dag_id, quick_retries
 
@@ -58,6 +59,27 @@ def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow
     assert airflow.test(dag).state == "success"  # nothing new: no event
     later = 700 - (env.bad - bad_before)
     assert [e["records"] for e in airflow.asset_events(table)] == [3_000 - bad_before, later]
+
+
+def test_a_dag_of_a_config_of_two_tables_ingests_both(routed: Routed, airflow: Airflow) -> None:
+    routed.produce("a1", 1_200, bad_every=11)
+    routed.produce("a2", 600, bad_every=13)
+    routed.produce("b", 900, bad_every=7)
+    dag = airflow.dag(replace(routed.env, config_path=routed.path))
+
+    run = airflow.test(dag)
+
+    assert run.state == "success", run.tasks
+    assert run.state_of("ingest") == run.state_of("freshness") == "success"
+    routed.exact()
+    totals = airflow.xcom(dag.dag_id, run.run_id, "ingest")
+    refunds = routed.tables[1]
+    assert totals["records"] == sum(routed.produced[t] - routed.bad[t] for t in routed.tables)
+    assert totals["tables"][refunds]["dead_letters"] == routed.bad[refunds]
+    catalog = yaml.safe_load(routed.path.read_text())["catalog"]["name"]
+    for table in routed.tables:  # an event of each table's asset
+        (event,) = airflow.asset_events(f"iceberg://{catalog}/{table.replace('.', '/')}")
+        assert event["records"] == routed.produced[table] - routed.bad[table]
 
 
 @pytest.mark.parametrize("point", ["mid-write", "between-commits"])

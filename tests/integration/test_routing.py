@@ -4,20 +4,16 @@ against the real broker and catalogs: exact counts per table and ``verify`` afte
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import yaml
 
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic, produce
-from tests.integration.conftest import REPO, Env, record
+from tests.integration.conftest import REPO, Env, Routed, produce_numbered, record
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +23,6 @@ def _by_pattern(env: Env, pattern: str) -> None:
     del data["topics"]
     data["topics_pattern"] = pattern
     env.config_path.write_text(yaml.safe_dump(data))
-
-
-def _produce(env: Env, topic: str, partitions: int, first: int, count: int, bad_every: int) -> int:
-    """Records ``first`` .. ``first + count`` into ``topic``; returns how many are poison."""
-    bad = [i % bad_every == bad_every - 1 for i in range(first, first + count)]
-    numbered = zip(range(first, first + count), bad, strict=True)
-    produce(env.bootstrap, topic, [record(i, partitions, i if is_bad else None) for i, is_bad in numbered])
-    return sum(bad)
 
 
 def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(make_env) -> None:
@@ -51,7 +39,7 @@ def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(m
 
     late = f"{env.topic}_late"
     create_topic(env.bootstrap, late, 3)
-    late_bad = _produce(env, late, 3, 0, 900, bad_every=61)  # written before the next run sees the topic
+    late_bad = produce_numbered(env, late, 3, 0, 900, bad_every=61)  # written before the next run sees the topic
     env.produce(500)
     second = env.cli("run", "--until-caught-up", "--json")
 
@@ -82,81 +70,6 @@ def test_a_pattern_that_matches_nothing_reads_nothing_and_says_so(make_env) -> N
 
 
 # --- tables: routing by topic --------------------------------------------------------------------
-
-
-@dataclass
-class Routed:
-    """A config of two tables: topics ``a1`` and ``a2`` into ``orders``, ``b`` (and, by pattern,
-    ``b_…``) into ``refunds``."""
-
-    env: Env
-    path: Path
-    topics: dict[str, str]
-    produced: Counter[str] = field(default_factory=Counter)
-    bad: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def tables(self) -> tuple[str, str]:
-        return f"{self.env.topic}.orders", f"{self.env.topic}.refunds"
-
-    def produce(self, key: str, count: int, bad_every: int = 0, partitions: int = 2) -> None:
-        table = self.tables[0] if key.startswith("a") else self.tables[1]
-        bad = _produce(self.env, self.topics[key], partitions, self.produced[key], count, bad_every or 10**9)
-        self.produced[key] += count
-        self.produced[table] += count
-        self.bad[table] += bad
-
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ingest", *args, "-c", str(self.path)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, **(env or {})},
-            cwd=REPO,
-        )
-
-    def counts(self, table: str) -> tuple[int, int]:
-        from ingest.config import load
-        from ingest.pipeline import Pipeline
-
-        pipeline = Pipeline.open(load(self.path, table=table))
-        rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
-        dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
-        return rows, dead
-
-    def exact(self) -> None:
-        for table in self.tables:
-            assert self.counts(table) == (self.produced[table] - self.bad[table], self.bad[table]), table
-        result = self.cli("verify", "--json")
-        documents = [json.loads(line) for line in result.stdout.splitlines()]
-        assert result.returncode == 0, (result.stdout, result.stderr)
-        assert [(d["table"], d["ok"]) for d in documents] == [(t, True) for t in self.tables]
-
-    def with_cap(self, max_records: int) -> Path:
-        data = yaml.safe_load(self.path.read_text())
-        data["batch"] = {**data["batch"], "max_records": max_records}
-        path = self.path.with_name(f"{self.path.stem}-{max_records}.yaml")
-        path.write_text(yaml.safe_dump(data))
-        return path
-
-
-@pytest.fixture
-def routed(make_env):  # type: ignore[no-untyped-def]
-    env: Env = make_env(partitions=2, batch={"max_records": 5_000, "read_timeout_s": 20})
-    base = yaml.safe_load(env.config_path.read_text())
-    topics = {"a1": f"{env.topic}_a1", "a2": f"{env.topic}_a2", "b": f"{env.topic}_b"}
-    for name in topics.values():
-        create_topic(env.bootstrap, name, 2)
-    shared = {k: v for k, v in base.items() if k not in ("topics", "table", "schema", "partition_by")}
-    entries = [
-        {"table": f"{env.topic}.orders", "topics": [topics["a1"], topics["a2"]], "schema": base["schema"],
-         "partition_by": base["partition_by"]},
-        {"table": f"{env.topic}.refunds", "topics_pattern": f"{topics['b']}(_.*)?", "schema": base["schema"][:2]},
-    ]  # fmt: skip
-    path = env.config_path.with_name("routed.yaml")
-    path.write_text(yaml.safe_dump({**shared, "tables": entries}))
-    return Routed(env, path, topics)
 
 
 def test_three_topics_into_two_tables_by_map_and_pattern(routed: Routed) -> None:

@@ -26,6 +26,7 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures)
     registry,
     rest_local,
     rest_s3,
+    routed,
     s3,
 )
 
@@ -63,13 +64,13 @@ def spark_process_env(spark_conf_dir: Path) -> dict[str, str]:
 
 
 def spark_submit_command(
-    env: Env, *args: str, master: str = "local[2]", conf: dict[str, str] | None = None
+    env: Env, *args: str, master: str = "local[2]", conf: dict[str, str] | None = None, config: Path | None = None
 ) -> list[str]:
     settings = {**TEST_CONF, **(conf or {})}
     command = [str(spark_submit_binary()), "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
-    return [*command, str(SPARK_JOB), "-c", str(env.config_path), *args]
+    return [*command, str(SPARK_JOB), "-c", str(config or env.config_path), *args]
 
 
 def spark_submit(
@@ -79,10 +80,11 @@ def spark_submit(
     conf: dict[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
     timeout: float = 300,
+    config: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``spark-submit jobs/spark_ingest.py -c CONFIG ARGS``: the driver process users schedule."""
     return subprocess.run(
-        spark_submit_command(env, *args, master=master, conf=conf),
+        spark_submit_command(env, *args, master=master, conf=conf, config=config),
         capture_output=True,
         text=True,
         timeout=timeout,

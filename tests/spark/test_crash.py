@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -19,7 +20,7 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.failpoints import POINTS
 from ingest.pipeline import Pipeline
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, Routed
 from tests.spark.conftest import spark_submit, spark_submit_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.spark]
@@ -129,3 +130,24 @@ def test_local_and_spark_copies_racing_on_one_table(make_env, spark_process_env)
     assert final.returncode == 0, final.stderr
     assert env.counts() == (6_000 - env.bad, env.bad)
     env.verify()
+
+
+def test_spark_submit_of_a_config_of_two_tables_then_killed_between_them(routed: Routed) -> None:
+    routed.produce("a1", 1_500, bad_every=11)
+    routed.produce("a2", 900, bad_every=13)
+    routed.produce("b", 1_100, bad_every=7)
+
+    # killed right after the first table's batch committed: the second table's has not begun
+    killed = spark_submit(routed.env, extra_env={"INGEST_FAILPOINT": "after-commit#1"}, config=routed.path)
+    assert killed.returncode != 0
+    assert routed.counts(routed.tables[0])[0] > 0 and routed.counts(routed.tables[1]) == (0, 0)
+    routed.produce("a2", 300)  # the first table has a batch to run again too
+
+    rerun = spark_submit(routed.env, "--until-caught-up", "--json", config=routed.path)
+
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    tables = {json.loads(line)["table"] for line in rerun.stdout.splitlines() if line.startswith("{")}
+    assert tables == set(routed.tables)
+    # one Spark context for both tables (each table's engine would otherwise start and stop its own)
+    assert len(re.findall(r"SparkContext: Running Spark version", rerun.stderr)) == 1
+    routed.exact()
