@@ -80,6 +80,19 @@ def test_the_shipped_example_config_is_valid() -> None:
     assert config.kafka["bootstrap.servers"] == "127.0.0.1:9092"
 
 
+def test_the_shipped_example_of_several_tables_is_valid() -> None:
+    from ingest.config import load_routes
+
+    orders, refunds = load_routes(Path(__file__).resolve().parents[2] / "conf" / "shop_tables.yaml", env={})
+
+    assert (orders.table, orders.topics, orders.unknown_fields) == (
+        "analytics.orders",
+        ["orders_eu", "orders_us"],
+        "capture",
+    )
+    assert refunds.selects("refunds_eu") and refunds.dead_letters == "analytics.refund_rejects"
+
+
 def test_the_rest_and_s3_example_takes_its_secrets_from_the_environment() -> None:
     path = Path(__file__).resolve().parents[2] / "conf" / "orders_rest_s3.yaml"
     with pytest.raises(ConfigError, match=r"catalog\.s3\.access-key-id: .*AWS_ACCESS_KEY_ID referenced but not set"):
