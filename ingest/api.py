@@ -87,14 +87,16 @@ def _opened(config: PipelineConfig) -> Pipeline:
 
 
 @contextmanager
-def open_run(config: Config, engine: EngineChoice = "local", *, spark: Any = None) -> Iterator[Run]:
+def open_run(
+    config: Config, engine: EngineChoice = "local", *, spark: Any = None, early_workers: bool = True
+) -> Iterator[Run]:
     """A run of ``config``: its tables (created if missing) and an engine (``"local"``: this
     machine's cores; ``"spark"``: the active Spark session, or ``spark``), kept for every batch
     until the block ends. ``run.batch()`` commits one batch; ``run.batches(until_caught_up=True,
     max_batches=None)`` yields each batch's :class:`~ingest.pipeline.BatchResult`."""
     from ingest.runner import opened
 
-    with opened(_config(config), engine, spark=spark) as run:
+    with opened(_config(config), engine, spark=spark, early_workers=early_workers) as run:
         yield run
 
 

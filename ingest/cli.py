@@ -7,6 +7,7 @@ failure (data loss, ledger lost, verification failed), 78 configuration error, 1
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
@@ -303,7 +304,9 @@ def _run_tables(
     """``ingest run`` of a config of several tables: each table's batches in turn, each with its own
     ledger; a table that fails does not hold the others back. The first failure is the command's
     (after every table had its turn); ``--every`` rides out retryable ones, as for one table."""
-    with contextlib.ExitStack() as spark:
+    from ingest.iceberg.sharing import shared
+
+    with contextlib.ExitStack() as spark, shared():  # the catalog opened once for every table
         # one Spark session for every table's engine: an engine stops only the session it built
         session = spark.enter_context(api.spark_session()) if engine is EngineName.spark else None
         _run_tables_on(routes, engine, until_caught_up, interval, max_batches, json_output, stop, session)
@@ -319,16 +322,18 @@ def _run_tables_on(
     stop: threading.Event,
     session: Any,
 ) -> None:
-    while not stop.is_set():
+    for tick in itertools.count():
+        if stop.is_set():
+            return
         started = time.monotonic()
         failures: list[IngestError] = []
-        for route in routes:
+        for index, route in enumerate(routes):
             if stop.is_set():
                 break
             if not json_output:
                 out.print(f"[bold]{route.table}[/]", highlight=False)
             try:
-                with _open_run(route, engine, session) as opened_run:
+                with _open_run(route, engine, session, first=tick == 0 and index == 0) as opened_run:
                     _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
             except IngestError as error:
                 failures.append(error)
@@ -345,10 +350,10 @@ def _run_tables_on(
 
 
 @contextlib.contextmanager
-def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None) -> Iterator[Any]:
-    """The run (pipeline and the engine ``--engine`` names) for every batch of the command."""
-    # the local engine's workers start before pyiceberg is imported
-    with api.open_run(path, "spark" if name is EngineName.spark else "local", spark=spark) as run:
+def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None, first: bool = True) -> Iterator[Any]:
+    """The run (pipeline and the engine ``--engine`` names) for every batch of the command; the
+    local engine's workers start before pyiceberg is imported (``first``: for the run's first table)."""
+    with api.open_run(path, "spark" if name is EngineName.spark else "local", spark=spark, early_workers=first) as run:
         yield run
 
 

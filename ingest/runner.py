@@ -106,10 +106,16 @@ def _metrics(config: PipelineConfig) -> RunMetrics | None:
 
 @contextlib.contextmanager
 def opened(
-    config: PipelineConfig, engine: EngineChoice = "local", *, spark: SparkSession | None = None
+    config: PipelineConfig,
+    engine: EngineChoice = "local",
+    *,
+    spark: SparkSession | None = None,
+    early_workers: bool = True,
 ) -> Iterator[Run]:
     """The run of ``config`` on ``engine``: ``"local"`` (this machine's cores) or ``"spark"`` (on
-    ``spark``, else the active session, else one built from the usual Spark settings)."""
+    ``spark``, else the active session, else one built from the usual Spark settings).
+    ``early_workers=False``: the local engine's workers start when a batch needs them, never on a
+    guess of the backlog (the tables after the first of a run of several: nothing left to overlap)."""
     from ingest.pipeline import Pipeline
 
     metrics = _metrics(config)
@@ -123,11 +129,14 @@ def opened(
                 running = True
                 yield Run(pipeline, on_spark, metrics)
             return
-        pool = workers_for_backlog(config)
+        # workers start early to overlap this process's imports of pyiceberg and the catalog; once
+        # they are imported (the second table of a run of several), a batch starts them as it needs
+        pool = workers_for_backlog(config) if early_workers else None
         try:
             pipeline = Pipeline.open(config)
         except BaseException:
-            pool.close(kill=True)
+            if pool is not None:
+                pool.close(kill=True)
             raise
         with contextlib.closing(LocalEngine(config, pipeline.rows, pool)) as local:
             running = True

@@ -10,6 +10,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NotInstalledError
 
 from ingest.errors import CatalogUnavailable, ConfigError
+from ingest.iceberg import sharing
 
 
 def absent(properties: Mapping[str, str]) -> Path | None:
@@ -26,6 +27,17 @@ def absent(properties: Mapping[str, str]) -> Path | None:
 def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> Catalog:
     """The catalog ``properties`` name; a REST catalog's requests give up after
     ``request_timeout_s`` (``commit.request_timeout_s``)."""
+    opened = sharing.opened()
+    if opened is None:
+        return _connect(properties, request_timeout_s)
+    key = (*sorted(properties.items()), ("request_timeout_s", str(request_timeout_s)))
+    if key not in opened:
+        opened[key] = _connect(properties, request_timeout_s)
+    catalog: Catalog = opened[key]
+    return catalog
+
+
+def _connect(properties: Mapping[str, str], request_timeout_s: float) -> Catalog:
     props = dict(properties)
     name = props.pop("name")
     if _is_rest(props):  # other catalogs never load the REST client's module (~0.1 s of imports)

@@ -538,6 +538,120 @@ def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": 1, "bytes": 0, "seconds": 1.0, "records_per_s_by_batch_size": rates}
 
 
+def _one_per_partition(bootstrap: str, topics: list[str], partitions: int, start: int) -> None:
+    """One record into each partition of ``topics``, through one producer."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i, topic in enumerate(topics):
+        for partition in range(partitions):
+            producer.produce(topic, value=payload(start + i * partitions + partition), partition=partition)
+    assert producer.flush(60) == 0
+
+
+def _topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1) for name in names]).values():
+        future.result(120)
+
+
+def stage_partitions(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-batch fixed cost against the partitions one pipeline reads: 10, 100 and 1,000 (2, 20 and
+    200 topics of 5 partitions, chosen by ``topics_pattern``), on one open run as ``--every`` keeps it.
+
+    Timed: a batch with one new record in every partition (plan: Kafka's metadata and offsets, the
+    ledger lookup; read, write, commit), and a caught-up batch (nothing new: plan only). Reported
+    too: the ledger's size in the snapshot summary and the table's metadata file after 25 batches.
+    """
+    import statistics
+
+    from ingest import config as config_module
+    from ingest.core.ledger import ours
+    from ingest.runner import opened
+
+    results: dict[str, Any] = {}
+    for count in (10, 100, 1000):
+        prefix = f"{args.topic}-p{count}-{uuid.uuid4().hex[:6]}-"
+        topics = [f"{prefix}{i:03d}" for i in range(count // 5)]
+        _topics(args.bootstrap, topics, 5)
+        _one_per_partition(args.bootstrap, topics, 5, 0)
+        with tempfile.TemporaryDirectory() as tmp:
+            data = _config(args, tmp) | {"topics_pattern": prefix + ".*", "table": f"bench.p{count}"}
+            del data["topics"]
+            with opened(config_module.parse(data)) as run:
+                run.batch()
+                timed, empty = [], []
+                for i in range(1, 25):
+                    started = time.perf_counter()
+                    assert run.batch().status == "empty"
+                    empty.append(time.perf_counter() - started)
+                    _one_per_partition(args.bootstrap, topics, 5, i * count)
+                    started = time.perf_counter()
+                    result = run.batch()
+                    timed.append(time.perf_counter() - started)
+                    assert result.records == count, result
+                table = run.pipeline.rows.table.refresh()
+                summary = table.metadata.snapshots[-1].summary.additional_properties
+                ledger_bytes = sum(len(k) + len(v) for k, v in ours(summary).items())
+                metadata_bytes = Path(table.metadata_location.removeprefix("file://")).stat().st_size
+        results[str(count)] = {
+            "batch_s": statistics.median(timed),
+            "caught_up_s": statistics.median(empty),
+            "ledger_bytes": ledger_bytes,
+            "metadata_bytes_after_25": metadata_bytes,
+        }
+    return {"records": 1, "bytes": 0, "seconds": 1.0, "by_partitions": results}
+
+
+def stage_tables(args: argparse.Namespace) -> dict[str, Any]:
+    """``ingest run --until-caught-up`` of a config of 50 tables (``tables:``, a topic of 2
+    partitions each), spawn to exit as a scheduler runs it: the catch-up of the whole backlog
+    (``--tables-records``, 20M by default), then a run with nothing new. Peak RSS is the largest
+    process's (the run or a worker), against the budget of one batch (4 × its payload + 400 MB)."""
+    from ingest.core.plan import PlanPolicy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _config(args, tmp)
+        for key in ("topics", "table", "schema", "batch"):
+            del data[key]
+        data["tables"] = [
+            {"table": f"bench.t{i:02d}", "topics": [f"{args.topic}{TABLES_TOPIC}{i:02d}"], "schema": SCHEMA}
+            for i in range(TABLES)
+        ]
+        path = Path(tmp, "tables.yaml")
+        path.write_text(json.dumps(data))  # YAML is a superset of JSON
+        command = [sys.executable, "-m", "ingest", "run", "--until-caught-up", "--json", "-c", str(path)]
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
+        seconds = time.perf_counter() - started
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        started = time.perf_counter()
+        again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+        caught_up_s = time.perf_counter() - started
+        assert again.returncode == 0, again.stderr[-3000:]
+    records = sum(line["records"] + line["dead_letters"] for line in lines)
+    nbytes = sum(line["bytes"] for line in lines)
+    batch_mb = PlanPolicy().max_records * nbytes / max(1, records) / 1e6  # the default batch's payload
+    return {
+        "records": records,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "tables": len({line["table"] for line in lines}),
+        "batches": len(lines),
+        "caught_up_s": caught_up_s,
+        "largest_process_peak_rss_mb": peak_mb,
+        "batch_budget_mb": 4 * batch_mb + 400,
+    }
+
+
+#: tables of the ``tables`` stage, a topic each (named ``<topic><TABLES_TOPIC><nn>``, 2 partitions)
+TABLES, TABLES_TOPIC = 50, "-tbl-"
+
+
 STAGES = {
     "raw": stage_raw,
     "decode": stage_decode,
@@ -555,6 +669,8 @@ STAGES = {
     "poison_100": stage_poison_100,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
+    "partitions": stage_partitions,
+    "tables": stage_tables,
 }
 
 
@@ -573,6 +689,8 @@ def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.records),
         "--partitions",
         str(args.partitions),
+        "--tables-records",
+        str(args.tables_records),
         *(["--registry", args.registry] if args.registry else []),
         *(["--s3", args.s3, "--rest", args.rest] if args.s3 else []),
     ]
@@ -589,6 +707,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=int(os.environ.get("BENCH_RECORDS", 2_000_000)))
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--tables-records",
+        type=int,
+        default=int(os.environ.get("BENCH_TABLES_RECORDS", 0)),
+        help="records of the 50-table catch-up (default: 10 × --records)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--stage", choices=sorted(STAGES))
     parser.add_argument("--bootstrap")
@@ -597,6 +721,7 @@ def main() -> None:
     parser.add_argument("--s3", help="pyiceberg's S3 properties, as JSON (the S3 stages)")
     parser.add_argument("--rest", help="the REST catalog's URI (the REST stage)")
     args = parser.parse_args()
+    args.tables_records = args.tables_records or 10 * args.records
     if args.stage:
         result = STAGES[args.stage](args)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -665,6 +790,20 @@ def orchestrate(args: argparse.Namespace) -> None:
                     console.print(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
         fixed = _run_stage("fixed", args)["per_batch_s"]
         scaling = _run_stage("scaling", args)["records_per_s_by_batch_size"]
+        by_partitions = _run_stage("partitions", args)["by_partitions"]
+        started = time.perf_counter()
+        _topics(args.bootstrap, [f"{args.topic}{TABLES_TOPIC}{i:02d}" for i in range(TABLES)], 2)
+        for i in range(TABLES):  # the backlog of the 50-table catch-up, spread evenly
+            share = args.tables_records // TABLES + (i < args.tables_records % TABLES)
+            produce(
+                args.bootstrap,
+                f"{args.topic}{TABLES_TOPIC}{i:02d}",
+                ((j % 2, None, payload(j), None) for j in range(share)),
+            )
+        console.print(
+            f"produced {args.tables_records:,} records into {TABLES} topics in {time.perf_counter() - started:.1f}s"
+        )
+        tables = _run_stage("tables", args)
     payload_mb = results["raw"]["bytes"] / 1e6
     report = {
         "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
@@ -675,6 +814,8 @@ def orchestrate(args: argparse.Namespace) -> None:
         "stages": results,
         "fixed_cost_s_by_snapshots": fixed,
         "records_per_s_by_batch_size": scaling,
+        "fixed_cost_by_partitions": by_partitions,
+        "tables": tables,
         "ratios": {
             "ingest_vs_raw": results["ingest"]["records_per_s"] / results["raw"]["records_per_s"],
             "ingest_vs_naive": results["ingest"]["records_per_s"] / results["naive"]["records_per_s"],
@@ -762,6 +903,22 @@ def orchestrate(args: argparse.Namespace) -> None:
         + " (target ≤ 250 ms at 1,000)"
     )
     console.print("records/s by batch size: " + ", ".join(f"{n}: {r:,.0f}" for n, r in scaling.items()))
+    console.print(
+        "per-batch fixed cost by partitions read (one new record each; caught up; ledger in the summary; "
+        "metadata file after 25 batches): "
+        + "; ".join(
+            f"{n}: {r['batch_s'] * 1000:.0f} ms, {r['caught_up_s'] * 1000:.0f} ms, {r['ledger_bytes'] / 1000:.1f} KB, "
+            f"{r['metadata_bytes_after_25'] / 1e6:.1f} MB"
+            for n, r in by_partitions.items()
+        )
+        + " (target ≤ 1 s at 1,000)"
+    )
+    console.print(
+        f"{tables['tables']} tables, {tables['records']:,} records caught up by one `ingest run` (spawn to exit): "
+        f"{tables['seconds']:.1f}s, {tables['records_per_s']:,.0f} records/s in {tables['batches']} batches; "
+        f"largest process {tables['largest_process_peak_rss_mb']:.0f} MB (one batch's budget "
+        f"{tables['batch_budget_mb']:.0f} MB); a run with nothing new {tables['caught_up_s']:.1f}s"
+    )
     with RESULTS.open("a") as out:
         out.write(json.dumps(report) + "\n")
     if args.json:
