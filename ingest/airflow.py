@@ -98,40 +98,22 @@ class IngestOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        landed: list[config_module.PipelineConfig] = []  # tables a batch of this run is in (committed, or
-        # landed with its acknowledgement lost)
+        #: the tables a batch of this run is in (committed, or landed with its acknowledgement lost)
+        landed: list[config_module.PipelineConfig] = []
         with _explicit_failures(self):
-            from ingest.runner import opened
+            from ingest.iceberg.sharing import shared
 
             routes = config_module.load_routes(self.config_path)
             failures: list[Exception] = []
-            for config in routes:  # a config of several tables (`tables:`): each in turn, each its own ledger
-                try:
-                    with opened(config) as run:
-                        totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
-                        tables = totals.setdefault("tables", {}) if len(routes) > 1 else None
-                        for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
-                            self.log.info(
-                                "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
-                                config.table,
-                                result.batch,
-                                result.status,
-                                result.records,
-                                result.dead_letters,
-                                result.seconds,
-                                result.snapshot_id,
-                            )
-                            _add(totals, result)
-                            if tables is not None:
-                                _add(tables.setdefault(config.table, {"batches": 0, "committed": 0, "records": 0,
-                                                                      "dead_letters": 0}), result)  # fmt: skip
-                            if result.status in ("committed", "landed") and config not in landed:
-                                landed.append(config)
-                except Exception as error:  # the other tables still get their turn; the first failure is the task's
-                    if len(routes) == 1:
-                        raise
-                    self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
-                    failures.append(error)
+            with shared():  # a config of several tables (`tables:`): each in turn, the catalog opened once
+                for index, config in enumerate(routes):
+                    try:
+                        self._run(config, index == 0, totals, len(routes) > 1, landed)
+                    except Exception as error:  # the other tables still get their turn; the first failure is the task's
+                        if len(routes) == 1:
+                            raise
+                        self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
+                        failures.append(error)
             if failures:
                 raise failures[0]
         if self.alias in self.outlets:
@@ -139,6 +121,38 @@ class IngestOperator(BaseOperator):
                 extra = totals["tables"][config.table] if "tables" in totals else totals
                 context["outlet_events"][self.alias].add(table_asset(config), extra=extra)
         return totals
+
+    def _run(
+        self,
+        config: config_module.PipelineConfig,
+        first: bool,
+        totals: dict[str, Any],
+        per_table: bool,
+        landed: list[config_module.PipelineConfig],
+    ) -> None:
+        """One table's batches; ``first``: the run's first table (its workers may start early)."""
+        from ingest.runner import opened
+
+        with opened(config, early_workers=first) as run:
+            totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
+            table = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
+            if per_table:
+                totals.setdefault("tables", {})[config.table] = table
+            for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
+                self.log.info(
+                    "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
+                    config.table,
+                    result.batch,
+                    result.status,
+                    result.records,
+                    result.dead_letters,
+                    result.seconds,
+                    result.snapshot_id,
+                )
+                _add(totals, result)
+                _add(table, result)
+                if result.status in ("committed", "landed") and config not in landed:
+                    landed.append(config)
 
 
 def _add(totals: dict[str, Any], result: Any) -> None:
