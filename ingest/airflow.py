@@ -114,8 +114,8 @@ class IngestOperator(BaseOperator):
                             raise
                         self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
                         failures.append(error)
-            if failures:
-                raise failures[0]
+            if failures:  # the first fatal failure, else the first: a retry cannot fix a fatal one
+                raise next((e for e in failures if not getattr(e, "retryable", False)), failures[0])
         if self.alias in self.outlets:
             for config in landed:
                 extra = totals["tables"][config.table] if "tables" in totals else totals

@@ -176,12 +176,22 @@ def _each(
     :func:`_emit` does; of several, under the table's name (``--json``: a document per line, the
     table's result with ``"table"`` added)."""
     results = []
+    failures: list[IngestError] = []
     for route in routes:
-        result = act(route)
-        results.append(result)
         if len(routes) == 1:
+            result = act(route)
+            results.append(result)
             _emit(json_output, data(result), lambda: show(result))  # noqa: B023 (called at once)
             continue
+        try:
+            result = act(route)
+        except IngestError as error:  # the other tables are still reported; the first failure is the command's
+            failures.append(error)
+            if json_output:
+                print(json.dumps({"table": route.table, "error": str(error), "type": type(error).__name__}))
+            err.print(f"[red]{route.table}[/] ({type(error).__name__}): {escape(str(error))}", highlight=False)
+            continue
+        results.append(result)
         document = data(result)
         if json_output:
             print(json.dumps({"table": route.table, **document} if isinstance(document, dict) else
@@ -189,7 +199,14 @@ def _each(
         else:
             out.rule(f"[bold]{route.table}", align="left")
             show(result)
+    if failures:
+        raise _first(failures)
     return results
+
+
+def _first(failures: list[IngestError]) -> IngestError:
+    """The failure a command of several tables exits with: the first fatal one, else the first."""
+    return next((error for error in failures if not error.retryable), failures[0])
 
 
 def _emit(json_output: bool, data: object, show: Callable[[], None]) -> None:
@@ -255,8 +272,18 @@ def run(
         routes = _routes(config, table)
         if len(routes) > 1:
             _run_tables(routes, engine, until_caught_up, interval, max_batches, json_output, stop)
-            return
-        with _open_run(routes[0], engine) as opened_run:  # one engine (one Spark session) for every batch
+        else:
+            _run_table(routes[0])
+        if stop.is_set():
+            err.print(
+                "stopped by SIGTERM between batches: every batch that began was committed or left no trace; "
+                f"run again to continue (exit {STOPPED_EXIT})",
+                highlight=False,
+            )
+            raise typer.Exit(STOPPED_EXIT)
+
+    def _run_table(route: PipelineConfig) -> None:
+        with _open_run(route, engine) as opened_run:  # one engine (one Spark session) for every batch
             if interval is not None and opened_run.metrics is not None and opened_run.metrics.spec.port is not None:
                 opened_run.metrics.serve()  # /metrics while it runs; each tick's values as it ends
             while not stop.is_set():
@@ -274,13 +301,6 @@ def run(
                 if interval is None:
                     break
                 stop.wait(max(0.0, interval - (time.monotonic() - started)))
-        if stop.is_set():
-            err.print(
-                "stopped by SIGTERM between batches: every batch that began was committed or left no trace; "
-                f"run again to continue (exit {STOPPED_EXIT})",
-                highlight=False,
-            )
-            raise typer.Exit(STOPPED_EXIT)
 
     if threading.current_thread() is not threading.main_thread():  # called as a function (a test, a thread)
         _guarded(json_output, body)
@@ -339,9 +359,8 @@ def _run_tables_on(
                 failures.append(error)
                 kind = "retryable" if error.retryable else "fatal"
                 err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
-        fatal = [error for error in failures if not error.retryable]
-        if fatal or (failures and interval is None):
-            raise (fatal or failures)[0]
+        if failures and (interval is None or any(not error.retryable for error in failures)):
+            raise _first(failures)
         if failures:
             err.print(f"[yellow]retryable[/]: {len(failures)} of {len(routes)} tables failed; next in {interval:.0f}s")
         if interval is None:

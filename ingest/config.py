@@ -351,6 +351,14 @@ class PipelineConfig(_Strict):
     maintenance: MaintenanceSpec = MaintenanceSpec()
     metrics: MetricsSpec | None = None
 
+    #: with ``tables:``, the other entries' tables: a topic new to this table's ledger that one of
+    #: them has read is not read again here from the start (see :meth:`ingest.pipeline.Pipeline.plan`)
+    _siblings: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def siblings(self) -> tuple[str, ...]:
+        return self._siblings
+
     @field_validator("topic_specs", mode="before")
     @classmethod
     def _plain_names(cls, value: Any) -> Any:
@@ -778,10 +786,11 @@ ROUTE_KEYS = frozenset({"table", "topics", "topics_pattern"})
 def _across(routes: Sequence[PipelineConfig]) -> list[str]:
     """What the entries of ``tables:`` must not share: a table, a listed topic."""
     lines = []
-    tables = [r.table for r in routes]
+    # compared as catalogs that fold case (Glue, Hive) name them: two spellings are one table there
+    tables = [r.table.lower() for r in routes]
     for name in sorted({t for t in tables if tables.count(t) > 1}):
         lines.append(f"  tables: {name!r} is listed twice")
-    dead = [r.dead_letters for r in routes]
+    dead = [r.dead_letters.lower() for r in routes]
     for name in sorted({t for t in dead if dead.count(t) > 1 or t in tables}):
         lines.append(
             f"  tables: {name!r} is the dead-letter table of an entry and another table of the config; "
@@ -812,6 +821,9 @@ def _routed(routes: list[PipelineConfig]) -> list[PipelineConfig]:
             earlier.append(routed)
         if route.metrics is not None:
             route = route.model_copy(update={"metrics": route.metrics.of_table(route.table)})
+        else:
+            route = route.model_copy()
+        route._siblings = tuple(other.table for other in routes if other.table != route.table)
         claimed.append(route)
     return claimed
 

@@ -65,6 +65,9 @@ def rewind(
         found = observe(dead, pipeline, recovering=True)
         if found is not None and found.ledger.remembers(sync_id):
             return
+        # and every topic the floor names: a topic first read after the ledger ``to`` came from
+        # (``topics_pattern:`` matched it since) is not in ``to``, and all its dead letters go
+        every = sorted({*topics, *(found.ledger.topics if found is not None else ())})
         ledger = Ledger(
             batch=found.ledger.batch + 1 if found else 1,
             offsets=dict(to),
@@ -72,7 +75,7 @@ def rewind(
             cluster_id=found.ledger.cluster_id if found else None,
             resets=_remembering(found.ledger, sync_id) if found else (AppliedReset(sync_id),),
         )
-        dead.rewind(topics, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
+        dead.rewind(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
 
     settled(
         attempt,

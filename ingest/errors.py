@@ -169,6 +169,11 @@ class TopicRecreated(FatalError):
     """The topic or cluster is not the one the ledger was written against."""
 
 
+class TopicMoved(FatalError):
+    """A topic new to a table was read into another table of the same pipeline: reading it again
+    from the start would store its records twice."""
+
+
 class TopicNotFound(FatalError):
     """A configured topic does not exist."""
 

@@ -23,7 +23,15 @@ from ingest.core.ledger import BatchCounts, Found, decode, decode_counts, merge_
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
-from ingest.errors import ConfigError, Fenced, SchemaAhead, SchemaChangeRefused, SubjectNotFound, TooManyDeadLetters
+from ingest.errors import (
+    ConfigError,
+    Fenced,
+    SchemaAhead,
+    SchemaChangeRefused,
+    SubjectNotFound,
+    TooManyDeadLetters,
+    TopicMoved,
+)
 from ingest.formats import keys
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
@@ -157,10 +165,36 @@ class Pipeline:
         # another writer moved the head since, the commit conflicts and observes again
         found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
         view = view or self.source.describe()
+        known = found.ledger.topics if found is not None else frozenset()
+        self._not_read_elsewhere({tp.topic for tp in view.partitions} - known)
         from_time = None
         if found is None and isinstance(self.policy.start, int):  # the first batch starts at a time
             from_time = self.source.offsets_for_time(sorted(view.partitions), self.policy.start)
         return plan_batch(found.ledger if found else None, view, self.policy, from_time)
+
+    def _not_read_elsewhere(self, new: set[str]) -> None:
+        """Fail closed when a topic new to this table's ledger is in the ledger of another table of
+        the config (``tables:``): it moved here (another entry listed it, a pattern changed), and
+        reading it from the start would store what the other table holds twice."""
+        if not new or not self.config.siblings:
+            return
+        for sibling in self.config.siblings:
+            table = IcebergTable.existing(self.rows.catalog, sibling)
+            found = observe(table, self.config.pipeline) if table is not None else None
+            if found is None or not new & found.ledger.topics:
+                continue
+            moved = sorted(new & found.ledger.topics)
+            where = ",".join(
+                f"{tp.topic}:{tp.partition}={end}"
+                for tp, end in sorted(found.ledger.offsets.items())
+                if tp.topic in moved
+            )
+            raise TopicMoved(
+                f"topic(s) {', '.join(moved)} now feed {self.config.table}, but {sibling} has read them (its ledger "
+                f"ends at {where}): reading them here from the start would store those records twice. To go on "
+                f"where {sibling} stopped: ingest reset -c CONFIG --table {self.config.table} --to-offsets {where} "
+                "--reason moved; to store them twice on purpose, give their earliest offsets the same way."
+            )
 
     def run_batch(self, engine: Engine) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""

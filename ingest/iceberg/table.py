@@ -290,6 +290,16 @@ class IcebergTable:
             self._commit(transaction)
         return before, described_spec(self._table.schema(), self._table.spec())
 
+    @classmethod
+    def existing(cls, catalog: Catalog, identifier: str) -> IcebergTable | None:
+        """The table if it exists (loaded as it is, nothing created or changed), else None."""
+        try:
+            return cls(catalog, identifier, catalog.load_table(identifier), loaded_at=time.monotonic())
+        except NoSuchTableError:
+            return None
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot load table {identifier}: {error}") from None
+
     @staticmethod
     def exists(catalog: Catalog, identifier: str) -> bool:
         try:

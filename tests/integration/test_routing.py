@@ -57,6 +57,28 @@ def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(m
     assert f"5 partitions of {env.topic}, {late} (matching '{env.topic}(_.*)?')" in said
 
 
+@pytest.mark.parametrize("how", ["--rollback", "--publish"])
+def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_env, how: str) -> None:
+    env = make_env(partitions=2)
+    _by_pattern(env, f"{env.topic}(_.*)?")
+    env.produce(400, bad_every=23)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    history = json.loads(env.cli("history", "--json").stdout)
+    snapshot_s = history[0]["snapshot_id"]
+    late = f"{env.topic}_late"
+    create_topic(env.bootstrap, late, 1)
+    late_bad = produce_numbered(env, late, 1, 0, 300, bad_every=7)  # first read after S, poison in it
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    replayed = env.cli("replay", "--from-snapshot", str(snapshot_s), how, "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    # the late topic's dead letters are in once, whichever way main went back to S
+    assert env.counts() == (400 - env.bad + 300 - late_bad, env.bad + late_bad)
+    env.verify()
+
+
 def test_a_pattern_that_matches_nothing_reads_nothing_and_says_so(make_env) -> None:
     env = make_env(partitions=1)
     _by_pattern(env, f"{env.topic}_none_.*")
@@ -109,6 +131,56 @@ def test_three_topics_into_two_tables_by_map_and_pattern(routed: Routed) -> None
     maintained = routed.cli("maintain", "--json")
     assert maintained.returncode == 0, maintained.stderr
     assert len(maintained.stdout.splitlines()) == 2
+    routed.exact()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_topic_moved_to_another_table_is_refused_until_reset_where_the_first_stopped(routed: Routed) -> None:
+    routed.produce("a1", 300)
+    routed.produce("b", 500, bad_every=9)
+    assert routed.cli("run", "--until-caught-up").returncode == 0
+    data = yaml.safe_load(routed.path.read_text())
+    data["tables"][0]["topics"].append(routed.topics["b"])  # listed: it leaves the pattern's table
+    routed.path.write_text(yaml.safe_dump(data))
+    routed.produce("b", 200, bad_every=9)
+
+    refused = routed.cli("run", "--until-caught-up")
+
+    assert refused.returncode == 65, refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert f"now feed {routed.tables[0]}, but {routed.tables[1]} has read them" in said
+    where = said.split("--to-offsets ")[1].split(" ")[0]
+    assert where == f"{routed.topics['b']}:0=250,{routed.topics['b']}:1=250"
+    reset = routed.cli("reset", "--table", routed.tables[0], "--to-offsets", where, "--reason", "moved")
+    assert reset.returncode == 0, reset.stderr
+    assert routed.cli("run", "--until-caught-up").returncode == 0
+    # b's first 500 records stay in the table that read them, the 200 after it in the other: once each
+    orders, refunds = (sum(routed.counts(t)) for t in routed.tables)
+    assert (orders, refunds) == (300 + 200, 500)
+    result = routed.cli("verify", "--json")
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_sigterm_stops_a_run_of_several_tables_with_exit_143(routed: Routed) -> None:
+    routed.produce("a1", 300)
+    routed.produce("b", 300)
+    loop = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "run", "--every", "2s", "--json", "-c", str(routed.path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    assert loop.stdout is not None
+    assert json.loads(loop.stdout.readline())["table"] == routed.tables[0]  # the first table's batch is in
+
+    loop.send_signal(signal.SIGTERM)
+    _, stderr = loop.communicate(timeout=60)
+
+    assert loop.returncode == 143, stderr
+    assert "stopped by SIGTERM between batches" in " ".join(stderr.split())
+    assert routed.cli("run", "--until-caught-up").returncode == 0
     routed.exact()
 
 
