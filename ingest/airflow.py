@@ -31,6 +31,7 @@ except ImportError as error:
         "the Airflow integration needs Apache Airflow 3.3 or later: pip install 'lakehouse-ingest[airflow]'"
     ) from error
 
+from ingest import arrow_memory
 from ingest import config as config_module
 from ingest.errors import ExitCode, IngestError
 
@@ -114,6 +115,9 @@ class IngestOperator(BaseOperator):
                             raise
                         self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
                         failures.append(error)
+                    finally:
+                        if len(routes) > 1:
+                            arrow_memory.release()  # what this table's batches freed, for the next
             if failures:  # the first fatal failure, else the first: a retry cannot fix a fatal one
                 raise next((e for e in failures if not getattr(e, "retryable", False)), failures[0])
         if self.alias in self.outlets:

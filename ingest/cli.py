@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ingest import api
+from ingest import api, arrow_memory
 from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
 
@@ -359,6 +359,9 @@ def _run_tables_on(
                 failures.append(error)
                 kind = "retryable" if error.retryable else "fatal"
                 err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
+            finally:
+                opened_run = None
+                arrow_memory.release()  # what this table's batches freed, back to the system for the next
         if failures and (interval is None or any(not error.retryable for error in failures)):
             raise _first(failures)
         if failures:

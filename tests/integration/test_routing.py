@@ -57,6 +57,7 @@ def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(m
     assert f"5 partitions of {env.topic}, {late} (matching '{env.topic}(_.*)?')" in said
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("how", ["--rollback", "--publish"])
 def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_env, how: str) -> None:
     env = make_env(partitions=2)
@@ -79,6 +80,7 @@ def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_e
     env.verify()
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 def test_a_pattern_that_matches_nothing_reads_nothing_and_says_so(make_env) -> None:
     env = make_env(partitions=1)
     _by_pattern(env, f"{env.topic}_none_.*")

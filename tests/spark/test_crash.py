@@ -132,6 +132,7 @@ def test_local_and_spark_copies_racing_on_one_table(make_env, spark_process_env)
     env.verify()
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 def test_spark_submit_of_a_config_of_two_tables_then_killed_between_them(routed: Routed) -> None:
     routed.produce("a1", 1_500, bad_every=11)
     routed.produce("a2", 900, bad_every=13)
