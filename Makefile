@@ -39,9 +39,9 @@ else
 	$(error DEMO_CATALOG is sqlite (the default) or rest+s3, not '$(DEMO_CATALOG)')
 endif
 
-test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with SQL and REST catalogs)
+test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with the REST catalog)
 	$(BIN)/pytest
-	INGEST_TEST_CATALOGS=sqlite+s3,rest+s3 $(BIN)/pytest -q tests/integration/test_crash.py tests/integration/test_protocol.py
+	INGEST_TEST_CATALOGS=rest+s3 $(BIN)/pytest -q tests/integration/test_crash.py tests/integration/test_protocol.py
 	INGEST_TEST_BROKER=tansu $(BIN)/pytest -q tests/integration/test_cli_end_to_end.py  # smoke: the demo's broker
 
 test-fast: setup ## only the pure-core unit tests
