@@ -329,46 +329,34 @@ def _run_tables(
     with contextlib.ExitStack() as spark, shared():  # the catalog opened once for every table
         # one Spark session for every table's engine: an engine stops only the session it built
         session = spark.enter_context(api.spark_session()) if engine is EngineName.spark else None
-        _run_tables_on(routes, engine, until_caught_up, interval, max_batches, json_output, stop, session)
-
-
-def _run_tables_on(
-    routes: list[PipelineConfig],
-    engine: EngineName,
-    until_caught_up: bool,
-    interval: float | None,
-    max_batches: int | None,
-    json_output: bool,
-    stop: threading.Event,
-    session: Any,
-) -> None:
-    for tick in itertools.count():
-        if stop.is_set():
-            return
-        started = time.monotonic()
-        failures: list[IngestError] = []
-        for index, route in enumerate(routes):
+        for tick in itertools.count():
             if stop.is_set():
-                break
-            if not json_output:
-                out.print(f"[bold]{route.table}[/]", highlight=False)
-            try:
-                with _open_run(route, engine, session, first=tick == 0 and index == 0) as opened_run:
-                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
-            except IngestError as error:
-                failures.append(error)
-                kind = "retryable" if error.retryable else "fatal"
-                err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
-            finally:
-                opened_run = None
-                arrow_memory.release()  # what this table's batches freed, back to the system for the next
-        if failures and (interval is None or any(not error.retryable for error in failures)):
-            raise _first(failures)
-        if failures:
-            err.print(f"[yellow]retryable[/]: {len(failures)} of {len(routes)} tables failed; next in {interval:.0f}s")
-        if interval is None:
-            return
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+                return
+            started = time.monotonic()
+            failures: list[IngestError] = []
+            for index, route in enumerate(routes):
+                if stop.is_set():
+                    break
+                if not json_output:
+                    out.print(f"[bold]{route.table}[/]", highlight=False)
+                try:
+                    with _open_run(route, engine, session, first=tick == 0 and index == 0) as opened_run:
+                        _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
+                except IngestError as error:
+                    failures.append(error)
+                    kind = "retryable" if error.retryable else "fatal"
+                    err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
+                finally:
+                    opened_run = None
+                    arrow_memory.release()  # what this table's batches freed, back to the system for the next
+            if failures and (interval is None or any(not error.retryable for error in failures)):
+                raise _first(failures)
+            if failures:
+                failed = f"{len(failures)} of {len(routes)} tables failed"
+                err.print(f"[yellow]retryable[/]: {failed}; next in {interval:.0f}s")
+            if interval is None:
+                return
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
 
 @contextlib.contextmanager
