@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ingest.committer import observe
+from ingest.config import PipelineConfig
 from ingest.core.ledger import (
     RESET_MEMORY,
     AppliedReset,
@@ -161,13 +162,15 @@ def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: s
     table.try_commit([], encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id}), {})
 
 
-def settle(dead: IcebergTable, pipeline: str, topics: Sequence[str], ledger: Ledger | None, attempts: int) -> None:
-    """Do what the dead-letter table owes the rows ledger ``ledger`` (a marker's step), if anything.
+def settle(dead: IcebergTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> None:
+    """Do what the dead-letter table owes the rows ledger ``ledger`` (a marker's step), if anything,
+    for ``config``'s pipeline and its topics among ``ledger``'s.
 
     Called before every commit made on top of ``ledger`` on the rows table's main."""
     sync = ledger.sync if ledger is not None else None
-    if sync is None:
+    if ledger is None or sync is None:
         return
+    pipeline, topics = config.pipeline, config.topics_in(ledger.topics)
     if sync.redriven is not None:
         remove_redriven(dead, pipeline, sync.redriven, sync.sync_id, attempts)
     elif sync.branch is not None:

@@ -248,8 +248,7 @@ class Pipeline:
         started = time.monotonic()
         ranges = [(tp.topic, tp.partition, s, e) for tp, s, e in batch.ranges()]
         if self.rows.branch == MAIN:  # a rollback or publish may still owe its dead-letter step
-            topics = self.config.topics_in(batch.base.topics if batch.base is not None else ())
-            settle(self.dead, self.config.pipeline, topics, batch.base, self.config.commit.max_attempts)
+            settle(self.dead, self.config, batch.base, self.config.commit.max_attempts)
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = self._produce(batch, engine)

@@ -91,11 +91,10 @@ def redrive(pipeline: Pipeline, *, dry_run: bool = False) -> Redrive:
     found = pipeline.ledger()
     if found is None:
         return result  # no batch committed: no dead letters it could have set aside
-    topics = config.topics_in(found.ledger.topics)
     if not dry_run:  # a step the dead-letter table owes (an interrupted redrive's removal, say) first
-        settle(pipeline.dead, config.pipeline, topics, found.ledger, config.commit.max_attempts)
+        settle(pipeline.dead, config, found.ledger, config.commit.max_attempts)
     pipeline.dead.refresh()
-    dead = _below(pipeline.dead.dead_letters_of(topics), found.ledger.offsets)
+    dead = _below(pipeline.dead.dead_letters_of(config.topics_in(found.ledger.topics)), found.ledger.offsets)
     pending = found.ledger.sync.redriven if found.ledger.sync is not None else None
     if dry_run and pending:  # an interrupted redrive's, not removed yet: in the rows already
         dead = dead.filter(pc.invert(_within(dead, DEAD_LETTERS.offset, pending)))
@@ -242,8 +241,7 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
                 break
             if read_extra(name, snap.summary, "redrive-id") == sync_id:
                 return snap.snapshot_id
-        # the head's marker, if it owes a step
-        settle(dead, name, config.topics_in(found.ledger.topics), found.ledger, attempts)
+        settle(dead, config, found.ledger, attempts)  # the head's marker, if it owes a step
         dead.refresh()  # what is still a dead letter now, not when this handle last looked
         still = dead.dead_letter_coordinates(_spans(group))
         mine = group.filter(pc.is_in(_key(group, ROWS), _key(still, DEAD_LETTERS)))
@@ -278,5 +276,5 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
         failpoints.reach("between-tables")
         found = observe(rows, name)
         if found is not None:
-            settle(dead, name, config.topics_in(found.ledger.topics), found.ledger, attempts)
+            settle(dead, config, found.ledger, attempts)
     return snapshot

@@ -336,8 +336,7 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None
         if staged is not None:
             _settled(lambda: rows.remove_ref(staging, staged), rows)
     failpoints.reach("between-tables")
-    topics = pipeline.config.topics_in(start.ledger.topics)
-    settle(pipeline.dead, name, topics, marker(start.ledger, sync), _attempts(pipeline))
+    settle(pipeline.dead, pipeline.config, marker(start.ledger, sync), _attempts(pipeline))
     return rows.branch_head(MAIN), discarded
 
 
@@ -379,8 +378,7 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | Non
                 raise  # main or the branch moved in between: catch up and carry over again
             head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
         failpoints.reach("between-tables")
-        topics = pipeline.config.topics_in(replayed.ledger.topics)
-        settle(pipeline.dead, name, topics, marker(replayed.ledger, sync), _attempts(pipeline))
+        settle(pipeline.dead, pipeline.config, marker(replayed.ledger, sync), _attempts(pipeline))
         remove_branch(rows, branch)
         return head, reapplied
 

@@ -124,14 +124,13 @@ class Status:
 def status(pipeline: Pipeline) -> Status:
     found = pipeline.ledger()
     view = pipeline.source.describe()
-    return replace(_status(pipeline.config, view, found), dead_letters=dead_letter_count(pipeline))
+    return replace(_status(pipeline.config, view, found), dead_letters=dead_letter_count(pipeline, found))
 
 
-def dead_letter_count(pipeline: Pipeline) -> DeadLetterCount:
-    """The pipeline's dead letters (those of its topics) on its dead-letter table's main."""
+def dead_letter_count(pipeline: Pipeline, found: Found | None) -> DeadLetterCount:
+    """The pipeline's dead letters (those of its topics, as of ledger ``found``) on its dead-letter table's main."""
     d = records.DEAD_LETTERS
     pipeline.dead.refresh()
-    found = pipeline.ledger()
     topics = pipeline.config.topics_in(found.ledger.topics if found is not None else ())
     dead = pipeline.dead.dead_letters_of(topics, [d.timestamp, d.offset, "error"])
     if dead.num_rows == 0:

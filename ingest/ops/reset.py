@@ -209,8 +209,7 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
 
     def settle_dead_letters(ledger: Ledger | None) -> None:
         # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
-        topics = pipeline.config.topics_in(ledger.topics if ledger is not None else ())
-        settle(pipeline.dead, name, topics, ledger, command.max_attempts)
+        settle(pipeline.dead, pipeline.config, ledger, command.max_attempts)
 
     result = move_ledger(pipeline.rows, pipeline.source, command, settle_dead_letters)
     return replace(result, dead_letter_ledger_lost=dead_lost) if result.status == "applied" else result
