@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ingest.config import PipelineConfig, load, parse
+from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
     from ingest.ops.check import CheckResult
@@ -148,12 +149,23 @@ def verify(config: Config) -> Verification:
     return report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
 
 
+def _not_routed(config: PipelineConfig, command: str) -> PipelineConfig:
+    """``config``, unless it routes by value (``route_by``), which ``command`` does not handle yet."""
+    if config.route_by is not None:
+        raise ConfigError(
+            f"{command} does not handle a pipeline that routes records by value (route_by) yet: the ledger of "
+            f"{config.table} and the floor of every routed table would have to move together. Nothing was changed. "
+            "`ingest run`, `status`, `history`, `verify` and `check` handle it."
+        )
+    return config
+
+
 def reset(config: Config, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
     """Move the ledger to ``target`` (:class:`~ingest.ops.reset.ResetTarget`) in one snapshot
     without data, applied once however often the same command runs (``reset_id``: see ``ingest reset``)."""
     from ingest.ops.reset import reset as moved
 
-    return moved(_opened(_config(config)), target, reason, reset_id)
+    return moved(_opened(_not_routed(_config(config), "ingest reset")), target, reason, reset_id)
 
 
 def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
@@ -161,7 +173,7 @@ def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
     from ingest.ops.redrive import Redrive
     from ingest.ops.redrive import redrive as redriven
 
-    loaded = _config(config)
+    loaded = _not_routed(_config(config), "ingest redrive")
     pipeline = _existing(loaded)  # no table: no dead letters, and nothing is created
     return redriven(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
 
@@ -171,14 +183,14 @@ def evolve_partitioning(config: Config, *, dry_run: bool = False) -> Repartition
     snapshot; new data follows it); with ``dry_run``, only say how."""
     from ingest.ops.partitioning import evolve_partitioning as evolved
 
-    return evolved(_config(config), dry_run=dry_run)
+    return evolved(_not_routed(_config(config), "ingest evolve-partitioning"), dry_run=dry_run)
 
 
 def maintain(config: Config) -> Maintenance:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
     from ingest.ops.maintain import maintain as maintained
 
-    return maintained(_opened(_config(config)))
+    return maintained(_opened(_not_routed(_config(config), "ingest maintain")))
 
 
 def replay(
@@ -194,4 +206,5 @@ def replay(
     by rolling main back with ``rollback``."""
     from ingest.ops.replay import replay as replayed
 
+    _not_routed(run.pipeline.config, "ingest replay")
     return replayed(run, snapshot_id, as_of_ms, publish=publish, rollback=rollback)

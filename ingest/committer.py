@@ -68,6 +68,18 @@ class DeadLettersCommit:
 
 
 @dataclass(frozen=True)
+class FloorCommit:
+    """A batch's rows for one of the tables ``route_by`` names, cut at that table's floor."""
+
+    pipeline: str
+    batch: Batch
+    files: Sequence[DataFile]
+    #: the table's floor the files were cut at (None: it had none); rows below it are not in them
+    floor: Mapping[TopicPartition, int] | None
+    max_attempts: int
+
+
+@dataclass(frozen=True)
 class Outcome:
     decision: Decision
     snapshot_id: int | None
@@ -185,6 +197,51 @@ def commit_dead_letters(table: LedgerTable, request: DeadLettersCommit) -> int:
             f"after {request.max_attempts} attempts. Nothing was duplicated; run again."
         ),
         f"the dead-letter commit of batch {batch.number} to {table.identifier}",
+    )
+
+
+def commit_floor(table: LedgerTable, request: FloorCommit) -> bool:
+    """Commit a batch's rows to a routed table with its floor moved to ``max(floor, batch end)``,
+    exactly once; False if the floor is no longer the one the files were cut at (another copy of
+    the batch, or a later one, committed rows there since: the batch plans again).
+
+    The floor says the table holds every record routed to it below it. The files hold the batch's
+    rows at or past the floor they were cut at, so committing them on that floor keeps it true. A
+    floor already at the new one is the same rows landed (this attempt's lost acknowledgement, or a
+    copy that read the same records): nothing to do.
+    """
+    batch, pipeline = request.batch, request.pipeline
+    cut = dict(request.floor) if request.floor is not None else None
+    new_floor = dict(cut or {})
+    for tp, end in batch.end.items():
+        new_floor[tp] = max(new_floor.get(tp, end), end)
+    records = sum(f.record_count for f in request.files)
+
+    def attempt(number: int) -> bool:
+        found = observe(table, pipeline)
+        now = dict(found.ledger.offsets) if found is not None else None
+        if now == new_floor:
+            return True
+        if now != cut:
+            return False
+        ledger = Ledger(
+            batch=(found.ledger.batch + 1) if found else 1,
+            offsets=new_floor,
+            start_offsets=batch.start,
+            cluster_id=batch.cluster_id,
+        )
+        summary = encode(pipeline, ledger, BatchCounts(records=records))
+        table.try_commit(request.files, summary, register(table.head().properties, pipeline))
+        return True
+
+    return settled(
+        attempt,
+        request.max_attempts,
+        lambda: CommitGaveUp(
+            f"batch {batch.number} of {pipeline!r}: the commit to {table.identifier} did not settle after "
+            f"{request.max_attempts} attempts. Nothing was duplicated; run again."
+        ),
+        f"the commit of batch {batch.number} to {table.identifier}",
     )
 
 

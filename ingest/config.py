@@ -307,6 +307,54 @@ class MaintenanceSpec(_Strict):
         return self
 
 
+#: the placeholder of ``route_by.table``: where a record's route value goes in its table's name
+ROUTE_VALUE = "{value}"
+#: a route value names a table only if it is made of these (what Iceberg catalogs take in a table name)
+ROUTE_VALUE_CHARS = re.compile(r"^[A-Za-z0-9_]{1,100}$")
+
+
+class RouteBySpec(_Strict):
+    """``route_by:``: a field's (or a header's) value picks the table each record goes to."""
+
+    #: a top-level field of the records (a column of ``schema:``) whose value names the table
+    field: str | None = None
+    #: instead of ``field:``, a Kafka header whose (last) value names the table
+    header: str | None = None
+    #: the table's name, ``{value}`` standing for the record's value: ``analytics.events_{value}``
+    table: str
+    #: the values taken; any other (and a missing one) makes the record a dead letter. Unset: every
+    #: value that can be part of a table name (letters, digits, ``_``) is taken
+    allow: list[str] | None = None
+    #: the table whose snapshots carry the pipeline's ledger (no rows); ``<namespace>.<pipeline>_ledger``
+    ledger_table: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RouteBySpec:
+        if (self.field is None) == (self.header is None):
+            raise ValueError("give the value's place as `field:` (a column of schema) or as `header:`, one of them")
+        namespace, _, name = self.table.rpartition(".")
+        if self.table.count(ROUTE_VALUE) != 1 or ROUTE_VALUE not in name or not namespace:
+            raise ValueError(
+                f"table: {self.table!r} must be 'namespace.name' with {ROUTE_VALUE} once in the name, such as "
+                f"'analytics.events_{ROUTE_VALUE}'"
+            )
+        if not TABLE_ID.match(self.table.replace(ROUTE_VALUE, "x")):
+            raise ValueError(f"table: {self.table!r} is not 'namespace.table' once {ROUTE_VALUE} is filled in")
+        for value in self.allow or []:
+            if not ROUTE_VALUE_CHARS.match(value):
+                raise ValueError(f"allow: {value!r} cannot be part of a table name (letters, digits and '_' only)")
+        if self.ledger_table is not None and not TABLE_ID.match(self.ledger_table):
+            raise ValueError("ledger_table: must be 'namespace.table'")
+        return self
+
+    @property
+    def namespace(self) -> str:
+        return self.table.rpartition(".")[0]
+
+    def table_of(self, value: str) -> str:
+        return self.table.replace(ROUTE_VALUE, value)
+
+
 class PipelineConfig(_Strict):
     pipeline: str
     kafka: dict[str, str | int | float | bool]
@@ -350,6 +398,8 @@ class PipelineConfig(_Strict):
     commit: CommitSpec = CommitSpec()
     maintenance: MaintenanceSpec = MaintenanceSpec()
     metrics: MetricsSpec | None = None
+    #: a field's or a header's value picks each record's table (``table:`` is then the ledger's)
+    route_by: RouteBySpec | None = None
 
     #: with ``tables:``, the other entries' tables: a topic new to this table's ledger that one of
     #: them has read is not read again here from the start (see :meth:`ingest.pipeline.Pipeline.plan`)
@@ -358,6 +408,28 @@ class PipelineConfig(_Strict):
     @property
     def siblings(self) -> tuple[str, ...]:
         return self._siblings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _routed_tables(cls, data: Any) -> Any:
+        """With ``route_by:``, ``table`` is the ledger's table and the dead letters go beside it."""
+        if not isinstance(data, dict) or not isinstance(data.get("route_by"), dict):
+            return data
+        route, pipeline = data["route_by"], data.get("pipeline")
+        if "table" in data:
+            raise ValueError(
+                "table: with `route_by:`, each record's table is route_by.table with its value filled in; leave "
+                "`table:` out (the ledger's table is route_by.ledger_table)"
+            )
+        template = route.get("table")
+        namespace = template.rpartition(".")[0] if isinstance(template, str) else ""
+        if not namespace or not isinstance(pipeline, str):
+            return data  # the errors of those keys say what is wrong
+        return {
+            "dead_letter_table": f"{namespace}.{pipeline.replace('-', '_')}_dead_letter",
+            **data,
+            "table": route.get("ledger_table") or f"{namespace}.{pipeline.replace('-', '_')}_ledger",
+        }
 
     @field_validator("topic_specs", mode="before")
     @classmethod
@@ -557,6 +629,9 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"sort_by: {item!r} refers to {key.column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
+        route = self.route_by
+        if route is not None and route.field is not None and names and route.field not in names:
+            raise ValueError(f"route_by.field: {route.field!r} is not a field of schema")
         return self
 
     @property
@@ -745,6 +820,12 @@ def parse_routes(data: Any, source: str = "<config>") -> list[PipelineConfig]:
             return [PipelineConfig.model_validate(data)]
         except ValidationError as error:
             raise ConfigError(f"{source} is invalid:\n{_format(error, data)}") from None
+    if "route_by" in data:
+        raise ConfigError(
+            f"{source} is invalid:\n  route_by: a field's value picks the table among the tables route_by.table "
+            "names, so it goes with `topics:` (or `topics_pattern:`) and no `tables:`; run the routed topics as a "
+            "pipeline of their own"
+        )
     entries, shared = data["tables"], {k: v for k, v in data.items() if k != "tables"}
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{source} is invalid:\n  tables: a list of tables, each with `table:` and its topics")

@@ -19,6 +19,8 @@ POINTS = ("before-read", "mid-read", "mid-write", "files-written", "between-comm
 #: points in the operations around the batch: a rollback or publish after the rows table moved
 #: and before the dead-letter table followed
 OPERATIONS = ("between-tables",)
+#: ``route_by``: after each routed table's commit, before the next one's and the ledger's
+ROUTES = ("after-table",)
 
 
 #: the variable naming the point for the ``ingest`` process, and for the local engine's workers
@@ -29,7 +31,7 @@ _reached: collections.Counter[str] = collections.Counter()
 
 
 def reach(name: str, variable: str = ENGINE) -> None:
-    assert name in POINTS or name in OPERATIONS, name
+    assert name in POINTS or name in OPERATIONS or name in ROUTES, name
     armed = os.environ.get(variable)
     if armed is None or not armed.startswith(name):
         return

@@ -16,16 +16,25 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ingest import failpoints, formats
-from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSource, schema_file_text
+from ingest.committer import (
+    DeadLettersCommit,
+    FloorCommit,
+    RowsCommit,
+    commit_dead_letters,
+    commit_floor,
+    commit_rows,
+    observe,
+)
+from ingest.config import REGISTRY_FORMATS, ROUTE_VALUE, PipelineConfig, TopicSource, schema_file_text
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, decode, decode_counts, merge_timestamps
+from ingest.core.ledger import BatchCounts, Found, TopicPartition, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import (
     ConfigError,
     Fenced,
+    RouteAhead,
     SchemaAhead,
     SchemaChangeRefused,
     SubjectNotFound,
@@ -38,7 +47,7 @@ from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schem
 from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
 from ingest.logcontext import about
-from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
+from ingest.ports import DataFile, Engine, Produced, SchemaRegistry, WriterSchema
 from ingest.records import (
     EXTRA_COLUMN,
     HEADERS_COLUMN,
@@ -54,6 +63,7 @@ from ingest.records import (
     renamed,
 )
 from ingest.retry import RETRIED
+from ingest.routing import RoutedTables, files_by_table, route_of
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +120,16 @@ class Pipeline:
         dead: IcebergTable,
         fields: Sequence[Declared] | None = None,
         registry: SchemaRegistry | None = None,
+        routes: Routes | None = None,
     ) -> None:
         self.config = config
         self.source = source
+        #: the table whose snapshots carry the ledger: the rows table, or with ``route_by`` the ledger's table
         self.rows = rows
         self.dead = dead
         self.registry = registry
+        #: with ``route_by``: the tables records are routed to, and how a new one is created
+        self.routes = routes
         #: the rows table's fields records are decoded into (``schema:``, or the registry subject's,
         #: evolved as the records' writer schemas require)
         self.fields: list[Declared] = list(fields if fields is not None else config.schema_ or [])
@@ -127,6 +141,11 @@ class Pipeline:
         """The pipeline of ``config``: its tables opened, created if missing (see :func:`layout`)."""
         planned = layout(config)
         assert planned.catalog is not None
+        dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
+        if config.route_by is not None:
+            ledger = IcebergTable.open(planned.catalog, config.table, rows_schema([]))  # the ledger's: no rows
+            routes = Routes.open(config, planned)
+            return cls(config, planned.source, ledger, dead, planned.fields, planned.registry, routes)
         rows = IcebergTable.open(
             planned.catalog,
             config.table,
@@ -136,8 +155,12 @@ class Pipeline:
             properties=config.table_properties,
             sort_by=planned.sort_by,
         )
-        dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
         return cls(config, planned.source, rows, dead, planned.fields, planned.registry)
+
+    @property
+    def target(self) -> IcebergTable | RoutedTables:
+        """Where an engine writes the batch's data files: the rows table, or the routed tables."""
+        return self.routes.tables if self.routes is not None else self.rows
 
     @classmethod
     def open_existing(cls, config: PipelineConfig) -> Pipeline | None:
@@ -261,6 +284,11 @@ class Pipeline:
             ),
         )
         failpoints.reach("between-commits")
+        files = produced.files
+        if self.routes is not None:
+            if not self.routes.commit(batch, files):
+                return None  # another copy moved a routed table's floor since these files were cut: plan again
+            files = []  # the ledger's table holds no rows
         ledger = batch.ledger(merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]))
         counts = BatchCounts(
             records=produced.records - produced.dead_letters.num_rows,
@@ -268,7 +296,7 @@ class Pipeline:
             bytes=produced.nbytes,
             unknown_fields=produced.unknown,
         )
-        request = RowsCommit(config.pipeline, batch, ledger, produced.files, counts, config.commit.max_attempts)
+        request = RowsCommit(config.pipeline, batch, ledger, files, counts, config.commit.max_attempts)
         outcome = commit_rows(self.rows, request)
         if outcome.decision is Decision.FENCED:
             return None
@@ -322,13 +350,24 @@ class Pipeline:
                 self._evolve([registry.latest(t.value_subject) for t in config.sources])
             if config.key_format in REGISTRY_FORMATS:
                 self._evolve([_latest_key(registry, t) for t in config.sources], key=True)
-        for _ in range(MAX_SCHEMA_CATCH_UPS):
+        if self.routes is not None:
+            self.routes.read_floors(batch)
+        catch_ups = 0
+        while True:
             try:
                 return engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
+                if catch_ups == MAX_SCHEMA_CATCH_UPS:
+                    raise
+                catch_ups += 1
                 log.info("batch %d: %s", batch.number, ahead)
                 self.catch_up(ahead)
-        return engine.produce(batch, self.fields)
+            except RouteAhead as ahead:  # each time, at least one table more: it ends
+                if self.routes is None or set(ahead.tables) <= set(self.routes.handles):
+                    raise
+                log.info("batch %d: %s; creating them", batch.number, ahead)
+                self.routes.create(ahead.tables, self.fields)
+                self.routes.read_floors(batch)  # a copy beside this one may have created and filled one
 
     def catch_up(self, ahead: SchemaAhead) -> None:
         """Evolve the table's fields to take the writer schemas records turned out to need
@@ -364,7 +403,10 @@ class Pipeline:
                 )
             fields = list(merged.fields)
         if [(f.name, f.type, f.required) for f in fields] != [(f.name, f.type, f.required) for f in self.fields]:
-            self.rows.evolve_to(fields)
+            if self.routes is not None:
+                self.routes.evolve_to(fields)
+            else:
+                self.rows.evolve_to(fields)
             self.fields = fields
 
     def run(self, engine: Engine, *, until_caught_up: bool, max_batches: int | None) -> Iterator[BatchResult]:
@@ -381,6 +423,95 @@ class Pipeline:
             found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
+
+
+class Routes:
+    """The tables ``route_by`` routes records to: those there are, each with its floor (the
+    ledger its own snapshots carry: it holds every record routed to it below it), created as
+    batches first route records to them.
+
+    A batch's rows below a table's floor are left out when its files are written (an earlier
+    attempt of the batch, or a copy running beside it, committed them). Each table with rows is
+    committed with its floor moved to the batch's end, in the order of their names, before the
+    ledger's table (:meth:`commit`); a crash between those commits leaves tables whose floors are
+    past the ledger, and the next batch, planned from the ledger again, adds to them only what
+    lies past their floors. A table that gets no records keeps its floor: rows below it come only
+    from ranges a committed batch read, so it never needs advancing without data.
+    """
+
+    def __init__(self, config: PipelineConfig, planned: Layout, tables: dict[str, IcebergTable]) -> None:
+        self.config = config
+        self.planned = planned
+        self.tables = RoutedTables(dict(tables))
+        #: the same tables, as the pipeline commits to them and reads them
+        self.handles = tables
+
+    @classmethod
+    def open(cls, config: PipelineConfig, planned: Layout) -> Routes:
+        """The routed tables there are: those of ``route_by.table``'s namespace whose names it makes."""
+        assert config.route_by is not None and planned.catalog is not None
+        route = route_of(config)
+        assert route is not None
+        prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
+        routes = cls(config, planned, {})
+        names = []
+        for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
+            value = name[len(prefix) : len(name) - len(suffix)] if suffix else name[len(prefix) :]
+            if name.startswith(prefix) and name.endswith(suffix) and route.table_of(value)[0] == name:
+                names.append(name)
+        routes.create(names, planned.fields)
+        return routes
+
+    def create(self, names: Sequence[str], fields: Sequence[Declared]) -> None:
+        """Open the tables ``names``, creating those that do not exist, for rows of ``fields``."""
+        config, planned = self.config, self.planned
+        assert planned.catalog is not None
+        schema = rows_schema(fields)
+        spec = partition_spec(schema, config.partition_by)
+        for name in names:
+            table = IcebergTable.open(
+                planned.catalog,
+                name,
+                schema,
+                spec,
+                config.renames,
+                properties=config.table_properties,
+                sort_by=planned.sort_by,
+            )
+            table.evolve_to(fields)
+            self.handles[name] = table
+            self.tables.tables[name] = table
+
+    def evolve_to(self, fields: Sequence[Declared]) -> None:
+        for table in self.handles.values():
+            table.evolve_to(fields)
+
+    def read_floors(self, batch: Batch) -> None:
+        """Each table's floor, as ``batch``'s files are cut at it (rows below it are left out)."""
+        self._observed: dict[str, dict[TopicPartition, int] | None] = {}
+        inside: dict[str, Mapping[TopicPartition, int]] = {}
+        for name, table in self.handles.items():
+            found = observe(table, self.config.pipeline, PLAN_FROM_HELD_S)
+            floor = dict(found.ledger.offsets) if found is not None else None
+            self._observed[name] = floor
+            # only where it lies inside the batch can it leave rows out
+            cut = {tp: at for tp, at in (floor or {}).items() if at > batch.start.get(tp, at)}
+            if cut:
+                inside[name] = cut
+        self.tables.floors = inside
+
+    def commit(self, batch: Batch, files: Sequence[DataFile]) -> bool:
+        """Commit each table's rows of ``batch`` with its floor moved to the batch's end; False if a
+        table's floor moved since the files were cut (nothing of it is committed: plan again)."""
+        for name, mine in sorted(files_by_table(files).items()):
+            request = FloorCommit(
+                self.config.pipeline, batch, mine, self._observed.get(name), self.config.commit.max_attempts
+            )
+            if not commit_floor(self.handles[name], request):
+                log.warning("batch %d: another writer committed to %s meanwhile; planning again", batch.number, name)
+                return False
+            failpoints.reach("after-table")
+        return True
 
 
 def _from_file(config: PipelineConfig) -> list[Field] | None:

@@ -46,6 +46,15 @@ class Head:
     properties: Mapping[str, str]
 
 
+class FileWriter(Protocol):
+    """Where a task writes a batch's data files: a table (:class:`LedgerTable`), or the tables
+    ``route_by`` names (:class:`ingest.routing.RoutedTables`)."""
+
+    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
+        """``data`` as data files, invisible until committed."""
+        ...
+
+
 class LedgerTable(Protocol):
     """A table whose snapshots carry ledgers, committed to by compare-and-swap on the branch head.
 

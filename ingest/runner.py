@@ -125,7 +125,7 @@ def opened(
             from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
 
             pipeline = Pipeline.open(config)
-            with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows, spark)) as on_spark:
+            with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
                 running = True
                 yield Run(pipeline, on_spark, metrics)
             return
@@ -138,7 +138,7 @@ def opened(
             if pool is not None:
                 pool.close(kill=True)
             raise
-        with contextlib.closing(LocalEngine(config, pipeline.rows, pool)) as local:
+        with contextlib.closing(LocalEngine(config, pipeline.target, pool)) as local:
             running = True
             yield Run(pipeline, local, metrics)
     except Exception:
@@ -153,8 +153,8 @@ def engine_for(pipeline: Pipeline, engine: EngineChoice = "local") -> Iterator[R
     if engine == "spark":
         from ingest.engines.spark import SparkEngine
 
-        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.rows)) as on_spark:
+        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target)) as on_spark:
             yield Run(pipeline, on_spark)
         return
-    with contextlib.closing(LocalEngine(pipeline.config, pipeline.rows)) as local:
+    with contextlib.closing(LocalEngine(pipeline.config, pipeline.target)) as local:
         yield Run(pipeline, local)

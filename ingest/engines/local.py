@@ -30,6 +30,7 @@ from ingest.errors import IngestError, WorkerLost
 from ingest.kafka.source import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.ports import Produced
 from ingest.records import Declared
+from ingest.routing import RoutedTables
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
     from ingest.iceberg.table import IcebergTable
@@ -88,7 +89,9 @@ def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
 class LocalEngine:
     """Reads, decodes and writes on this machine, one bounded chunk at a time per process."""
 
-    def __init__(self, config: PipelineConfig, rows: IcebergTable, pool: WorkerPool | None = None) -> None:
+    def __init__(
+        self, config: PipelineConfig, rows: IcebergTable | RoutedTables, pool: WorkerPool | None = None
+    ) -> None:
         """``pool``: one from :func:`workers_for_backlog`, whose workers may be starting already."""
         self.config = config
         self.rows = rows

@@ -50,6 +50,7 @@ from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, 
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced
 from ingest.records import Declared
+from ingest.routing import RoutedTables
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError
@@ -74,7 +75,7 @@ class _Job:
 
     spec: TaskSpec
     #: write-only copy of the rows table: the driver's current metadata, no catalog (see ``detached``)
-    rows: IcebergTable
+    rows: IcebergTable | RoutedTables
 
 
 def _inject_failure() -> None:
@@ -126,7 +127,9 @@ def _translate(error: Py4JJavaError, batch: Batch) -> IngestError | None:
 class SparkEngine:
     """Turns a batch's ranges into data files with Spark tasks; see the module docstring."""
 
-    def __init__(self, config: PipelineConfig, rows: IcebergTable, spark: SparkSession | None = None) -> None:
+    def __init__(
+        self, config: PipelineConfig, rows: IcebergTable | RoutedTables, spark: SparkSession | None = None
+    ) -> None:
         """``spark=None``: start a session from the usual Spark settings when the first batch needs one
         (a run that finds nothing new never starts the JVM), and stop it in :meth:`close`."""
         self.config = config
@@ -135,7 +138,9 @@ class SparkEngine:
         self._owns = False
 
     @classmethod
-    def create(cls, config: PipelineConfig, rows: IcebergTable, spark: SparkSession | None = None) -> SparkEngine:
+    def create(
+        cls, config: PipelineConfig, rows: IcebergTable | RoutedTables, spark: SparkSession | None = None
+    ) -> SparkEngine:
         """The engine writing into ``rows``' location: on ``spark``, else on the active session (a
         notebook's or a job's, not ours to stop), else on one it builds from the usual Spark settings
         (spark-submit arguments, ``spark-defaults.conf``) when a batch first needs it, stopped by

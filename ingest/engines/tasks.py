@@ -28,7 +28,7 @@ from ingest.errors import IngestError
 from ingest.formats.json import Decoder
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
 from ingest.kafka.source import KafkaSource, Stops
-from ingest.ports import DataFile, LedgerTable, Produced, SchemaRegistry, ValueDecoder
+from ingest.ports import DataFile, FileWriter, Produced, SchemaRegistry, ValueDecoder
 from ingest.records import (
     DEAD_LETTER_SCHEMA,
     DEAD_LETTERS,
@@ -40,6 +40,7 @@ from ingest.records import (
     Field,
     RawChunk,
 )
+from ingest.routing import Route, RoutedTables, Routing, route_of
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
     from ingest.formats.wire import RegistryDecoder
@@ -138,7 +139,7 @@ def _max_timestamps(table: pa.Table, columns: Coordinates) -> dict[TopicPartitio
 def decode_and_write(
     chunks: Iterable[RawChunk],
     decoder: ValueDecoder,
-    rows: LedgerTable,
+    rows: FileWriter,
     write_rows: int,
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:
@@ -220,6 +221,8 @@ class TaskSpec:
     refuse: tuple[str, ...] = ()
     #: each record's headers as the column ``_kafka_headers`` (``headers: true``)
     headers: bool = False
+    #: ``route_by``: each row marked with the table its value names
+    route: Route | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -240,6 +243,7 @@ class TaskSpec:
             config.unknown_fields,
             tuple(config.refuse),
             config.headers,
+            route_of(config),
         )
 
     def decoder(self) -> ValueDecoder:
@@ -250,7 +254,9 @@ class TaskSpec:
             decoder = NotFinite(decoder)
         if self.max_value_bytes is not None:
             decoder = SizeLimited(decoder, self.max_value_bytes)
-        return WithHeaders(decoder, self.fields) if self.headers else decoder
+        if self.headers:
+            decoder = WithHeaders(decoder, self.fields)
+        return Routing(decoder, self.route) if self.route is not None else decoder
 
     def _decoder(self, fields: Sequence[Declared]) -> ValueDecoder:
         """The decoder of the keys and the values, the values into ``fields`` (the table's but the
@@ -309,7 +315,7 @@ class TaskSpec:
 
 def produce_ranges(
     spec: TaskSpec,
-    rows: IcebergTable,
+    rows: IcebergTable | RoutedTables,
     stops: Stops,
     reach: Callable[[str], None] = lambda _: None,
 ) -> Produced:
@@ -320,9 +326,13 @@ def produce_ranges(
     (:mod:`ingest.arrow_memory`)."""
     arrow_memory.use_jemalloc()
     source = KafkaSource(spec.kafka, spec.topics, spec.group_id, spec.read_timeout_s)
+    writer = rows.for_task() if isinstance(rows, RoutedTables) else rows
     with nogc.paused():
         chunks = prefetched(source.read(stops))
-        return decode_and_write(chunks, spec.decoder(), rows, spec.chunk_records, reach)
+        produced = decode_and_write(chunks, spec.decoder(), writer, spec.chunk_records, reach)
+    if isinstance(writer, RoutedTables):
+        writer.check()  # rows for tables not created yet: the pipeline creates them, then produces again
+    return produced
 
 
 @dataclass(frozen=True)
@@ -344,7 +354,7 @@ class TaskOutput:
 
 def run_task(
     spec: TaskSpec,
-    rows: IcebergTable,
+    rows: IcebergTable | RoutedTables,
     index: int,
     ranges: Sequence[Range] | Stops,
     reach: Callable[[str], None] = lambda _: None,

@@ -42,6 +42,7 @@ from ingest.errors import IngestError, WorkerLost
 if TYPE_CHECKING:
     from ingest.core.ranges import Range
     from ingest.iceberg.table import IcebergTable
+    from ingest.routing import RoutedTables
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Task:
     """A share of a batch for a worker: read ``ranges``, write into ``rows``' location."""
 
     spec: TaskSpec
-    rows: IcebergTable
+    rows: IcebergTable | RoutedTables
     index: int
     ranges: Sequence[Range]
 

@@ -64,7 +64,7 @@ def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
 
 
-def _together(*dead: pa.Table) -> pa.Table:
+def together(*dead: pa.Table) -> pa.Table:
     """Dead letters of one chunk set aside at different steps, in the order of their records."""
     c = DEAD_LETTERS
     return pa.concat_tables(dead).sort_by([(c.topic, "ascending"), (c.partition, "ascending"), (c.offset, "ascending")])
@@ -108,7 +108,7 @@ class SizeLimited:
         if not over:
             return self.decoder.decode(chunk)
         decoded = self.decoder.decode(chunk.take([i for i in range(len(chunk)) if i not in over]))
-        return Decoded(decoded.rows, _together(dead_letters(chunk, over), decoded.dead_letters), decoded.unknown)
+        return Decoded(decoded.rows, together(dead_letters(chunk, over), decoded.dead_letters), decoded.unknown)
 
 
 class NotFinite:
@@ -149,4 +149,4 @@ class NotFinite:
             for row, name in found.items()
         }
         kept = rows.filter(pa.array([row not in found for row in range(rows.num_rows)]))
-        return Decoded(kept, _together(decoded.dead_letters, dead_letters(chunk, bad)), decoded.unknown)
+        return Decoded(kept, together(decoded.dead_letters, dead_letters(chunk, bad)), decoded.unknown)

@@ -29,6 +29,7 @@ from pyiceberg.catalog import Catalog as Catalog  # re-exported: a pipeline's la
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
+    NoSuchNamespaceError,
     NoSuchTableError,
     TableAlreadyExistsError,
 )
@@ -299,6 +300,16 @@ class IcebergTable:
             return None
         except Exception as error:
             raise CatalogUnavailable(f"cannot load table {identifier}: {error}") from None
+
+    @staticmethod
+    def names_in(catalog: Catalog, namespace: str) -> list[str]:
+        """The tables of ``namespace`` (none if it does not exist), as ``namespace.table``."""
+        try:
+            return sorted(".".join(ident) for ident in catalog.list_tables(namespace))
+        except NoSuchNamespaceError:
+            return []
+        except Exception as error:
+            raise CatalogUnavailable(f"cannot list the tables of namespace {namespace}: {error}") from None
 
     @staticmethod
     def exists(catalog: Catalog, identifier: str) -> bool:

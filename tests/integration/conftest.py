@@ -213,6 +213,7 @@ class Env:
 
     def verify(self) -> dict[str, Any]:
         result = self.cli("verify", "--json")
+        assert result.stdout, result.stderr
         data = json.loads(result.stdout.splitlines()[0])
         assert result.returncode == 0, (result.stdout, result.stderr)
         assert data["ok"], data

@@ -187,9 +187,9 @@ def test_sigterm_stops_a_run_of_several_tables_with_exit_143(routed: Routed) -> 
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-@pytest.mark.parametrize("nth", [1, 2])
+@pytest.mark.parametrize("nth", [2])  # (the first table's batch crashes as a config of one table's: test_crash)
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_each_step_of_either_table_then_rerun(routed: Routed, point: str, nth: int) -> None:
+def test_sigkill_at_each_step_of_the_second_table_then_rerun(routed: Routed, point: str, nth: int) -> None:
     routed.produce("a1", 900, bad_every=11)
     routed.produce("a2", 600, bad_every=13)
     routed.produce("b", 700, bad_every=7)

@@ -752,3 +752,43 @@ def test_entries_paths_resolve_against_the_config_directory(tmp_path: Path) -> N
     refunds = load_routes(path)[1]
 
     assert refunds.schema_file == str(tmp_path / "refund.avsc")
+
+
+# --- route_by ------------------------------------------------------------------------------------
+
+
+def routed_by_value(**route: Any) -> dict[str, Any]:
+    data = minimal()
+    del data["table"]
+    data["schema"].append({"name": "kind", "type": "string"})
+    data["route_by"] = {"field": "kind", "table": "analytics.events_{value}", **route}
+    return data
+
+
+def test_route_by_puts_the_ledger_and_the_dead_letters_beside_the_routed_tables() -> None:
+    config = parse(routed_by_value(allow=["click", "view"]))
+    assert config.route_by is not None and config.route_by.table_of("click") == "analytics.events_click"
+    assert (config.table, config.dead_letters) == ("analytics.orders_ledger", "analytics.orders_dead_letter")
+    named = parse(routed_by_value(ledger_table="ops.events_offsets") | {"dead_letter_table": "ops.events_dead"})
+    assert (named.table, named.dead_letters) == ("ops.events_offsets", "ops.events_dead")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"route_by": {"table": "analytics.events_{value}"}}, "give the value's place as `field:`"),
+        ({"route_by": {"field": "kind", "header": "k", "table": "a.e_{value}"}}, "one of them"),
+        ({"route_by": {"field": "kind", "table": "analytics.events"}}, "with {value} once in the name"),
+        ({"route_by": {"field": "kind", "table": "{value}.events"}}, "with {value} once in the name"),
+        ({"route_by": {"field": "kind", "table": "a.e_{value}", "allow": ["a-b"]}}, "cannot be part of a table name"),
+        ({"route_by": {"field": "nope", "table": "a.e_{value}"}}, "route_by.field: 'nope' is not a field of schema"),
+        ({"table": "analytics.orders"}, "leave `table:` out"),
+        ({"tables": [{"table": "a.b", "topics": ["x"]}]}, "route_by: a field's value picks the table"),
+    ],
+)
+def test_route_by_errors_say_what_to_write(change: dict[str, Any], expected: str) -> None:
+    data = routed_by_value()
+    if "tables" in change:
+        del data["topics"]
+    data.update(change)
+    assert expected in error_of(data)

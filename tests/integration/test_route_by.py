@@ -1,0 +1,183 @@
+"""``route_by``: a field's (or a header's) value picks each record's table, tables created on first
+use, against the real broker and catalogs: exact rows per table, dead letters for the values not
+allowed, and ``verify``, after kills between the tables' commits and racing copies."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest.kafka.admin import produce
+from ingest.pipeline import Pipeline
+from tests.integration.conftest import BAD_VALUES, REPO, Env
+
+pytestmark = pytest.mark.integration
+
+KINDS = ("click", "view", "buy")  # buy is not allowed: its records are dead letters
+
+
+@dataclass
+class RoutedByValue:
+    """A pipeline routing one topic's records by their ``kind`` into ``<ns>.events_<kind>``."""
+
+    env: Env
+    produced: int = 0
+    #: records expected per table (``dead``: the dead letters)
+    expected: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def namespace(self) -> str:
+        return self.env.topic
+
+    def table(self, kind: str) -> str:
+        return f"{self.namespace}.events_{kind}"
+
+    def produce(
+        self, count: int, kinds: tuple[str, ...] = KINDS, poison_every: int = 0, by_header: bool = False
+    ) -> None:
+        batch = []
+        for i in range(self.produced, self.produced + count):
+            kind = kinds[i % len(kinds)]
+            headers = [("kind", kind.encode())] if by_header else []
+            if poison_every and i % poison_every == poison_every - 1:
+                value = BAD_VALUES[i % len(BAD_VALUES)]
+                self.expected["dead"] += 1
+            else:
+                body: dict[str, Any] = {"order_id": i, "amount": "1.50", "created_at": "2026-11-02T10:00:00Z"}
+                if not by_header:
+                    body["kind"] = kind
+                value = json.dumps(body).encode()
+                self.expected["dead" if kind == "buy" else kind] += 1
+            batch.append(((i // 7) % 3, f"k{i}".encode(), value, headers))  # each partition feeds each table
+        produce(self.env.bootstrap, self.env.topic, batch)
+        self.produced += count
+
+    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return self.env.cli(*args, env=env)
+
+    def rows(self, kind: str) -> list[int]:
+        """The offsets table ``kind`` holds (each once, if exactly once held)."""
+        from ingest.iceberg.catalog import connect
+
+        catalog = connect(self.env.config.catalog)
+        table = catalog.load_table(self.table(kind))
+        return sorted(table.scan(selected_fields=("_kafka_offset",)).to_arrow()["_kafka_offset"].to_pylist())
+
+    def exact(self) -> None:
+        """Every table holds exactly what was routed to it, and ``verify`` agrees."""
+        for kind in ("click", "view"):
+            assert len(self.rows(kind)) == self.expected[kind], kind
+        assert self.env.counts()[1] == self.expected["dead"]
+        data = self.env.verify()
+        assert sum(p["rows"] + p["dead_letters"] for p in data["partitions"]) == self.produced
+
+
+def _route(env: Env, **route: Any) -> None:
+    data = yaml.safe_load(env.config_path.read_text())
+    del data["table"]
+    data["schema"] = [*data["schema"], {"name": "kind", "type": "string"}]
+    data["route_by"] = {"table": f"{env.topic}.events_{{value}}", **route}
+    env.config_path.write_text(yaml.safe_dump(data))
+
+
+@pytest.fixture
+def by_value(make_env) -> RoutedByValue:  # type: ignore[no-untyped-def]
+    env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
+    _route(env, field="kind", allow=["click", "view"])
+    return RoutedByValue(env)
+
+
+def test_records_go_to_the_table_their_value_names_created_on_first_use(by_value: RoutedByValue) -> None:
+    by_value.produce(1_200, kinds=("click",), poison_every=101)
+    first = by_value.cli("run", "--until-caught-up", "--json")
+    assert first.returncode == 0, first.stderr
+    by_value.produce(1_800)  # view appears now: its table is created by the batch that first routes to it
+    second = by_value.cli("run", "--until-caught-up", "--json")
+    assert second.returncode == 0, second.stderr
+    by_value.exact()
+    status = json.loads(by_value.cli("status", "--json").stdout)
+    assert status["table"] == f"{by_value.namespace}.orders_ledger" and status["lag"] == 0, status
+    history = json.loads(by_value.cli("history", "--json").stdout)
+    assert sum(entry["records"] for entry in history) == 3_000 - by_value.expected["dead"]
+    assert by_value.cli("check").returncode == 0
+    refused = by_value.cli("reset", "--to-earliest", "--reason", "x")
+    assert refused.returncode == 78 and "route_by" in refused.stderr, refused.stderr
+
+
+def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying_why(make_env) -> None:
+    env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
+    _route(env, header="kind", allow=["click", "view"])
+    by_header = RoutedByValue(env)
+    by_header.produce(900, by_header=True, poison_every=89)
+    by_header.produce(30, kinds=("",), by_header=True)  # an empty header names no table
+
+    run = by_header.cli("run", "--until-caught-up")
+
+    assert run.returncode == 0, run.stderr
+    by_header.expected["dead"] += 30
+    by_header.exact()
+    reasons = Counter(Pipeline.open(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
+    assert reasons["route_by: header 'kind' is 'buy', not one of route_by.allow ['click', 'view']"] == 300 - 3
+    assert reasons["route_by: the record has no header 'kind' to pick its table by"] == 30
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "point", ["files-written", "between-commits", "after-table#1", "after-table#2", "after-commit"]
+)
+def test_sigkill_between_the_tables_commits_then_rerun(by_value: RoutedByValue, point: str) -> None:
+    by_value.produce(2_400, poison_every=37)
+
+    killed = by_value.cli("run", env={"INGEST_FAILPOINT": point})
+
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # the first batch's rows are in the first table, or both, or neither, as the kill left them
+    landed = [len(by_value.rows(kind)) for kind in ("click", "view") if _exists(by_value, kind)]
+    assert sum(1 for n in landed if n) == {"after-table#1": 1, "after-table#2": 2, "after-commit": 2}.get(point, 0)
+    rerun = by_value.cli("run", "--until-caught-up")
+    assert rerun.returncode == 0, rerun.stderr
+    by_value.exact()
+
+
+def test_three_racing_copies_with_different_caps(by_value: RoutedByValue) -> None:
+    by_value.produce(4_000, poison_every=53)
+    paths = []
+    for cap in (300, 500, 700):
+        data = yaml.safe_load(by_value.env.config_path.read_text())
+        data["batch"]["max_records"] = cap
+        path = by_value.env.config_path.with_name(f"cap{cap}.yaml")
+        path.write_text(yaml.safe_dump(data))
+        paths.append(path)
+
+    copies = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ingest", "run", "--until-caught-up", "-c", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for path in paths
+    ]
+    outcomes = [(*copy.communicate(timeout=300), copy.returncode) for copy in copies]
+
+    for _, stderr, code in outcomes:
+        assert code in (0, 75), stderr
+    final = by_value.cli("run", "--until-caught-up")
+    assert final.returncode == 0, final.stderr
+    by_value.exact()
+
+
+def _exists(by_value: RoutedByValue, kind: str) -> bool:
+    from ingest.iceberg.catalog import connect
+    from ingest.iceberg.table import IcebergTable
+
+    return IcebergTable.exists(connect(by_value.env.config.catalog), by_value.table(kind))
