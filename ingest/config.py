@@ -309,6 +309,8 @@ class MaintenanceSpec(_Strict):
 
 #: the placeholder of ``route_by.table``: where a record's route value goes in its table's name
 ROUTE_VALUE = "{value}"
+#: the types of a field whose values name tables
+ROUTE_TYPES = ("string", "int", "long", "boolean")
 #: a route value names a table only if it is made of these (what Iceberg catalogs take in a table name)
 ROUTE_VALUE_CHARS = re.compile(r"^[A-Za-z0-9_]{1,100}$")
 
@@ -324,7 +326,7 @@ class RouteBySpec(_Strict):
     table: str
     #: the values taken; any other (and a missing one) makes the record a dead letter. Unset: every
     #: value that can be part of a table name (letters, digits, ``_``) is taken
-    allow: list[str] | None = None
+    allow: Annotated[list[str], Field(min_length=1)] | None = None
     #: the table whose snapshots carry the pipeline's ledger (no rows); ``<namespace>.<pipeline>_ledger``
     ledger_table: str | None = None
 
@@ -333,17 +335,22 @@ class RouteBySpec(_Strict):
         if (self.field is None) == (self.header is None):
             raise ValueError("give the value's place as `field:` (a column of schema) or as `header:`, one of them")
         namespace, _, name = self.table.rpartition(".")
-        if self.table.count(ROUTE_VALUE) != 1 or ROUTE_VALUE not in name or not namespace:
+        if self.table.count(ROUTE_VALUE) != 1 or ROUTE_VALUE not in name or name == ROUTE_VALUE or not namespace:
             raise ValueError(
-                f"table: {self.table!r} must be 'namespace.name' with {ROUTE_VALUE} once in the name, such as "
-                f"'analytics.events_{ROUTE_VALUE}'"
+                f"table: {self.table!r} must be 'namespace.name' with {ROUTE_VALUE} once in the name beside a fixed "
+                f"part, such as 'analytics.events_{ROUTE_VALUE}'"
             )
-        if not TABLE_ID.match(self.table.replace(ROUTE_VALUE, "x")):
+        if self.table != self.table.lower():
+            raise ValueError(
+                f"table: {self.table!r} has capitals; catalogs such as Glue and Hive fold table names to lower case, "
+                "so the routed tables' names are lower case (a value's capitals too)"
+            )
+        if not TABLE_ID.fullmatch(self.table.replace(ROUTE_VALUE, "x")):
             raise ValueError(f"table: {self.table!r} is not 'namespace.table' once {ROUTE_VALUE} is filled in")
         for value in self.allow or []:
-            if not ROUTE_VALUE_CHARS.match(value):
+            if not ROUTE_VALUE_CHARS.fullmatch(value):
                 raise ValueError(f"allow: {value!r} cannot be part of a table name (letters, digits and '_' only)")
-        if self.ledger_table is not None and not TABLE_ID.match(self.ledger_table):
+        if self.ledger_table is not None and not TABLE_ID.fullmatch(self.ledger_table):
             raise ValueError("ledger_table: must be 'namespace.table'")
         return self
 
@@ -352,7 +359,9 @@ class RouteBySpec(_Strict):
         return self.table.rpartition(".")[0]
 
     def table_of(self, value: str) -> str:
-        return self.table.replace(ROUTE_VALUE, value)
+        """The table ``value`` names: lower case, as catalogs that fold case name it (``US`` and
+        ``us`` are one table everywhere)."""
+        return self.table.replace(ROUTE_VALUE, value.lower())
 
 
 class PipelineConfig(_Strict):
@@ -481,7 +490,7 @@ class PipelineConfig(_Strict):
     @field_validator("table", "dead_letter_table")
     @classmethod
     def _table_id(cls, value: str | None) -> str | None:
-        if value is not None and not TABLE_ID.match(value):
+        if value is not None and not TABLE_ID.fullmatch(value):
             raise ValueError("must be 'namespace.table'")
         return value
 
@@ -630,8 +639,14 @@ class PipelineConfig(_Strict):
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
         route = self.route_by
-        if route is not None and route.field is not None and names and route.field not in names:
-            raise ValueError(f"route_by.field: {route.field!r} is not a field of schema")
+        if route is not None and route.field is not None and names:
+            if route.field not in names:
+                raise ValueError(f"route_by.field: {route.field!r} is not a field of schema")
+            kind = next(f.type for f in self.schema_ or [] if f.name == route.field)
+            if kind not in ROUTE_TYPES:
+                raise ValueError(
+                    f"route_by.field: {route.field!r} is a {kind}; a table is named by text, an integer or a boolean"
+                )
         return self
 
     @property

@@ -12,7 +12,6 @@ Anything that is not an ``IngestError`` is a bug and is never treated as retryab
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from enum import IntEnum
 from typing import Any
 
@@ -128,29 +127,6 @@ KEYS_AHEAD = "record keys: "
 
 def _schema_ahead(message: str, schema_ids: tuple[int, ...], key: bool) -> SchemaAhead:
     return SchemaAhead(message, schema_ids, key=key)
-
-
-class RouteAhead(RetryableError):
-    """Records of a batch were routed (``route_by``) to tables that do not exist yet; the batch was
-    produced without them. ``tables`` are their names: the pipeline creates them and produces again."""
-
-    def __init__(self, message: str, tables: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        #: parsed back from the message when only the text crossed a process (Spark rebuilds errors from it)
-        self.tables = tables or tuple(re.findall(r"\[table ([A-Za-z0-9_.]+)\]", message))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_route_ahead, (str(self), self.tables))
-
-
-def route_ahead(tables: Iterable[str]) -> RouteAhead:
-    names = sorted(set(tables))
-    listed = ", ".join(f"[table {name}]" for name in names)
-    return RouteAhead(f"records are routed to {len(names)} table(s) not created yet: {listed}", tuple(names))
-
-
-def _route_ahead(message: str, tables: tuple[str, ...]) -> RouteAhead:
-    return RouteAhead(message, tables)
 
 
 class SparkUnavailable(RetryableError):

@@ -25,16 +25,30 @@ from ingest.committer import (
     commit_rows,
     observe,
 )
-from ingest.config import REGISTRY_FORMATS, ROUTE_VALUE, PipelineConfig, TopicSource, schema_file_text
+from ingest.config import (
+    REGISTRY_FORMATS,
+    ROUTE_VALUE,
+    ROUTE_VALUE_CHARS,
+    PipelineConfig,
+    TopicSource,
+    schema_file_text,
+)
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, TopicPartition, decode, decode_counts, merge_timestamps
+from ingest.core.ledger import (
+    BatchCounts,
+    Found,
+    TopicPartition,
+    decode,
+    decode_counts,
+    merge_timestamps,
+    registered_pipelines,
+)
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import (
     ConfigError,
     Fenced,
-    RouteAhead,
     SchemaAhead,
     SchemaChangeRefused,
     SubjectNotFound,
@@ -63,7 +77,7 @@ from ingest.records import (
     renamed,
 )
 from ingest.retry import RETRIED
-from ingest.routing import RoutedTables, files_by_table, route_of
+from ingest.routing import RoutedTables, files_by_table
 
 log = logging.getLogger(__name__)
 
@@ -355,19 +369,27 @@ class Pipeline:
         catch_ups = 0
         while True:
             try:
-                return engine.produce(batch, self.fields)
+                produced = engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
                 if catch_ups == MAX_SCHEMA_CATCH_UPS:
                     raise
                 catch_ups += 1
                 log.info("batch %d: %s", batch.number, ahead)
                 self.catch_up(ahead)
-            except RouteAhead as ahead:  # each time, at least one table more: it ends
-                if self.routes is None or set(ahead.tables) <= set(self.routes.handles):
-                    raise
-                log.info("batch %d: %s; creating them", batch.number, ahead)
-                self.routes.create(ahead.tables, self.fields)
-                self.routes.read_floors(batch)  # a copy beside this one may have created and filled one
+                continue
+            if not produced.missing or self.routes is None:
+                return produced
+            # rows routed to tables not created yet: create them, produce again (each time, at least
+            # one table more: it ends)
+            assert not produced.missing & set(self.routes.handles), produced.missing
+            log.info(
+                "batch %d: records are routed to %d table(s) not created yet; creating %s, then the batch again",
+                batch.number,
+                len(produced.missing),
+                ", ".join(sorted(produced.missing)),
+            )
+            self.routes.create(sorted(produced.missing), self.fields)
+            self.routes.read_floors(batch)  # a copy beside this one may have created and filled one
 
     def catch_up(self, ahead: SchemaAhead) -> None:
         """Evolve the table's fields to take the writer schemas records turned out to need
@@ -448,16 +470,19 @@ class Routes:
 
     @classmethod
     def open(cls, config: PipelineConfig, planned: Layout) -> Routes:
-        """The routed tables there are: those of ``route_by.table``'s namespace whose names it makes."""
+        """The routed tables there are: those of ``route_by.table``'s namespace whose names it
+        makes and that this pipeline has committed to (whatever ``allow`` says now: ``verify``
+        counts their rows). Another table the template names is opened when records first name it."""
         assert config.route_by is not None and planned.catalog is not None
-        route = route_of(config)
-        assert route is not None
         prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
         routes = cls(config, planned, {})
         names = []
         for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
-            value = name[len(prefix) : len(name) - len(suffix)] if suffix else name[len(prefix) :]
-            if name.startswith(prefix) and name.endswith(suffix) and route.table_of(value)[0] == name:
+            value = name[len(prefix) : len(name) - len(suffix)]
+            if not (name.startswith(prefix) and name.endswith(suffix) and ROUTE_VALUE_CHARS.fullmatch(value)):
+                continue
+            table = IcebergTable.existing(planned.catalog, name)
+            if table is not None and config.pipeline in registered_pipelines(table.head().properties):
                 names.append(name)
         routes.create(names, planned.fields)
         return routes

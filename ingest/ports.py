@@ -116,6 +116,8 @@ class Produced:
     timestamps: dict[TopicPartition, int]
     #: records with fields the table does not declare (``unknown_fields``)
     unknown: int = 0
+    #: ``route_by``: tables rows were routed to that do not exist yet (those rows are in no file)
+    missing: frozenset[str] = frozenset()
 
 
 class Engine(Protocol):

@@ -86,7 +86,9 @@ EXTRA_COLUMN = "_extra"
 HEADERS_COLUMN = "_kafka_headers"
 HEADERS_TYPE = "map<string, binary>"
 #: the names the pipeline's own columns take, which no field of the records may
-OWN_COLUMNS = (*ROWS.names, KEY_COLUMN, EXTRA_COLUMN, HEADERS_COLUMN)
+#: the column decoding adds with ``route_by``: the table each row goes to (never written to a table)
+ROUTE_COLUMN = "_ingest_route"
+OWN_COLUMNS = (*ROWS.names, KEY_COLUMN, EXTRA_COLUMN, HEADERS_COLUMN, ROUTE_COLUMN)
 
 KAFKA_COLUMNS = pa.schema(ROWS.fields())
 

@@ -6,8 +6,8 @@ letter saying so. Writing splits the rows by that mark into each table's data fi
 (:class:`RoutedTables`), leaving out the rows a table holds already: those below its *floor*, the
 ledger the table's own snapshots carry. Each routed table is committed with its floor moved to the
 batch's end before the pipeline's ledger table is (see :meth:`ingest.pipeline.Pipeline._attempt`).
-A table no record named before is created by the pipeline when a batch first routes records to it
-(:class:`ingest.errors.RouteAhead`).
+A table no record named before is created by the pipeline when a batch first routes records to it:
+the tasks report it missing (:attr:`ingest.ports.Produced.missing`), and the batch is produced again.
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ import pyarrow.compute as pc
 
 from ingest.config import ROUTE_VALUE_CHARS, PipelineConfig, RouteBySpec
 from ingest.core.ledger import TopicPartition
-from ingest.errors import route_ahead
+from ingest.errors import ConfigError
 from ingest.formats.rows import dead_letters, together
 from ingest.ports import DataFile, FileWriter, ValueDecoder
-from ingest.records import ROWS, Decoded, RawChunk
-
-#: the column decoding adds to the rows: the table each goes to (never written to a table)
-ROUTE_COLUMN = "_ingest_route"
+from ingest.records import ROUTE_COLUMN, ROWS, Decoded, RawChunk
 
 
 @dataclass(frozen=True)
@@ -46,7 +43,7 @@ class Route:
             return None, f"route_by: the record has no {where} to pick its table by"
         if spec.allow is not None and value not in spec.allow:
             return None, f"route_by: {where} is {value!r}, not one of route_by.allow {spec.allow}"
-        if not ROUTE_VALUE_CHARS.match(value):
+        if not ROUTE_VALUE_CHARS.fullmatch(value):
             return None, f"route_by: {where} is {value!r}, which cannot be part of a table name (letters, digits, '_')"
         table = spec.table_of(value)
         if table.lower() in self.reserved:
@@ -95,10 +92,20 @@ class Routing:
         """Each row's route value, as text (null: it has none)."""
         spec = self.route.spec
         if spec.field is not None:
-            column = rows.column(spec.field)
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                return column.combine_chunks().cast(pa.string())
-            return pc.cast(column, pa.string()).combine_chunks()  # numbers and booleans name tables too
+            if spec.field not in rows.column_names:  # (a registry's schema without it)
+                raise ConfigError(
+                    f"route_by.field: the records have no field {spec.field!r} (the table's columns: "
+                    f"{', '.join(rows.column_names)}); route by a field they have, or by a header"
+                )
+            column = rows.column(spec.field).combine_chunks()
+            kind = column.type
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+                return column.cast(pa.string())
+            if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+                return pc.cast(column, pa.string())
+            raise ConfigError(
+                f"route_by.field: {spec.field!r} is {kind}; a table is named by text, an integer or a boolean"
+            )
         last: list[str | None] = []
         for i in range(len(chunk)):
             value = dict(chunk.headers(i) or []).get(spec.header or "")
@@ -162,6 +169,7 @@ class RoutedTables:
     tables: dict[str, Detachable]
     #: per table, its floor as the batch being produced read it
     floors: dict[str, Mapping[TopicPartition, int]] = field(default_factory=dict)
+    #: tables rows were routed to that are not among ``tables`` (their rows were not written)
     missing: set[str] = field(default_factory=set)
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
@@ -184,11 +192,6 @@ class RoutedTables:
     def for_task(self) -> RoutedTables:
         """The same tables, for one task: what it finds missing is its own."""
         return RoutedTables(self.tables, self.floors)
-
-    def check(self) -> None:
-        """Raise :class:`RouteAhead` if rows were routed to tables not created yet."""
-        if self.missing:
-            raise route_ahead(self.missing)
 
 
 def _at_or_above(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:

@@ -330,8 +330,8 @@ def produce_ranges(
     with nogc.paused():
         chunks = prefetched(source.read(stops))
         produced = decode_and_write(chunks, spec.decoder(), writer, spec.chunk_records, reach)
-    if isinstance(writer, RoutedTables):
-        writer.check()  # rows for tables not created yet: the pipeline creates them, then produces again
+    if isinstance(writer, RoutedTables):  # rows for tables not created yet: the pipeline creates them
+        produced.missing = frozenset(writer.missing)
     return produced
 
 
@@ -350,6 +350,8 @@ class TaskOutput:
     ranges: tuple[Range, ...]
     #: records with fields the table does not declare
     unknown: int = 0
+    #: ``route_by``: tables rows were routed to that do not exist yet
+    missing: frozenset[str] = frozenset()
 
 
 def run_task(
@@ -371,6 +373,7 @@ def run_task(
         produced.timestamps,
         tuple(stops.ranges()),  # once the read is over, what it covered
         produced.unknown,
+        produced.missing,
     )
 
 
@@ -400,4 +403,5 @@ def combine(
         nbytes=sum(output.nbytes for output in ordered),
         timestamps=merge_timestamps(output.timestamps for output in ordered),
         unknown=sum(output.unknown for output in ordered),
+        missing=frozenset().union(*(output.missing for output in ordered)),
     )

@@ -80,18 +80,19 @@ class RoutedByValue:
         assert sum(p["rows"] + p["dead_letters"] for p in data["partitions"]) == self.produced
 
 
-def _route(env: Env, **route: Any) -> None:
+def route(env: Env, **spec: Any) -> None:
+    """Make ``env``'s config route by ``route`` (``route_by:``) into ``<topic>.events_{value}``."""
     data = yaml.safe_load(env.config_path.read_text())
     del data["table"]
     data["schema"] = [*data["schema"], {"name": "kind", "type": "string"}]
-    data["route_by"] = {"table": f"{env.topic}.events_{{value}}", **route}
+    data["route_by"] = {"table": f"{env.topic}.events_{{value}}", **spec}
     env.config_path.write_text(yaml.safe_dump(data))
 
 
 @pytest.fixture
 def by_value(make_env) -> RoutedByValue:  # type: ignore[no-untyped-def]
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
-    _route(env, field="kind", allow=["click", "view"])
+    route(env, field="kind", allow=["click", "view"])
     return RoutedByValue(env)
 
 
@@ -114,19 +115,21 @@ def test_records_go_to_the_table_their_value_names_created_on_first_use(by_value
 
 def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying_why(make_env) -> None:
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
-    _route(env, header="kind", allow=["click", "view"])
+    route(env, header="kind", allow=["click", "view"])
     by_header = RoutedByValue(env)
     by_header.produce(900, by_header=True, poison_every=89)
     by_header.produce(30, kinds=("",), by_header=True)  # an empty header names no table
+    by_header.produce(20, kinds=("Click",), by_header=True)  # not allowed: allow compares values as they are
 
     run = by_header.cli("run", "--until-caught-up")
 
     assert run.returncode == 0, run.stderr
-    by_header.expected["dead"] += 30
+    by_header.expected["dead"] += 30 + 20
     by_header.exact()
     reasons = Counter(Pipeline.open(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
     assert reasons["route_by: header 'kind' is 'buy', not one of route_by.allow ['click', 'view']"] == 300 - 3
     assert reasons["route_by: the record has no header 'kind' to pick its table by"] == 30
+    assert reasons["route_by: header 'kind' is 'Click', not one of route_by.allow ['click', 'view']"] == 20
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
@@ -181,3 +184,19 @@ def _exists(by_value: RoutedByValue, kind: str) -> bool:
     from ingest.iceberg.table import IcebergTable
 
     return IcebergTable.exists(connect(by_value.env.config.catalog), by_value.table(kind))
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_without_allow_each_value_names_a_table_in_lower_case(make_env) -> None:
+    env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
+    route(env, field="kind")
+    open_ended = RoutedByValue(env)
+    open_ended.produce(600, kinds=("eu", "EU", "us-west"))  # us-west cannot be part of a table name
+
+    run = open_ended.cli("run", "--until-caught-up")
+
+    assert run.returncode == 0, run.stderr
+    assert len(open_ended.rows("eu")) == 400  # eu and EU: one table, as Glue and Hive would have it anyway
+    assert open_ended.env.counts()[1] == 200
+    assert not _exists(open_ended, "us_west")
+    open_ended.env.verify()

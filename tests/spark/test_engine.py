@@ -23,6 +23,7 @@ from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
+from tests.integration.test_route_by import RoutedByValue, route
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -103,6 +104,25 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
     history = Pipeline.open(env.config)
     env.verify()
     assert len(history.rows.table.metadata.snapshots) == 4 + len(results)
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(make_env, spark) -> None:
+    env = make_env(partitions=3, batch={"max_records": 700})
+    route(env, field="kind", allow=["click", "view"])
+    by_value = RoutedByValue(env)
+    by_value.produce(1_500, kinds=("click",), poison_every=41)
+    on_spark = Pipeline.open(env.config)
+    engine = SparkEngine.create(on_spark.config, on_spark.target, spark)
+
+    first = on_spark.run_batch(engine)  # creates the click table
+    local = one_batch(Pipeline.open(env.config))  # another process, local engine
+    by_value.produce(1_500)  # view now: its table is created by a Spark batch
+    rest = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
+
+    assert [first.status, local.status] == ["committed", "committed"]
+    assert all(r.status == "committed" for r in rest)
+    by_value.exact()
 
 
 def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
