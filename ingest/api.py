@@ -155,7 +155,7 @@ def _not_routed(config: PipelineConfig, command: str) -> PipelineConfig:
         raise ConfigError(
             f"{command} does not handle a pipeline that routes records by value (route_by) yet: the ledger of "
             f"{config.table} and the floor of every routed table would have to move together. Nothing was changed. "
-            "`ingest run`, `status`, `history`, `verify` and `check` handle it."
+            "`ingest run`, `status`, `history`, `verify`, `check` and `maintain` handle it."
         )
     return config
 
@@ -190,7 +190,7 @@ def maintain(config: Config) -> Maintenance:
     """Compact small files, expire old snapshots and remove orphan files, keeping every ledger."""
     from ingest.ops.maintain import maintain as maintained
 
-    return maintained(_opened(_not_routed(_config(config), "ingest maintain")))
+    return maintained(_opened(_config(config)))
 
 
 def replay(

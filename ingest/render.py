@@ -128,7 +128,7 @@ def verification(result: Verification, out: Console) -> None:
 
 
 def maintenance(result: Maintenance, out: Console) -> None:
-    for label, done in (("table", result.table), ("dead_letters", result.dead_letters)):
+    for label, done in (("table", result.table), ("dead_letters", result.dead_letters), *result.routed.items()):
         compaction = done.compaction
         skipped = (
             f" (compaction skipped: {compaction.skipped_delete_files} delete files)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ingest.committer import observe
@@ -91,6 +91,8 @@ def remove_orphans(table: IcebergTable, spec: MaintenanceSpec, now_s: float) -> 
     table.refresh()
     cutoff = now_s - spec.orphan_age_hours * 3600
     old_enough = [path for path, modified in stored_data_files(table) if modified < cutoff]
+    if not old_enough:  # (a table whose snapshots hold no files, such as route_by's ledger, has none)
+        return []
     removed = []
     for path in unreferenced(old_enough, referenced_paths(table)):
         delete_file(table, path)
@@ -129,14 +131,19 @@ class TableMaintenance:
 
 @dataclass(frozen=True)
 class Maintenance:
-    """``ingest maintain``: the rows table and the dead-letter table."""
+    """``ingest maintain``: the rows table (with ``route_by``: the ledger's), the dead-letter table,
+    and the tables ``route_by`` routed records to."""
 
     pipeline: str
     table: TableMaintenance
     dead_letters: TableMaintenance
+    routed: dict[str, TableMaintenance] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "table": self.table.as_dict(), "dead_letters": self.dead_letters.as_dict()}
+        done = {"pipeline": self.pipeline, "table": self.table.as_dict(), "dead_letters": self.dead_letters.as_dict()}
+        if self.routed:
+            done["routed_tables"] = {name: one.as_dict() for name, one in self.routed.items()}
+        return done
 
 
 def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
@@ -199,4 +206,6 @@ def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
         expired = expire(table, spec, int(now * 1000))
         return TableMaintenance(compaction, len(expired), len(remove_orphans(table, spec, now)))
 
-    return Maintenance(pipeline.config.pipeline, one(pipeline.rows), one(pipeline.dead))
+    # a routed table's floor is a ledger like the rows table's: compaction re-stamps it, expiry keeps it
+    routed = {name: one(table) for name, table in pipeline.routes.handles.items()} if pipeline.routes else {}
+    return Maintenance(pipeline.config.pipeline, one(pipeline.rows), one(pipeline.dead), routed)

@@ -200,3 +200,23 @@ def test_without_allow_each_value_names_a_table_in_lower_case(make_env) -> None:
     assert open_ended.env.counts()[1] == 200
     assert not _exists(open_ended, "us_west")
     open_ended.env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_maintain_compacts_and_expires_every_routed_table_keeping_the_floors(by_value: RoutedByValue) -> None:
+    data = yaml.safe_load(by_value.env.config_path.read_text())
+    data["maintenance"] = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1}
+    by_value.env.config_path.write_text(yaml.safe_dump(data))
+    by_value.produce(3_000, poison_every=43)
+    assert by_value.cli("run", "--until-caught-up").returncode == 0  # three batches: three snapshots a table
+
+    maintained = by_value.cli("maintain", "--json")
+
+    assert maintained.returncode == 0, maintained.stderr
+    done = json.loads(maintained.stdout)
+    routed = done["routed_tables"]
+    assert set(routed) == {by_value.table("click"), by_value.table("view")}
+    assert all(t["files_removed"] > 1 and t["snapshots_expired"] >= 2 for t in routed.values()), routed
+    by_value.produce(900, poison_every=43)
+    assert by_value.cli("run", "--until-caught-up").returncode == 0
+    by_value.exact()
