@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ingest import api, arrow_memory
+from ingest import api, arrow_memory, nogc
 from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
 
@@ -227,6 +227,7 @@ def _version(shown: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")] = False,
     version: Annotated[
         bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
@@ -235,6 +236,8 @@ def _main(
         LogFormat, typer.Option("--log-format", help="Log lines as text or JSON (one object each).")
     ] = LogFormat.text,
 ) -> None:
+    if ctx.invoked_subcommand != "run":  # a run's imports are over once it is open (_open_run)
+        nogc.started()
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -364,6 +367,7 @@ def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None, 
     """The run (pipeline and the engine ``--engine`` names) for every batch of the command; the
     local engine's workers start before pyiceberg is imported (``first``: for the run's first table)."""
     with api.open_run(path, "spark" if name is EngineName.spark else "local", spark=spark, early_workers=first) as run:
+        nogc.started()
         yield run
 
 

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ingest.ops.check import CheckResult
-from ingest.ops.maintain import Maintenance
-from ingest.ops.partitioning import Repartitioned
-from ingest.ops.redrive import Redrive
-from ingest.ops.replay import ReplayResult
-from ingest.ops.report import BatchEntry, Status, Verification
-from ingest.ops.reset import ResetResult
-from ingest.pipeline import BatchResult
+if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of the operations
+    from ingest.ops.check import CheckResult
+    from ingest.ops.maintain import Maintenance
+    from ingest.ops.partitioning import Repartitioned
+    from ingest.ops.redrive import Redrive
+    from ingest.ops.replay import ReplayResult
+    from ingest.ops.report import BatchEntry, Status, Verification
+    from ingest.ops.reset import ResetResult
+    from ingest.pipeline import BatchResult
 
 
 def moment(ms: int | None) -> str:
