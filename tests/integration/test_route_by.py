@@ -113,6 +113,7 @@ def test_records_go_to_the_table_their_value_names_created_on_first_use(by_value
     assert refused.returncode == 78 and "route_by" in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying_why(make_env) -> None:
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
     route(env, header="kind", allow=["click", "view"])
@@ -150,6 +151,7 @@ def test_sigkill_between_the_tables_commits_then_rerun(by_value: RoutedByValue, 
     by_value.exact()
 
 
+@pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)  # (row locks, not SQLite's one writer)
 def test_three_racing_copies_with_different_caps(by_value: RoutedByValue) -> None:
     by_value.produce(4_000, poison_every=53)
     paths = []
