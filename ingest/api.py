@@ -149,7 +149,7 @@ def verify(config: Config) -> Verification:
     return report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
 
 
-def _not_routed(config: PipelineConfig, command: str) -> PipelineConfig:
+def not_routed(config: PipelineConfig, command: str) -> PipelineConfig:
     """``config``, unless it routes by value (``route_by``), which ``command`` does not handle yet."""
     if config.route_by is not None:
         raise ConfigError(
@@ -165,7 +165,7 @@ def reset(config: Config, target: ResetTarget, reason: str, reset_id: str | None
     without data, applied once however often the same command runs (``reset_id``: see ``ingest reset``)."""
     from ingest.ops.reset import reset as moved
 
-    return moved(_opened(_not_routed(_config(config), "ingest reset")), target, reason, reset_id)
+    return moved(_opened(not_routed(_config(config), "ingest reset")), target, reason, reset_id)
 
 
 def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
@@ -173,7 +173,7 @@ def redrive(config: Config, *, dry_run: bool = False) -> Redrive:
     from ingest.ops.redrive import Redrive
     from ingest.ops.redrive import redrive as redriven
 
-    loaded = _not_routed(_config(config), "ingest redrive")
+    loaded = not_routed(_config(config), "ingest redrive")
     pipeline = _existing(loaded)  # no table: no dead letters, and nothing is created
     return redriven(pipeline, dry_run=dry_run) if pipeline is not None else Redrive(loaded.pipeline, dry_run)
 
@@ -183,7 +183,7 @@ def evolve_partitioning(config: Config, *, dry_run: bool = False) -> Repartition
     snapshot; new data follows it); with ``dry_run``, only say how."""
     from ingest.ops.partitioning import evolve_partitioning as evolved
 
-    return evolved(_not_routed(_config(config), "ingest evolve-partitioning"), dry_run=dry_run)
+    return evolved(not_routed(_config(config), "ingest evolve-partitioning"), dry_run=dry_run)
 
 
 def maintain(config: Config) -> Maintenance:
@@ -206,5 +206,5 @@ def replay(
     by rolling main back with ``rollback``."""
     from ingest.ops.replay import replay as replayed
 
-    _not_routed(run.pipeline.config, "ingest replay")
+    not_routed(run.pipeline.config, "ingest replay")
     return replayed(run, snapshot_id, as_of_ms, publish=publish, rollback=rollback)

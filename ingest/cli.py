@@ -366,9 +366,14 @@ def _run_tables(
 def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None, first: bool = True) -> Iterator[Any]:
     """The run (pipeline and the engine ``--engine`` names) for every batch of the command; the
     local engine's workers start before pyiceberg is imported (``first``: for the run's first table)."""
-    with api.open_run(path, "spark" if name is EngineName.spark else "local", spark=spark, early_workers=first) as run:
-        nogc.started()
-        yield run
+    try:
+        with api.open_run(
+            path, "spark" if name is EngineName.spark else "local", spark=spark, early_workers=first
+        ) as run:
+            nogc.started()
+            yield run
+    finally:
+        nogc.started(freeze=False)  # (a run that could not open: `--every` may go on for hours)
 
 
 def _run_once(
@@ -656,7 +661,8 @@ def replay(
     def body() -> None:
         from ingest import render
 
-        with _open_run(_one(config, table), EngineName.local) as opened_run:  # one worker pool for every catch-up
+        chosen = api.not_routed(_one(config, table), "ingest replay")  # before anything is opened
+        with _open_run(chosen, EngineName.local) as opened_run:  # one worker pool for every catch-up
             result = api.replay(
                 opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
             )

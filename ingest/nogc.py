@@ -40,15 +40,16 @@ def pause_startup() -> None:
             _startup = True
 
 
-def started() -> None:
-    """The start is over: what exists now is frozen (never walked again) and the collector runs
-    again, or when the pauses under way end."""
+def started(*, freeze: bool = True) -> None:
+    """The start is over: what exists now is frozen (never walked again; not with ``freeze=False``,
+    as after a start that failed) and the collector runs again, or when the pauses under way end."""
     global _startup, _resume
     with _lock:
         if not _startup:
             return
         _startup = False
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if _depth == 0:
             gc.enable()
         else:

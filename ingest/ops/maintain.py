@@ -199,7 +199,9 @@ def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:
 def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
     spec = pipeline.config.maintenance
     now = time.time() if now is None else now
-    observe(pipeline.rows, pipeline.config.pipeline)  # fail closed before touching a table whose ledger is lost
+    # fail closed before touching a table whose ledger (or, with route_by, floor) is lost
+    for table in [pipeline.rows, *(pipeline.routes.handles.values() if pipeline.routes else [])]:
+        observe(table, pipeline.config.pipeline)
 
     def one(table: IcebergTable) -> TableMaintenance:
         compaction = compact(table, spec)

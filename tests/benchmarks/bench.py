@@ -105,29 +105,21 @@ def poisoned(i: int) -> bytes:
 def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
     """librdkafka consumption with the tuned fetch settings the pipeline uses, and no decoding;
     the cyclic garbage collector paused as in the pipeline (a ``Message`` per record)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     from ingest import nogc
     from ingest.kafka.source import FETCH_DEFAULTS
 
     consumer = Consumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": "bench-raw",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            **FETCH_DEFAULTS,
-        }
+        {"bootstrap.servers": args.bootstrap, "group.id": "bench-raw", "enable.auto.commit": False, **FETCH_DEFAULTS}
     )
-    consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
-    count = nbytes = eof = 0
+    total = _assigned(consumer, args)
+    count = nbytes = 0
     started = time.perf_counter()
     with nogc.paused():
-        while eof < args.partitions:
-            for message in consumer.consume(100_000, 1.0):
-                if message.error() is not None:
-                    eof += 1
-                    continue
+        while count < total:
+            # consume() returns when it has num_messages or its timeout passed: ask for no more than is left
+            for message in consumer.consume(min(100_000, total - count), 1.0):
                 count += 1
                 nbytes += len(message.value())
     seconds = time.perf_counter() - started
@@ -135,10 +127,21 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": count, "bytes": nbytes, "seconds": seconds}
 
 
+def _assigned(consumer: Any, args: argparse.Namespace) -> int:
+    """Assign every partition of the topic from offset 0; how many records they hold (to their
+    high watermarks: a reader that stops there waits for nothing at the end)."""
+    from confluent_kafka import TopicPartition
+
+    partitions = [TopicPartition(args.topic, p, 0) for p in range(args.partitions)]
+    total = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions)
+    consumer.assign(partitions)
+    return int(total)
+
+
 def stage_raw_count(args: argparse.Namespace) -> dict[str, Any]:
     """librdkafka with the pipeline's fetch settings, ``consume()`` in batches, the messages counted
     and never touched: the ceiling of reading in Python (it stops at the high watermarks)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     from ingest import nogc
     from ingest.kafka.source import FETCH_DEFAULTS
@@ -146,14 +149,12 @@ def stage_raw_count(args: argparse.Namespace) -> dict[str, Any]:
     consumer = Consumer(
         {"bootstrap.servers": args.bootstrap, "group.id": "bench-count", "enable.auto.commit": False, **FETCH_DEFAULTS}
     )
-    partitions = [TopicPartition(args.topic, p, 0) for p in range(args.partitions)]
-    total = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions)
-    consumer.assign(partitions)
+    total = _assigned(consumer, args)
     count = 0
     started = time.perf_counter()
     with nogc.paused():
         while count < total:
-            count += len(consumer.consume(100_000, 1.0))
+            count += len(consumer.consume(min(100_000, total - count), 1.0))
     seconds = time.perf_counter() - started
     consumer.close()
     return {"records": count, "bytes": sum(len(payload(i)) for i in range(count)), "seconds": seconds}
@@ -165,7 +166,7 @@ def stage_batch_loop(args: argparse.Namespace) -> dict[str, Any]:
     ``append``. Timed from the first read to the append's end, as the ``naive`` loop is."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
     from pyiceberg.catalog.sql import SqlCatalog
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,22 +178,14 @@ def stage_batch_loop(args: argparse.Namespace) -> dict[str, Any]:
         text = pa.schema([*fields, ("created_at", pa.string())])
         table = catalog.create_table("bench.loop", schema=schema)
         consumer = Consumer(
-            {
-                "bootstrap.servers": args.bootstrap,
-                "group.id": "bench-loop",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
+            {"bootstrap.servers": args.bootstrap, "group.id": "bench-loop", "enable.auto.commit": False}
         )
-        consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
+        total = _assigned(consumer, args)
         started = time.perf_counter()
         records: list[dict[str, Any]] = []
-        nbytes = eof = 0
-        while eof < args.partitions:
-            for message in consumer.consume(10_000, 1.0):
-                if message.error() is not None:
-                    eof += 1
-                    continue
+        nbytes = 0
+        while len(records) < total:  # to the high watermarks, asking for no more than is left
+            for message in consumer.consume(min(10_000, total - len(records)), 1.0):
                 value = message.value()
                 nbytes += len(value)
                 records.append(json.loads(value))
@@ -419,10 +412,21 @@ def stage_avro_naive(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": len(records), "bytes": nbytes, "seconds": seconds}
 
 
-def _workers_peak_rss_mb(processes: int) -> float:
-    """Peak RSS of the local engine's workers (ended children), each counted as large as the
-    largest: an upper bound of their simultaneous peak."""
-    return (processes - 1) * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's peak RSS (``VmHWM``: since its exec, unlike ``ru_maxrss``, which Linux carries
+    across ``execve`` from the process that forked it), MB; 0 if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0.0)
+
+
+def _workers_peak_rss_mb() -> float:
+    """Peak RSS of this process's running children (the local engine's workers), summed: read
+    before the run closes them."""
+    pids = [pid for task in Path("/proc/self/task").iterdir() for pid in (task / "children").read_text().split()]
+    return sum(peak_rss_mb(pid) for pid in pids)
 
 
 def stage_ingest(args: argparse.Namespace) -> dict[str, Any]:
@@ -509,13 +513,14 @@ def _ingest(
             result = run.batch()
             seconds = time.perf_counter() - started
             processes = local_processes(config, sum(end - start for *_, start, end in result.ranges))
+            workers_mb = _workers_peak_rss_mb()
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
         "seconds": seconds,
         "open_s": open_s,
         "processes": processes,
-        "children_peak_rss_mb": _workers_peak_rss_mb(processes),
+        "children_peak_rss_mb": workers_mb,
     }
 
 
@@ -539,13 +544,14 @@ def stage_catchup(args: argparse.Namespace) -> dict[str, Any]:
             result = run.batch()
             seconds = time.perf_counter() - started
             processes = local_processes(config, half)
+            workers_mb = _workers_peak_rss_mb()
     return {
         "records": result.records + result.dead_letters,
         "bytes": result.bytes,
         "seconds": seconds,
         "first_batch_s": first_s,
         "processes": processes,
-        "children_peak_rss_mb": _workers_peak_rss_mb(processes),
+        "children_peak_rss_mb": workers_mb,
     }
 
 
@@ -857,8 +863,7 @@ def main() -> None:
     args.tables_records = args.tables_records or 10 * args.records
     if args.stage:
         result = STAGES[args.stage](args)
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        result["peak_rss_mb"] += result.pop("children_peak_rss_mb", 0.0)
+        result["peak_rss_mb"] = peak_rss_mb() + result.pop("children_peak_rss_mb", 0.0)
         print(json.dumps(result))
         return
     orchestrate(args)

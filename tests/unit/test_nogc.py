@@ -69,3 +69,27 @@ def test_overlapping_pauses_in_two_threads_end_with_the_last() -> None:
         thread.join(10)
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_the_commands_start_runs_without_the_collector_until_it_is_over() -> None:
+    try:
+        nogc.pause_startup()
+        assert not gc.isenabled()
+        with nogc.paused():  # a batch's pause begun during the start keeps the collector off ...
+            nogc.started(freeze=False)
+            assert not gc.isenabled()
+        assert gc.isenabled()  # ... until it ends
+        nogc.started()  # once only
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_start_that_never_opens_a_run_still_ends_with_the_collector_on() -> None:
+    try:
+        nogc.pause_startup()
+        nogc.started(freeze=False)  # (the cli's _open_run, whatever happened)
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
