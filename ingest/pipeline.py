@@ -464,9 +464,12 @@ class Routes:
     def __init__(self, config: PipelineConfig, planned: Layout, tables: dict[str, IcebergTable]) -> None:
         self.config = config
         self.planned = planned
-        self.tables = RoutedTables(dict(tables))
-        #: the same tables, as the pipeline commits to them and reads them
+        #: the tables there are, by name, as the pipeline commits to them and reads them
         self.handles = tables
+        #: the same tables, as the engine writes to them
+        self.tables = RoutedTables(self.handles)
+        #: each table's floor as the batch being produced read it (None: it had none)
+        self._observed: dict[str, dict[TopicPartition, int] | None] = {}
 
     @classmethod
     def open(cls, config: PipelineConfig, planned: Layout) -> Routes:
@@ -505,7 +508,6 @@ class Routes:
             )
             table.evolve_to(fields)
             self.handles[name] = table
-            self.tables.tables[name] = table
 
     def evolve_to(self, fields: Sequence[Declared]) -> None:
         for table in self.handles.values():
@@ -513,7 +515,7 @@ class Routes:
 
     def read_floors(self, batch: Batch) -> None:
         """Each table's floor, as ``batch``'s files are cut at it (rows below it are left out)."""
-        self._observed: dict[str, dict[TopicPartition, int] | None] = {}
+        self._observed = {}
         inside: dict[str, Mapping[TopicPartition, int]] = {}
         for name, table in self.handles.items():
             found = observe(table, self.config.pipeline, PLAN_FROM_HELD_S)

@@ -164,9 +164,10 @@ class RoutedFile:
 class RoutedTables:
     """The tables ``route_by`` names, as one writer: rows go to the table their mark names, but
     for those below its floor (it holds them already), and rows for a table not among ``tables``
-    are counted in ``missing`` (see :meth:`check`)."""
+    are counted in ``missing`` (a task reports them: :attr:`ingest.ports.Produced.missing`)."""
 
-    tables: dict[str, Detachable]
+    #: the tables there are, by name (the pipeline adds those it creates)
+    tables: Mapping[str, Detachable]
     #: per table, its floor as the batch being produced read it
     floors: dict[str, Mapping[TopicPartition, int]] = field(default_factory=dict)
     #: tables rows were routed to that are not among ``tables`` (their rows were not written)

@@ -315,6 +315,24 @@ def produce_numbered(env: Env, topic: str, partitions: int, first: int, count: i
     return sum(bad)
 
 
+def race(paths: list[Path], *args: str) -> None:
+    """``ingest run --until-caught-up`` of each config in ``paths`` at once; each ends done (0) or
+    fenced (75)."""
+    copies = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ingest", "run", "--until-caught-up", *args, "-c", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for path in paths
+    ]
+    outcomes = [(*copy.communicate(timeout=300), copy.returncode) for copy in copies]
+    for _, stderr, code in outcomes:
+        assert code in (0, 75), stderr
+
+
 @dataclass
 class Routed:
     """A config of two tables: topics ``a1`` and ``a2`` into ``orders``, ``b`` (and, by pattern,

@@ -13,7 +13,7 @@ import yaml
 
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic, produce
-from tests.integration.conftest import REPO, Env, Routed, produce_numbered, record
+from tests.integration.conftest import REPO, Env, Routed, produce_numbered, race, record
 
 pytestmark = pytest.mark.integration
 
@@ -212,20 +212,8 @@ def test_three_racing_copies_with_different_caps(routed: Routed, catalog_kind: s
     routed.produce("b", 2_500, bad_every=23)
     paths = [routed.with_cap(cap) for cap in (400, 700, 1_100)]
 
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ingest", "run", "--until-caught-up", "--json", "-c", str(path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        for path in paths
-    ]
-    outcomes = [(*p.communicate(timeout=300), p.returncode) for p in processes]
+    race(paths, "--json")
 
-    for _, stderr, code in outcomes:
-        assert code in (0, 75), stderr
     final = routed.cli("run", "--until-caught-up")
     assert final.returncode == 0, final.stderr
     routed.exact()
