@@ -35,13 +35,16 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 #: fetch settings for bulk range reads. ``fetch.queue.backoff.ms`` matters most: when a fetch
-#: leaves more than ``queued.min.messages`` (100k) waiting for a partition, librdkafka's default
-#: is to fetch that partition again only a full second later; a reader that drains the queue in
-#: milliseconds then idles (docs/performance.md).
+#: leaves more than ``queued.min.messages`` waiting for a partition, librdkafka's default is to
+#: fetch that partition again only a full second later; a reader that drains the queue in
+#: milliseconds then idles (docs/performance.md). With that backoff, 20k messages waiting per
+#: partition (librdkafka's default: 100k) read as fast, on four partitions and on one, and the
+#: process peaks ~20-40 MB lower.
 FETCH_DEFAULTS: dict[str, Any] = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
     "queued.max.messages.kbytes": 262_144,
+    "queued.min.messages": 20_000,
     "fetch.queue.backoff.ms": 10,
 }
 #: records and value bytes read from Kafka at a time. Raw records cost several hundred bytes of
