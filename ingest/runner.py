@@ -116,13 +116,12 @@ def opened(
     ``spark``, else the active session, else one built from the usual Spark settings).
     ``early_workers=False``: the local engine's workers start when a batch needs them, never on a
     guess of the backlog (the tables after the first of a run of several: nothing left to overlap)."""
-    from ingest.pipeline import Pipeline
-
     metrics = _metrics(config)
     running = False
     try:
         if engine == "spark":
             from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
+            from ingest.pipeline import Pipeline
 
             pipeline = Pipeline.open(config)
             with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
@@ -133,6 +132,8 @@ def opened(
         # they are imported (the second table of a run of several), a batch starts them as it needs
         pool = workers_for_backlog(config) if early_workers else None
         try:
+            from ingest.pipeline import Pipeline  # pyiceberg: ~0.25 s of imports, after the workers' start
+
             pipeline = Pipeline.open(config)
         except BaseException:
             if pool is not None:
