@@ -1,15 +1,16 @@
 """The local engine: a batch's ranges turned into data files on this machine.
 
-A batch of fewer than two chunks (``batch.chunk_records``) runs in this process. A larger one is
-shared between this process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.engines.workers`),
-kept for the following batches of the run. A run opened by :func:`ingest.runner.opened` starts them before
+A batch runs in this process unless it holds two shares or more: a share is ``batch.chunk_records``
+records or :data:`SHARE_RECORDS` (500k), whichever is fewer. A larger one is shared between this
+process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.engines.workers`), kept for
+the following batches of the run. A run opened by :func:`ingest.runner.opened` starts them before
 the catalog opens when Kafka shows a backlog that needs them (:func:`workers_for_backlog`); else a
-batch starts them when it first needs them. This process
-starts reading the whole batch at once; each worker, when it is ready, takes an equal share of
-what this process has not read yet (:func:`ingest.engines.tasks.hand_off`). A worker already running
-therefore gets its share before anything is read, and one that takes seconds to start cannot hold
-the batch back. Every share is read in a background thread while its earlier chunks decode and
-write, and this process alone commits, once the shares cover the batch exactly.
+batch starts them when it first needs them. This process starts reading the whole batch at once;
+each worker, when it is ready, takes an equal share of what this process has not read yet
+(:func:`ingest.engines.tasks.hand_off`). A worker already running therefore gets its share before
+anything is read, and one that takes seconds to start cannot hold the batch back. Every share is
+read in a background thread while its earlier chunks decode and write, and this process alone
+commits, once the shares cover the batch exactly.
 """
 
 from __future__ import annotations
@@ -50,11 +51,21 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+#: records a worker's share must hold, at least, when the batch fits in fewer chunks: a worker's
+#: start (~0.5 s of imports, on another core) and its ~150 MB (interpreter, Arrow, pyiceberg) pay
+#: off from there. Spawn to exit on two cores, 1M records: 2.32-2.43 s in one process, 2.01-2.09 s
+#: with a worker; 500k: 1.57-1.77 s against 1.51-1.63 s, with both processes together over that
+#: batch's memory budget (4 x payload + 400 MB).
+SHARE_RECORDS = 500_000
+
+
 def processes(config: PipelineConfig, records: int | None = None) -> int:
-    """How many processes work on a batch of ``records``: one per full chunk, at most
-    ``batch.workers`` (all of them without ``records``)."""
+    """How many processes work on a batch of ``records``: one per ``chunk_records`` or per
+    :data:`SHARE_RECORDS`, whichever is fewer records, at most ``batch.workers`` (all of them
+    without ``records``)."""
     workers = available_cores() if config.batch.workers == "auto" else config.batch.workers
-    return workers if records is None else max(1, min(workers, records // config.batch.chunk_records))
+    share = min(config.batch.chunk_records, SHARE_RECORDS)
+    return workers if records is None else max(1, min(workers, records // share))
 
 
 def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
@@ -105,7 +116,7 @@ class LocalEngine:
         self._pool.start(self.workers - 1, timeout_s=WORKER_READY_TIMEOUT_S if wait else None)
 
     def processes_for(self, records: int) -> int:
-        """How many processes work on a batch of ``records``: one per full chunk, at most ``workers``."""
+        """How many processes work on a batch of ``records`` (:func:`processes`)."""
         return processes(self.config, records)
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:

@@ -1,6 +1,6 @@
-"""Sharing a batch's ranges between processes (ingest.core.ranges.share and
-ingest.engines.tasks.hand_off) and checking that their results cover it exactly (combine): no Kafka
-needed."""
+"""Sharing a batch's ranges between processes (how many: ingest.engines.local.processes; how:
+ingest.core.ranges.share and ingest.engines.tasks.hand_off) and checking that their results cover it
+exactly (combine): no Kafka needed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ingest.config import parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ranges import coverage_problem as combine_problem
 from ingest.core.ranges import share
+from ingest.engines.local import processes
 from ingest.engines.tasks import TaskSpec, hand_off
 from ingest.kafka.source import Stops
 from ingest.records import HEADERS_COLUMN, HEADERS_TYPE, KEY_COLUMN, Field, RawChunk
@@ -108,6 +109,33 @@ def test_results_that_miss_or_double_offsets_are_refused() -> None:
     assert "read twice offsets of t[0] from 40" in str(combine_problem(batch, [(a, 0, 60), (a, 40, 100)]))
     assert "up to 90, not 100" in str(combine_problem(batch, [(a, 0, 90)]))
     assert "does not cover" in str(combine_problem(batch, [(a, 0, 100), (b, 10, 11)]))
+
+
+@pytest.mark.parametrize(
+    ("chunk_records", "workers", "records", "expected"),
+    [
+        (1_000_000, 2, 999_999, 1),  # under two shares of 500k: a worker would not pay off
+        (1_000_000, 2, 1_000_000, 2),  # one chunk, two shares
+        (1_000_000, 4, 2_000_000, 4),
+        (1_000_000, 8, 2_000_000, 4),  # never more processes than shares
+        (100_000, 8, 350_000, 3),  # small chunks: one share per chunk
+        (1_000_000, 1, 5_000_000, 1),  # workers: 1 keeps one process
+    ],
+)
+def test_a_batch_is_shared_from_two_shares_on(chunk_records: int, workers: int, records: int, expected: int) -> None:
+    config = parse(
+        {
+            "pipeline": "orders",
+            "kafka": {"bootstrap.servers": "unused:9092"},
+            "topics": ["orders"],
+            "catalog": {"name": "memory"},
+            "table": "lake.orders",
+            "schema": [{"name": "id", "type": "long"}],
+            "batch": {"chunk_records": chunk_records, "workers": workers},
+        }
+    )
+    assert processes(config, records) == expected
+    assert processes(config) == workers
 
 
 @pytest.mark.parametrize("headers", [True, False])
