@@ -1,16 +1,12 @@
-"""``ingest`` and ``python -m ingest``: the command line (:mod:`ingest.cli`), its imports made with
-the garbage collector paused (:func:`ingest.nogc.pause_startup`) and with one BLAS thread
-(:data:`ingest.engines.workers.BLAS_THREADS`)."""
+"""``ingest`` and ``python -m ingest``: the command line (:mod:`ingest.cli`), imported once the
+process has begun as ours do (:func:`ingest.startup.begin`: the garbage collector paused, one BLAS
+thread)."""
 
-import os
-
-from ingest import nogc
-from ingest.engines.workers import BLAS_THREADS
+from ingest import startup
 
 
 def main() -> None:
-    os.environ.setdefault(*BLAS_THREADS)  # before numpy is imported; the workers inherit it
-    nogc.pause_startup()
+    startup.begin()
     from ingest.cli import main as cli
 
     cli()

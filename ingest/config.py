@@ -193,12 +193,12 @@ class BatchSpec(_Strict):
     max_records: Annotated[int, Field(gt=0)] = 500_000
     #: rows written together (a data file per partition value); decoded rows are held in Arrow until
     #: then, so this and ``workers`` bound memory independently of the batch size. A batch is shared
-    #: with one worker process per share beyond the first: a share is this many records or 500k,
-    #: whichever is fewer (ingest.engines.local.SHARE_RECORDS: a worker's imports take ~0.5-1 s)
+    #: with one worker process per full chunk beyond the first, and a batch of one chunk of 1M
+    #: records or more with one (ingest.engines.local.processes: a worker's imports take ~0.5-1 s)
     chunk_records: Annotated[int, Field(gt=0)] = 1_000_000
     #: seconds without progress from Kafka before the batch gives up (retryable)
     read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
-    #: processes the local engine shares a batch of two shares or more between ("auto": one per core)
+    #: processes the local engine shares a batch of two chunks or more between ("auto": one per core)
     workers: int | Literal["auto"] = "auto"
 
     @field_validator("workers", mode="plain")

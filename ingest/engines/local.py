@@ -1,8 +1,8 @@
 """The local engine: a batch's ranges turned into data files on this machine.
 
-A batch runs in this process unless it holds two shares or more: a share is ``batch.chunk_records``
-records or :data:`SHARE_RECORDS` (500k), whichever is fewer. A larger one is shared between this
-process and up to ``batch.workers - 1`` worker processes (:mod:`ingest.engines.workers`), kept for
+A batch runs in this process unless it holds two chunks (``batch.chunk_records``) or more, or two
+:data:`SHARE_RECORDS` (1M records). A larger one is shared between this process and up to
+``batch.workers - 1`` worker processes (:mod:`ingest.engines.workers`), kept for
 the following batches of the run. A run opened by :func:`ingest.runner.opened` starts them before
 the catalog opens when Kafka shows a backlog that needs them (:func:`workers_for_backlog`); else a
 batch starts them when it first needs them. This process starts reading the whole batch at once;
@@ -51,21 +51,23 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-#: records a worker's share must hold, at least, when the batch fits in fewer chunks: a worker's
-#: start (~0.5 s of imports, on another core) and its ~150 MB (interpreter, Arrow, pyiceberg) pay
-#: off from there. Spawn to exit on two cores, 1M records: 2.32-2.43 s in one process, 2.01-2.09 s
-#: with a worker; 500k: 1.57-1.77 s against 1.51-1.63 s, with both processes together over that
-#: batch's memory budget (4 x payload + 400 MB).
+#: records that make a batch of one chunk worth two processes: a worker's start (~0.5 s of
+#: imports, on another core) and its ~150 MB (interpreter, Arrow, pyiceberg) pay off from two of
+#: these. Spawn to exit on two cores, 1M records: 2.32-2.43 s in one process, 2.03-2.14 s with a
+#: worker; 500k: 1.57-1.77 s against 1.51-1.63 s, with both processes together over that batch's
+#: memory budget (4 x payload + 400 MB).
 SHARE_RECORDS = 500_000
 
 
 def processes(config: PipelineConfig, records: int | None = None) -> int:
-    """How many processes work on a batch of ``records``: one per ``chunk_records`` or per
-    :data:`SHARE_RECORDS`, whichever is fewer records, at most ``batch.workers`` (all of them
-    without ``records``)."""
+    """How many processes work on a batch of ``records``: one per full chunk (``chunk_records``),
+    and two for a batch of one chunk that holds two :data:`SHARE_RECORDS`; at most
+    ``batch.workers`` (all of them without ``records``)."""
     workers = available_cores() if config.batch.workers == "auto" else config.batch.workers
-    share = min(config.batch.chunk_records, SHARE_RECORDS)
-    return workers if records is None else max(1, min(workers, records // share))
+    if records is None:
+        return workers
+    chunks = records // config.batch.chunk_records
+    return max(1, min(workers, chunks if chunks >= 2 else min(2, records // SHARE_RECORDS)))
 
 
 def workers_for_backlog(config: PipelineConfig) -> WorkerPool:

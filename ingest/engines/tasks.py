@@ -313,6 +313,13 @@ class TaskSpec:
         return lambda fields, registry: decoder(fields, registry, self.on_schema_change, renames)
 
 
+#: a task that read this much hands what it freed back to the system (~10 ms). Kept by the
+#: allocators (glibc's for librdkafka, jemalloc's for Arrow), it lay beside the next batch's own
+#: peak: a catch-up's second 1M-record batch (55 MB per process) peaked at 985-1,194 MB over two
+#: processes, 796-821 MB so. Small batches (``--every`` on a quiet topic) keep theirs for the next.
+RELEASE_AFTER_BYTES = 32 << 20
+
+
 def produce_ranges(
     spec: TaskSpec,
     rows: IcebergTable | RoutedTables,
@@ -323,19 +330,16 @@ def produce_ranges(
     (Kafka is read in a background thread while earlier chunks decode and write), decode, and
     write data files into ``rows``' location. The cyclic garbage collector is paused meanwhile
     (:mod:`ingest.nogc`): a Python object per record forms no cycles. Arrow allocates from jemalloc
-    (:mod:`ingest.arrow_memory`), and what the task freed goes back to the system when it ends: kept
-    by the allocators (glibc's for librdkafka, jemalloc's for Arrow), it lay beside the next batch's
-    own peak (a catch-up's second 1M-record batch peaked at 985-1,194 MB over two processes, 796-821
-    MB so)."""
+    (:mod:`ingest.arrow_memory`), and what a large task freed goes back to the system when it ends
+    (:data:`RELEASE_AFTER_BYTES`)."""
     arrow_memory.use_jemalloc()
     source = KafkaSource(spec.kafka, spec.topics, spec.group_id, spec.read_timeout_s)
     writer = rows.for_task() if isinstance(rows, RoutedTables) else rows
-    try:
-        with nogc.paused():
-            chunks = prefetched(source.read(stops))
-            produced = decode_and_write(chunks, spec.decoder(), writer, spec.chunk_records, reach)
-    finally:
-        arrow_memory.release()  # ~10 ms
+    with nogc.paused():
+        chunks = prefetched(source.read(stops))
+        produced = decode_and_write(chunks, spec.decoder(), writer, spec.chunk_records, reach)
+    if produced.nbytes >= RELEASE_AFTER_BYTES:
+        arrow_memory.release()
     if isinstance(writer, RoutedTables):  # rows for tables not created yet: the pipeline creates them
         produced.missing = frozenset(writer.missing)
     return produced

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from ingest import failpoints, nogc
+from ingest import failpoints, nogc, startup
 from ingest.errors import IngestError, WorkerLost
 
 if TYPE_CHECKING:  # a worker imports them in main(), with the garbage collector paused
@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 
 #: how often a worker checks that the process that started it is alive
 WATCH_S = 0.2
-#: numpy's OpenBLAS starts a thread per core when it is imported, and those threads spin a while
-#: before they sleep. Nothing here calls BLAS; beside the other process's imports the spinning cost a
-#: caught-up ``ingest run`` 15% of its CPU (850 -> 725 ms). One thread, unless the environment says.
-BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "1")
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,6 @@ class _Worker:
             [sys.executable, "-m", "ingest.engines.workers", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
-            env=dict([BLAS_THREADS]) | dict(os.environ),
         )
         theirs.close()
         self.connection = Connection(ours.detach())
@@ -284,9 +279,9 @@ def main(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(parent,), name="parent-watch", daemon=True).start()
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s worker {os.getpid()} %(levelname)s %(message)s")
-    # imports build a few hundred thousand objects, none of them garbage: the collector waits
-    # (as the ingest command's own start does), and what they built is frozen out of its walks
-    nogc.pause_startup()
+    # imports build a few hundred thousand objects, none of them garbage: the collector waits (as
+    # the ingest command's own start does), and what they built is frozen out of its walks
+    startup.begin()
     importlib.import_module("ingest.engines.tasks")
     importlib.import_module("ingest.iceberg.table")  # a task holds its table: pyiceberg is loaded before "ready"
     nogc.started()
@@ -295,7 +290,9 @@ def main(argv: Sequence[str]) -> None:
     # down its interpreter (modules, pyiceberg's and Arrow's objects) took ~0.15 s that the
     # engine's process waited out at the end of every run.
     logging.shutdown()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError, ValueError):  # (a closed or broken stream: nothing to keep)
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(0)
 
 

@@ -1,14 +1,18 @@
-"""The collector pause: process-wide, nested and shared between threads, always restored."""
+"""The collector pause: process-wide, nested and shared between threads, always restored; and the
+start of our processes (ingest.startup)."""
 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from ingest import nogc
+from ingest import nogc, startup
 
 
 @pytest.fixture(autouse=True)
@@ -93,3 +97,24 @@ def test_a_start_that_never_opens_a_run_still_ends_with_the_collector_on() -> No
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+@pytest.mark.parametrize("entry", ["ingest.__main__", "ingest.engines.workers"])
+def test_a_process_of_ours_begins_before_numpy_is_loaded(entry: str) -> None:
+    """The ``ingest`` command and a worker set their start up (one BLAS thread: OpenBLAS reads it
+    when numpy loads it; the collector paused) before their imports: the modules they start from
+    load neither numpy nor pyarrow."""
+    probe = f"import sys, {entry}; print(sorted({{'numpy', 'pyarrow'}} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_begin_pauses_the_collector_and_keeps_a_blas_setting_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    startup.begin()
+    try:
+        assert not gc.isenabled()
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "4"
+    finally:
+        nogc.started(freeze=False)
+    assert gc.isenabled()

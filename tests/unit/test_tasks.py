@@ -114,15 +114,19 @@ def test_results_that_miss_or_double_offsets_are_refused() -> None:
 @pytest.mark.parametrize(
     ("chunk_records", "workers", "records", "expected"),
     [
-        (1_000_000, 2, 999_999, 1),  # under two shares of 500k: a worker would not pay off
-        (1_000_000, 2, 1_000_000, 2),  # one chunk, two shares
-        (1_000_000, 4, 2_000_000, 4),
-        (1_000_000, 8, 2_000_000, 4),  # never more processes than shares
-        (100_000, 8, 350_000, 3),  # small chunks: one share per chunk
+        (1_000_000, 2, 999_999, 1),  # one chunk of under 1M records: a worker would not pay off
+        (1_000_000, 4, 1_000_000, 2),  # one chunk of 1M: two processes, never more
+        (1_000_000, 4, 1_999_999, 2),
+        (1_000_000, 4, 3_000_000, 3),  # one process per chunk
+        (1_000_000, 2, 3_000_000, 2),  # at most `workers`
+        (100_000, 8, 350_000, 3),  # small chunks: one process per chunk
+        (100_000, 8, 150_000, 1),
         (1_000_000, 1, 5_000_000, 1),  # workers: 1 keeps one process
     ],
 )
-def test_a_batch_is_shared_from_two_shares_on(chunk_records: int, workers: int, records: int, expected: int) -> None:
+def test_one_process_per_chunk_and_two_for_one_large_chunk(
+    chunk_records: int, workers: int, records: int, expected: int
+) -> None:
     config = parse(
         {
             "pipeline": "orders",
