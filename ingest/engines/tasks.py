@@ -313,11 +313,14 @@ class TaskSpec:
         return lambda fields, registry: decoder(fields, registry, self.on_schema_change, renames)
 
 
-#: a task that read this much hands what it freed back to the system (~10 ms). Kept by the
-#: allocators (glibc's for librdkafka, jemalloc's for Arrow), it lay beside the next batch's own
-#: peak: a catch-up's second 1M-record batch (55 MB per process) peaked at 985-1,194 MB over two
-#: processes, 796-821 MB so. Small batches (``--every`` on a quiet topic) keep theirs for the next.
-RELEASE_AFTER_BYTES = 32 << 20
+#: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system
+#: (~10 ms). Kept by the allocators (glibc's for librdkafka and the reader thread, jemalloc's for
+#: Arrow), it lay beside the next batch's own peak: a catch-up's second 1M-record batch (55 MB per
+#: process) peaked at 985-1,194 MB over two processes, 796-821 MB so. A task of 23-26 MB already
+#: leaves a 64-69 MB glibc arena resident (it was 32 MB here: a worker that joined the first batch
+#: late carried one into the second, 936-957 MB). Small batches (``--every`` on a quiet topic) keep
+#: theirs for the next.
+RELEASE_AFTER_BYTES = 8 << 20
 
 
 def produce_ranges(
