@@ -9,8 +9,8 @@ after a ``+``, the warehouse's storage: ``sqlite`` and ``postgres`` keep files o
 ``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server; ``rest`` and
 ``rest+s3`` talk to Iceberg's REST catalog server (Maven Central), backed by a JDBC store;
 ``glue+s3`` is pyiceberg's AWS Glue catalog against the S3 server's Glue endpoint.
-Tests that do not choose their catalogs run on ``INGEST_TEST_CATALOGS`` (comma-separated kinds;
-``sqlite,postgres`` by default).
+Tests that do not choose their catalogs run on ``INGEST_TEST_CATALOGS`` (comma-separated kinds);
+without it, on ``sqlite``, and on ``sqlite,postgres`` when marked ``catalog_race`` (tests/conftest.py).
 """
 
 from __future__ import annotations

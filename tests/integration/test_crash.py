@@ -11,7 +11,7 @@ import pytest
 
 from ingest.failpoints import POINTS
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.catalog_race]
 
 
 def _snapshots(env, table: str) -> int:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from ingest.iceberg.held_catalog import HeldSqlCatalog
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 
 
 def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:

@@ -51,6 +51,7 @@ def _head_id(pipeline: Pipeline) -> int:
     return found.snapshot_id
 
 
+@pytest.mark.catalog_race
 def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
     env = make_env()
     env.produce(1_400, bad_every=7)
@@ -77,6 +78,7 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
     env.verify()
 
 
+@pytest.mark.catalog_race
 def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) -> None:
     env = make_env(maintenance=EXPIRE_ALL)
     pipeline = Pipeline.open(env.config)
@@ -182,6 +184,7 @@ def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
     assert pipeline.rows.branch_head("main") == deleted_head  # nothing changed on main
 
 
+@pytest.mark.catalog_race
 def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env) -> None:
     env = make_env()
     pipeline = Pipeline.open(env.config)
@@ -297,6 +300,7 @@ def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
     assert set(pipeline.dead.table.metadata.refs) == {"main"}
 
 
+@pytest.mark.catalog_race
 def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(4_000, bad_every=17)

@@ -22,7 +22,7 @@ from ingest.ports import Produced
 from ingest.records import Declared
 from tests.runs import catch_up, one_batch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 
 
 def _view(pipeline: Pipeline, change) -> KafkaView:  # type: ignore[no-untyped-def]

@@ -206,6 +206,7 @@ def test_sigkill_at_each_step_of_the_second_table_then_rerun(routed: Routed, poi
     routed.exact()
 
 
+@pytest.mark.catalog_race
 def test_three_racing_copies_with_different_caps(routed: Routed, catalog_kind: str) -> None:
     routed.produce("a1", 2_000, bad_every=17)
     routed.produce("a2", 1_500, bad_every=19)

@@ -105,6 +105,7 @@ def test_driver_killed_at_random_moments(make_env) -> None:
     env.verify()
 
 
+@pytest.mark.catalog_race
 def test_local_and_spark_copies_racing_on_one_table(make_env, spark_process_env) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(6_000, bad_every=17)
