@@ -39,8 +39,11 @@ else
 	$(error DEMO_CATALOG is sqlite (the default) or rest+s3, not '$(DEMO_CATALOG)')
 endif
 
+# `make test` runs pytest on TEST_WORKERS processes (pytest-xdist), each module whole on one of them with
+# its own session broker and servers; TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with the REST catalog)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 	INGEST_TEST_CATALOGS=rest+s3 $(BIN)/pytest -q tests/integration/test_crash.py tests/integration/test_protocol.py
 	INGEST_TEST_BROKER=tansu $(BIN)/pytest -q tests/integration/test_cli_end_to_end.py  # smoke: the demo's broker
 

@@ -4,11 +4,13 @@ runtime, Apicurio Registry).
 ``resolve(pom, lib)`` copies the dependencies a small pom declares into ``lib`` with Maven
 (``dependency:copy-dependencies``), or with ``unpack`` unpacks the archive the pom's
 ``dependency:unpack`` names there, once: a ``.complete`` marker beside ``lib`` says it finished,
-and a second call only checks for it. Nothing is built; the jars go on a classpath.
+and a second call only checks for it. Nothing is built; the jars go on a classpath. One process
+resolves at a time (a lock file beside ``lib``): `make test` runs the suite on two.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +40,14 @@ def resolve(pom: Path, lib: Path, what: str, *, unpack: bool = False) -> Path:
     if reason:
         raise MavenUnavailable(reason)
     lib.parent.mkdir(parents=True, exist_ok=True)
+    with open(lib.with_name(lib.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(lib).exists():  # another process resolved it while this one waited
+            return lib
+        return _resolve(pom, lib, what, unpack=unpack)
+
+
+def _resolve(pom: Path, lib: Path, what: str, *, unpack: bool) -> Path:
     staging = lib.with_name(lib.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     goal = (
