@@ -3,15 +3,13 @@ and keep the PostgreSQL variants to the tests whose subject is the catalog's com
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from tests.integration.conftest import CATALOG_KINDS, broker_choice
+    from tests.integration.conftest import CATALOG_KINDS, CHOSEN_CATALOGS, broker_choice
 
-    if "INGEST_TEST_CATALOGS" in os.environ:
+    if CHOSEN_CATALOGS:
         catalogs = f"catalogs: {', '.join(CATALOG_KINDS)} (INGEST_TEST_CATALOGS), or the ones a test names"
     else:
         catalogs = (
@@ -33,8 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Without ``INGEST_TEST_CATALOGS``, a test that does not name its catalogs runs on PostgreSQL only
     when it is marked ``catalog_race`` (racing copies, kills around a commit, other writers): PostgreSQL's
     row locks are what SQLite's one writer does not exercise. Elsewhere the two SQL catalogs run the same
-    pyiceberg code, and the PostgreSQL run of every test cost CI a quarter of its hour."""
-    if "INGEST_TEST_CATALOGS" in os.environ:
+    pyiceberg code, and the PostgreSQL run of every test cost CI ~10 minutes."""
+    from tests.integration.conftest import CHOSEN_CATALOGS
+
+    if CHOSEN_CATALOGS:
         return
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []

@@ -136,7 +136,9 @@ def rest_s3(tmp_path_factory: pytest.TempPathFactory, s3: S3Server) -> Iterator[
     server.stop()
 
 
-CATALOG_KINDS = os.environ.get("INGEST_TEST_CATALOGS", "sqlite,postgres").split(",")
+#: the kinds ``INGEST_TEST_CATALOGS`` chose (None: the default, PostgreSQL kept to ``catalog_race``)
+CHOSEN_CATALOGS = os.environ.get("INGEST_TEST_CATALOGS")
+CATALOG_KINDS = (CHOSEN_CATALOGS or "sqlite,postgres").split(",")
 
 
 @pytest.fixture(params=CATALOG_KINDS)
