@@ -14,10 +14,13 @@ from ``L`` on again, maybe under a changed decoding (that is often why one repla
   decode to the rows, and then removes them from the dead-letter table (:func:`remove_redriven`).
 
 Two tables cannot change atomically. The rows table moves first, and the rows snapshot it moves to
-carries a :class:`~ingest.core.ledger.DeadLetterSync` marker. Every batch on main settles the
-marker before it commits anything (:func:`settle`), and the dead-letter ledger remembers the
+carries a :class:`~ingest.core.ledger.DeadLetterSync` marker; a batch's own dead letters follow
+the same way (:mod:`ingest.batch_commit`). Every batch settles the marker of the ledger it commits
+on top of before it commits anything (:func:`settle`), and the dead-letter ledger remembers the
 marker's id once the step is done, so a crash between the two tables is finished by whichever
-comes next (the same command again, or the next scheduled run), exactly once.
+comes next (the same command again, or the next scheduled run), exactly once. A step is owed only
+while the rows branch's ledger carries its marker: each step observes the dead-letter table before
+it checks that, and commits requiring the head it observed (see :mod:`ingest.batch_commit`).
 """
 
 from __future__ import annotations
@@ -26,28 +29,31 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.batch_commit import land_dead_letters, owed
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.ledger import (
-    RESET_MEMORY,
     AppliedReset,
     BatchCounts,
     DeadLetterSync,
     Ledger,
     TopicPartition,
-    carried,
+    decode_sync,
     encode,
+    owed_property,
+    remembering,
 )
-from ingest.errors import CommitGaveUp
+from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.lineage import carry_over, remove_branch
+from ingest.ports import LedgerTable
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
 from ingest.retry import settled
 
 log = logging.getLogger(__name__)
-
-
-def _remembering(ledger: Ledger, sync_id: str) -> tuple[AppliedReset, ...]:
-    return (*carried(ledger), AppliedReset(sync_id))[-RESET_MEMORY:]
 
 
 def rewind(
@@ -57,14 +63,21 @@ def rewind(
     to: Mapping[TopicPartition, int],
     sync_id: str,
     max_attempts: int,
+    *,
+    rows: LedgerTable | None = None,
+    also: Sequence[str] = (),
 ) -> None:
     """Remove ``pipeline``'s dead letters at or past ``to`` on ``dead``'s branch and set its floor
-    to ``to``, in one commit that remembers ``sync_id``; a no-op once remembered."""
+    to ``to``, in one commit that remembers ``sync_id`` (and the steps ``also`` names, done by the
+    dead letters kept); a no-op once remembered, or (``rows``: the rows branch whose marker asks
+    for it) once the rows ledger no longer carries the marker."""
     topics = sorted({*topics, *(tp.topic for tp in to)})
 
     def attempt(number: int) -> None:
         found = observe(dead, pipeline, recovering=True)
         if found is not None and found.ledger.remembers(sync_id):
+            return
+        if rows is not None and not owed(rows, pipeline, sync_id):
             return
         # and every topic the floor names: a topic first read after the ledger ``to`` came from
         # (``topics_pattern:`` matched it since) is not in ``to``, and all its dead letters go
@@ -74,7 +87,7 @@ def rewind(
             offsets=dict(to),
             start_offsets=dict(to),
             cluster_id=found.ledger.cluster_id if found else None,
-            resets=_remembering(found.ledger, sync_id) if found else (AppliedReset(sync_id),),
+            resets=_remembering_all(found.ledger if found else None, [*also, sync_id]),
         )
         dead.rewind(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
 
@@ -89,14 +102,19 @@ def rewind(
     )
 
 
-def publish_branch(dead: IcebergTable, pipeline: str, branch: str, sync_id: str, max_attempts: int) -> None:
+def publish_branch(
+    dead: IcebergTable, pipeline: str, branch: str, sync_id: str, max_attempts: int, rows: LedgerTable
+) -> None:
     """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
-    ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``."""
+    ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``, or once the
+    rows ledger (``rows``) no longer carries the marker."""
 
     def attempt(number: int) -> None:
         main = observe(dead, pipeline, recovering=True)
         if main is not None and main.ledger.remembers(sync_id):
             remove_branch(dead, branch)
+            return
+        if not owed(rows, pipeline, sync_id):
             return
         head, main_head = dead.branch_head(branch), dead.branch_head(MAIN)
         if head is None:  # a replay begun before dead letters had branches: they stayed on main
@@ -127,18 +145,22 @@ def remove_redriven(
     redriven: Mapping[TopicPartition, Sequence[tuple[int, int]]],
     sync_id: str,
     max_attempts: int,
+    rows: LedgerTable,
 ) -> None:
     """Remove the dead letters ``ingest redrive`` committed to the rows table (``redriven``), in one
-    commit that remembers ``sync_id`` and records what it removed; a no-op once remembered. The
-    floor stays where it is: these records are stored, in the rows now."""
+    commit that remembers ``sync_id`` and records what it removed; a no-op once remembered, or once
+    the rows ledger (``rows``) no longer carries the marker. The floor stays where it is: these
+    records are stored, in the rows now."""
 
     def attempt(number: int) -> None:
         found = observe(dead, pipeline, recovering=True)
         if found is not None and found.ledger.remembers(sync_id):
             return
+        if not owed(rows, pipeline, sync_id):
+            return
         base = found.ledger if found is not None else Ledger(batch=0, offsets={})
         # the offsets whose dead letters the table holds stay as they were: the removed ones are in the rows now
-        ledger = replace(base, batch=base.batch + 1, resets=_remembering(base, sync_id), sync=None)
+        ledger = replace(base, batch=base.batch + 1, resets=remembering(base, sync_id), sync=None)
         removed = sum(hi - lo for spans in redriven.values() for lo, hi in spans)
         extra = {"synced-by": sync_id, "redriven": str(removed)}
         dead.remove_dead_letters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra))
@@ -158,25 +180,86 @@ def remove_redriven(
 def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str) -> None:
     """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``."""
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
-    stamped = replace(base, resets=_remembering(base, sync_id), reset_id=None, sync=None)
+    stamped = replace(base, resets=remembering(base, sync_id), reset_id=None, sync=None)
     table.try_commit([], encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id}), {})
 
 
-def settle(dead: IcebergTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> None:
-    """Do what the dead-letter table owes the rows ledger ``ledger`` (a marker's step), if anything,
-    for ``config``'s pipeline and its topics among ``ledger``'s.
+def settle(dead: IcebergTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:
+    """Do what the dead-letter table owes the rows snapshot whose ledger is ``ledger`` (a marker's
+    step), if anything, for ``config``'s pipeline and its topics among ``ledger``'s; returns how
+    many dead letters it added. ``rows`` is the rows table's branch that carries the marker.
 
-    Called before every commit made on top of ``ledger`` on the rows table's main."""
+    Called before every commit made on top of ``ledger``. On a replay's branch only a batch's
+    dead letters are owed: the branch begins at a snapshot whose other steps main did."""
     sync = ledger.sync if ledger is not None else None
     if ledger is None or sync is None:
-        return
+        return 0
     pipeline, topics = config.pipeline, config.topics_in(ledger.topics)
+    if sync.files is not None:
+        return land_dead_letters(dead, rows, pipeline, ledger, attempts)
+    if rows.branch != MAIN:
+        return 0
     if sync.redriven is not None:
-        remove_redriven(dead, pipeline, sync.redriven, sync.sync_id, attempts)
+        remove_redriven(dead, pipeline, sync.redriven, sync.sync_id, attempts, rows)
     elif sync.branch is not None:
-        publish_branch(dead, pipeline, sync.branch, sync.sync_id, attempts)
+        publish_branch(dead, pipeline, sync.branch, sync.sync_id, attempts, rows)
     elif sync.rewind_to is not None:
-        rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts)
+        rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts, rows=rows)
+    return 0
+
+
+def _remembering_all(base: Ledger | None, step_ids: Sequence[str]) -> tuple[AppliedReset, ...]:
+    remembered = base
+    for step_id in step_ids:
+        remembered = replace(remembered or Ledger(batch=0, offsets={}), resets=remembering(remembered, step_id))
+    return remembered.resets if remembered is not None else ()
+
+
+def unadded(
+    rows: IcebergTable, dead: IcebergTable, pipeline: str, below: Mapping[TopicPartition, int]
+) -> tuple[DeadLetterSync, pa.Table] | None:
+    """The dead letters of ``pipeline``'s newest batch with dead letters (its marker, which the rows
+    table's properties repeat) that neither table holds, below ``below`` (a ledger being rebuilt):
+    what a crash between the batch's two commits left in files, once another tool expired the
+    marker's snapshot. None if there are none, or the files are gone (said in the log)."""
+    sync = decode_sync(rows.head().properties.get(owed_property(pipeline)))
+    if sync is None or sync.files is None:
+        return None
+    d, r = DEAD_LETTERS, ROWS
+    try:
+        written = dead.read_written(sync.files, DEAD_LETTER_SCHEMA.names)
+    except WrittenFilesGone:
+        log.warning(
+            "the files of the newest dead letters of %r (%s) are gone: if they were not added to %s before its "
+            "ledger was lost, those records are in neither table (ingest verify names them)",
+            pipeline,
+            sync.sync_id,
+            dead.identifier,
+        )
+        return None
+    inside = pa.array([False] * written.num_rows, pa.bool_())
+    for tp, end in below.items():
+        mine = pc.and_(pc.equal(written[d.topic], tp.topic), pc.equal(written[d.partition], tp.partition))
+        inside = pc.or_(inside, pc.and_(mine, pc.less(written[d.offset], end)))
+    written = written.filter(inside)
+    if written.num_rows == 0:
+        return None
+    stored = pa.concat_tables(
+        [
+            dead.scan_columns([d.topic, d.partition, d.offset]),
+            rows.scan_columns([r.topic, r.partition, r.offset]).rename_columns([d.topic, d.partition, d.offset]),
+        ],
+        promote_options="permissive",
+    )
+    key = _coordinate_key
+    missing = written.filter(pc.invert(pc.is_in(key(written), key(stored))))
+    return (sync, missing) if missing.num_rows else None
+
+
+def _coordinate_key(table: pa.Table) -> pa.Array:
+    d = DEAD_LETTERS
+    parts = [table[c].cast(pa.string()) for c in (d.topic, d.partition, d.offset)]
+    return pc.binary_join_element_wise(*parts, ":")
 
 
 def marker(ledger: Ledger, sync: DeadLetterSync) -> Ledger:

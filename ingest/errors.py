@@ -199,6 +199,11 @@ class LedgerFormatError(FatalError):
     """A summary carries this pipeline's keys in a form this version cannot read."""
 
 
+class WrittenFilesGone(FatalError):
+    """Data files a committed snapshot says are still to be added elsewhere (a batch's dead
+    letters) are no longer in storage: deleted by hand, or by an orphan-file removal of another tool."""
+
+
 class ReplayImpossible(FatalError):
     """Kafka no longer holds records the replay would need, or the table no longer holds S."""
 

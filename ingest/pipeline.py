@@ -16,15 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ingest import failpoints, formats
-from ingest.committer import (
-    DeadLettersCommit,
-    FloorCommit,
-    RowsCommit,
-    commit_dead_letters,
-    commit_floor,
-    commit_rows,
-    observe,
-)
+from ingest.batch_commit import BatchCommit, commit_batch
+from ingest.committer import FloorCommit, commit_floor, observe
 from ingest.config import (
     REGISTRY_FORMATS,
     ROUTE_VALUE,
@@ -37,6 +30,7 @@ from ingest.core.commit import Decision
 from ingest.core.ledger import (
     BatchCounts,
     Found,
+    Ledger,
     TopicPartition,
     decode,
     decode_counts,
@@ -58,7 +52,7 @@ from ingest.errors import (
 from ingest.formats import keys
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
-from ingest.iceberg.table import MAIN, Catalog, IcebergTable, PartitionSpec, Schema
+from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
 from ingest.logcontext import about
 from ingest.ports import DataFile, Engine, Produced, SchemaRegistry, WriterSchema
@@ -149,6 +143,8 @@ class Pipeline:
         self.fields: list[Declared] = list(fields if fields is not None else config.schema_ or [])
         start = config.start if isinstance(config.start, str) else int(config.start.timestamp() * 1000)
         self.policy = PlanPolicy(start=start, on_data_loss=config.on_data_loss, max_records=config.batch.max_records)
+        #: markers whose dead-letter step this process saw done (a step, once done, stays done)
+        self._settled: set[str] = set()
 
     @classmethod
     def open(cls, config: PipelineConfig) -> Pipeline:
@@ -284,25 +280,12 @@ class Pipeline:
     def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
         started = time.monotonic()
         ranges = [(tp.topic, tp.partition, s, e) for tp, s, e in batch.ranges()]
-        if self.rows.branch == MAIN:  # a rollback or publish may still owe its dead-letter step
-            settle(self.dead, self.config, batch.base, self.config.commit.max_attempts)
+        self._settle(batch.base)  # what the dead-letter table owes the ledger this batch builds on
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
         produced = self._produce(batch, engine)
         self._guard(batch, produced)
         config = self.config
-        dead = commit_dead_letters(
-            self.dead,
-            DeadLettersCommit(
-                config.pipeline, batch, produced.dead_letters, config.commit.max_attempts, rows=self.rows
-            ),
-        )
-        failpoints.reach("between-commits")
-        files = produced.files
-        if self.routes is not None:
-            if not self.routes.commit(batch, files):
-                return None  # another copy moved a routed table's floor since these files were cut: plan again
-            files = []  # the ledger's table holds no rows
         ledger = batch.ledger(merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]))
         counts = BatchCounts(
             records=produced.records - produced.dead_letters.num_rows,
@@ -310,24 +293,44 @@ class Pipeline:
             bytes=produced.nbytes,
             unknown_fields=produced.unknown,
         )
-        request = RowsCommit(config.pipeline, batch, ledger, files, counts, config.commit.max_attempts)
-        outcome = commit_rows(self.rows, request)
-        if outcome.decision is Decision.FENCED:
-            return None
+        request = BatchCommit(
+            config.pipeline,
+            batch,
+            ledger,
+            produced.files,
+            produced.dead_letters,
+            counts,
+            config.commit.max_attempts,
+        )
+        committed = commit_batch(self.rows, self.dead, request, self.routes)
+        if committed is None:
+            return None  # fenced: another writer moved the ledger (or a routed table's floor) first
+        if committed.landed_sync is not None:
+            self._settled.add(committed.landed_sync)
         failpoints.reach("after-commit")
         self.source.commit_advisory(batch.end)
+        mine = committed.decision is Decision.COMMIT
         return BatchResult(
             self.config.pipeline,
             batch.number,
-            "committed" if outcome.decision is Decision.COMMIT else "landed",
-            outcome.snapshot_id,
+            "committed" if mine else "landed",
+            committed.snapshot_id,
             records=counts.records,
-            dead_letters=dead if outcome.decision is Decision.COMMIT else 0,
+            dead_letters=committed.dead_letters,
             bytes=produced.nbytes,
             seconds=time.monotonic() - started,
             ranges=ranges,
-            unknown_fields=counts.unknown_fields if outcome.decision is Decision.COMMIT else 0,
+            unknown_fields=counts.unknown_fields if mine else 0,
         )
+
+    def _settle(self, ledger: Ledger | None) -> None:
+        """Settle the marker of ``ledger`` (see :func:`ingest.dead_letters.settle`), unless this
+        process settled it already."""
+        sync = ledger.sync if ledger is not None else None
+        if sync is None or sync.sync_id in self._settled:
+            return
+        settle(self.dead, self.rows, self.config, ledger, self.config.commit.max_attempts)
+        self._settled.add(sync.sync_id)
 
     def _guard(self, batch: Batch, produced: Produced) -> None:
         """Stop ``batch`` before it commits if its dead letters are over ``dead_letters.max_ratio``."""

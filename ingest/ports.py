@@ -93,6 +93,12 @@ class LedgerTable(Protocol):
         """``data`` as data files in the table's location, invisible until committed."""
         ...
 
+    def adopt(self, paths: Sequence[str]) -> list[DataFile]:
+        """Data files :meth:`write` wrote into this table's location earlier (maybe in another
+        process that is gone), as they can be committed now. Raises
+        :class:`ingest.errors.WrittenFilesGone` if one is no longer stored."""
+        ...
+
     def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
         """One append of ``files`` with snapshot ``summary`` (and table ``properties`` set), requiring
         the head the handle holds; the new snapshot's id."""

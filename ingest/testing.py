@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
-from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved
+from ingest.core.ledger import SnapshotView, TopicPartition, find_ledger
+from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
 from ingest.ports import DataFile, Head
 from ingest.records import DEAD_LETTERS, Declared
 
@@ -104,6 +104,8 @@ class MemoryCatalog:
         self._state = _State()
         self._ids = itertools.count(1)
         self._files = itertools.count(1)
+        #: every data file a handle wrote, by path (what storage holds, committed or not)
+        self.stored: dict[str, MemoryFile] = {}
         self._clock = itertools.count(1_700_000_000_000)
         #: asked before every commit attempt through a handle; see :data:`Fault`
         self.on_commit: Callable[[MemoryTable], Fault] = _no_fault
@@ -189,7 +191,8 @@ class MemoryCatalog:
 
     def _new_file(self, data: pa.Table, schema: Columns = ()) -> MemoryFile:
         path = f"memory://{self.identifier}/data/{next(self._files):08d}.parquet"
-        return MemoryFile(path, data.num_rows, data, schema)
+        self.stored[path] = MemoryFile(path, data.num_rows, data, schema)
+        return self.stored[path]
 
     def _apply(
         self,
@@ -283,6 +286,12 @@ class MemoryTable:
             self._written_with = self._staged()
         return [self.catalog._new_file(data, self._staged())] if data.num_rows else []
 
+    def adopt(self, paths: Sequence[str]) -> list[DataFile]:
+        gone = [path for path in paths if path not in self.catalog.stored]
+        if gone:
+            raise WrittenFilesGone(f"{self.identifier}: data files no longer stored: {', '.join(gone)}")
+        return [self.catalog.stored[path] for path in paths]
+
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
         head = self._held.refs.get(self._branch)
         files = self._held.snapshots[head].files if head is not None else ()
@@ -327,3 +336,17 @@ class MemoryTable:
         if fault == "ack-lost":
             raise CommitUnknown("memory catalog: the commit was applied but its acknowledgement was lost")
         return snapshot_id
+
+
+def owed_dead_letters(rows: MemoryCatalog, dead: MemoryCatalog, pipeline: str) -> pa.Table | None:
+    """The dead letters the rows head's marker names that the dead-letter table has not added yet
+    (a crash between a batch's two commits leaves them in files, for the next run to add); None if
+    nothing is owed. What a reader of both tables sees as "in neither table, yet"."""
+    head = find_ledger(pipeline, rows.table().ancestry())
+    sync = head.ledger.sync if head is not None else None
+    if sync is None or sync.files is None:
+        return None
+    floor = find_ledger(pipeline, dead.table().ancestry())
+    if floor is not None and floor.ledger.remembers(sync.sync_id):
+        return None
+    return pa.concat_tables([dead.stored[path].data for path in sync.files])

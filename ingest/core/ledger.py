@@ -17,7 +17,10 @@ from ingest.errors import LedgerFormatError
 
 #: the ledger format this version writes (format 1, every map nested per partition, is still read)
 FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+#: the format of a ledger whose snapshot owes the dead-letter table a batch's dead letters: a
+#: version that cannot add them must not commit on top of it, so it refuses the ledger instead
+OWES_DEAD_LETTERS_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
 #: every summary key and table property this project writes starts with this
 PREFIX = "ingest."
 REGISTRY_PROPERTY = f"{PREFIX}pipelines"
@@ -63,14 +66,16 @@ class AppliedReset:
 
 @dataclass(frozen=True)
 class DeadLetterSync:
-    """A step the dead-letter table owes the rows table after a rollback or a publish.
+    """A step the dead-letter table owes the rows snapshot that carries this marker.
 
-    The rows table decides which records a pipeline has stored; its dead-letter table must follow
-    when the rows' lineage jumps: after a rollback to a ledger ``L`` the dead letters at or past
-    ``L`` go (``rewind_to``), after a replay's publish the dead-letter table's replay branch
-    becomes its main (``branch``). The rows snapshot that makes the jump carries this marker; the
-    dead-letter ledger remembers ``sync_id`` once the step is done (as an :class:`AppliedReset`),
-    and no rows commit is made on top of the marker before that (see ``ingest.dead_letters``).
+    The rows table decides which records a pipeline has stored, and its dead-letter table follows:
+    a batch's dead letters are added once the batch's rows commit has landed (``files``: the data
+    files holding them, written before that commit); after a rollback to a ledger ``L`` the dead
+    letters at or past ``L`` go (``rewind_to``); after a replay's publish the dead-letter table's
+    replay branch becomes its main (``branch``); after a redrive the dead letters it moved to the
+    rows go (``redriven``). The dead-letter ledger remembers ``sync_id`` once the step is done (as
+    an :class:`AppliedReset`), no rows commit is made on top of the marker before that, and the
+    step is owed only while the rows branch's ledger carries the marker (see ``ingest.dead_letters``).
     """
 
     sync_id: str
@@ -79,6 +84,10 @@ class DeadLetterSync:
     #: ``ingest redrive``: the dead letters this snapshot's rows were decoded from, ``[start, end)``
     #: offset ranges per partition, to be removed from the dead-letter table
     redriven: Mapping[TopicPartition, tuple[tuple[int, int], ...]] | None = None
+    #: a batch: the data files of its dead letters (written, committed nowhere yet), to be added
+    files: tuple[str, ...] | None = None
+    #: a batch: how many dead letters ``files`` hold
+    count: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,9 @@ def encode(
     """
     props = {_key(pipeline, name): value for name, value in (extra or {}).items()}
     props |= {
-        _key(pipeline, "format"): str(FORMAT_VERSION),
+        _key(pipeline, "format"): str(
+            OWES_DEAD_LETTERS_FORMAT if ledger.sync is not None and ledger.sync.files is not None else FORMAT_VERSION
+        ),
         _key(pipeline, "batch"): str(ledger.batch),
         _key(pipeline, "offsets"): _encode_offsets(ledger.offsets),
         _key(pipeline, "detail"): _encode_detail(ledger),
@@ -232,24 +243,41 @@ def encode(
         ]
         props[_key(pipeline, "resets")] = json.dumps(resets, separators=(",", ":"))
     if ledger.sync is not None:
-        sync: dict[str, object] = {"id": ledger.sync.sync_id, "branch": ledger.sync.branch}
-        if ledger.sync.rewind_to is not None:
-            sync["rewind-to"] = _nested(ledger.sync.rewind_to)
-        if ledger.sync.redriven is not None:
-            redriven: dict[str, dict[str, list[list[int]]]] = {}
-            for tp, spans in sorted(ledger.sync.redriven.items()):
-                redriven.setdefault(tp.topic, {})[str(tp.partition)] = [[lo, hi] for lo, hi in spans]
-            sync["redriven"] = redriven
-        props[_key(pipeline, "dead-letter-sync")] = json.dumps(sync, separators=(",", ":"), sort_keys=True)
+        props[_key(pipeline, "dead-letter-sync")] = encode_sync(ledger.sync)
     return props
 
 
-def _decode_sync(text: str | None) -> DeadLetterSync | None:
+def encode_sync(marker: DeadLetterSync) -> str:
+    """A marker as the JSON text a snapshot summary (or a table property) carries."""
+    sync: dict[str, object] = {"id": marker.sync_id, "branch": marker.branch}
+    if marker.rewind_to is not None:
+        sync["rewind-to"] = _nested(marker.rewind_to)
+    if marker.redriven is not None:
+        redriven: dict[str, dict[str, list[list[int]]]] = {}
+        for tp, spans in sorted(marker.redriven.items()):
+            redriven.setdefault(tp.topic, {})[str(tp.partition)] = [[lo, hi] for lo, hi in spans]
+        sync["redriven"] = redriven
+    if marker.files is not None:
+        sync["files"] = list(marker.files)
+        sync["count"] = marker.count
+    return json.dumps(sync, separators=(",", ":"), sort_keys=True)
+
+
+def owed_property(pipeline: str) -> str:
+    """The rows table's property that repeats the marker of ``pipeline``'s newest batch with dead
+    letters: table properties survive snapshot expiry, so ``ingest reset --from-table`` still finds
+    the files of dead letters a crash left unadded once another tool expired the ledger's snapshots."""
+    return _key(pipeline, "dead-letters-owed")
+
+
+def decode_sync(text: str | None) -> DeadLetterSync | None:
+    """The marker :func:`encode_sync` wrote (None for None)."""
     if text is None:
         return None
     data = json.loads(text)
     rewind = data.get("rewind-to")
     redriven = data.get("redriven")
+    files = data.get("files")
     return DeadLetterSync(
         data["id"],
         data.get("branch"),
@@ -261,12 +289,20 @@ def _decode_sync(text: str | None) -> DeadLetterSync | None:
             for topic, partitions in redriven.items()
             for partition, spans in partitions.items()
         },
+        tuple(str(path) for path in files) if files is not None else None,
+        int(data.get("count", 0)),
     )
 
 
 def carried(base: Ledger | None) -> tuple[AppliedReset, ...]:
     """The resets a ledger committed on top of ``base`` carries forward."""
     return base.resets if base is not None else ()
+
+
+def remembering(base: Ledger | None, step_id: str) -> tuple[AppliedReset, ...]:
+    """The memory a ledger committed on top of ``base`` carries once it applied ``step_id`` (a
+    reset, or a step a marker asked of the dead-letter table): ``base``'s, and ``step_id``."""
+    return (*carried(base), AppliedReset(step_id))[-RESET_MEMORY:]
 
 
 def carried_origin(base: Ledger | None, start: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -319,7 +355,7 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         lost=lost,
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
-        sync=_decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
+        sync=decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
         origin=origin,
     )
 

@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as Catalog  # re-exported: a pipeline's layout names these
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -45,6 +46,7 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.io.pyarrow import (
     _dataframe_to_data_files,
+    parquet_file_to_data_file,
 )
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
@@ -70,7 +72,15 @@ from ingest.config import PIPELINE_TABLE_PROPERTIES
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.errors import CatalogUnavailable, CommitConflict, CommitUnknown, ConfigError, SchemaMoved, TableMismatch
+from ingest.errors import (
+    CatalogUnavailable,
+    CommitConflict,
+    CommitUnknown,
+    ConfigError,
+    SchemaMoved,
+    TableMismatch,
+    WrittenFilesGone,
+)
 from ingest.iceberg.schema import (
     declared_fields,
     describe_change,
@@ -395,6 +405,37 @@ class IcebergTable:
             return list(_dataframe_to_data_files(metadata, data, self._table.io, write_uuid=uuid.uuid4()))
         except OSError as error:
             raise CatalogUnavailable(f"writing data files for {self.identifier} failed: {error}") from None
+
+    def adopt(self, paths: Sequence[str]) -> list[WrittenFile]:
+        """Data files :meth:`write` wrote earlier (maybe in a process that is gone), as they can be
+        committed now: each file's record count, size and column statistics read from its Parquet
+        footer (as pyiceberg's ``add_files`` does)."""
+        io, metadata = self._table.io, self._table.metadata
+        adopted: list[WrittenFile] = []
+        for path in paths:
+            try:
+                adopted.append(parquet_file_to_data_file(io, metadata, path))
+            except FileNotFoundError:
+                raise WrittenFilesGone(
+                    f"{self.identifier}: data file {path} is no longer stored, although a committed snapshot "
+                    "names it as still to be added. Something deleted it (by hand, or another tool's orphan-file "
+                    "removal). Restore it from a backup of the warehouse, or ask for help: its records are named "
+                    "by the snapshot's ledger and are still in Kafka while retention keeps them."
+                ) from None
+            except OSError as error:
+                raise CatalogUnavailable(f"{self.identifier}: cannot read data file {path}: {error}") from None
+        return adopted
+
+    def read_written(self, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """``columns`` of data files :meth:`write` wrote and no snapshot references yet."""
+        files = self.adopt(paths)
+        arrow = self._table.schema().as_arrow()
+        schema = pa.schema([arrow.field(c) for c in columns])
+        tables = [schema.empty_table()]
+        for data_file in files:
+            with self._table.io.new_input(data_file.file_path).open() as stream:
+                tables.append(pq.read_table(stream, columns=list(columns)).cast(schema))
+        return pa.concat_tables(tables)
 
     def try_commit(
         self, files: Sequence[WrittenFile], summary: Mapping[str, str], properties: Mapping[str, str]

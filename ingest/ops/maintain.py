@@ -21,6 +21,7 @@ from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
 from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, encode, find_ledger, registered_pipelines
+from ingest.dead_letters import settle
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg.files import (
     delete_file,
@@ -202,6 +203,16 @@ def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
     # fail closed before touching a table whose ledger (or, with route_by, floor) is lost
     for table in [pipeline.rows, *(pipeline.routes.handles.values() if pipeline.routes else [])]:
         observe(table, pipeline.config.pipeline)
+    # a batch's dead letters not added yet are files no snapshot references: add them before
+    # orphan-file removal could take them for a crashed batch's
+    found = observe(pipeline.rows, pipeline.config.pipeline)
+    settle(
+        pipeline.dead,
+        pipeline.rows,
+        pipeline.config,
+        found.ledger if found else None,
+        pipeline.config.commit.max_attempts,
+    )
 
     def one(table: IcebergTable) -> TableMaintenance:
         compaction = compact(table, spec)

@@ -92,7 +92,7 @@ def redrive(pipeline: Pipeline, *, dry_run: bool = False) -> Redrive:
     if found is None:
         return result  # no batch committed: no dead letters it could have set aside
     if not dry_run:  # a step the dead-letter table owes (an interrupted redrive's removal, say) first
-        settle(pipeline.dead, config, found.ledger, config.commit.max_attempts)
+        settle(pipeline.dead, pipeline.rows, config, found.ledger, config.commit.max_attempts)
     pipeline.dead.refresh()
     dead = _below(pipeline.dead.dead_letters_of(config.topics_in(found.ledger.topics)), found.ledger.offsets)
     pending = found.ledger.sync.redriven if found.ledger.sync is not None else None
@@ -241,7 +241,7 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
                 break
             if read_extra(name, snap.summary, "redrive-id") == sync_id:
                 return snap.snapshot_id
-        settle(dead, config, found.ledger, attempts)  # the head's marker, if it owes a step
+        settle(dead, rows, config, found.ledger, attempts)  # the head's marker, if it owes a step
         dead.refresh()  # what is still a dead letter now, not when this handle last looked
         still = dead.dead_letter_coordinates(_spans(group))
         mine = group.filter(pc.is_in(_key(group, ROWS), _key(still, DEAD_LETTERS)))
@@ -276,5 +276,5 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
         failpoints.reach("between-tables")
         found = observe(rows, name)
         if found is not None:
-            settle(dead, config, found.ledger, attempts)
+            settle(dead, rows, config, found.ledger, attempts)
     return snapshot

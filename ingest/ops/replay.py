@@ -215,6 +215,10 @@ def replay(
         # the replay's branch exists: it continues from its own ledger (S itself may be expired by now)
         return _continue(run, snapshot_id, publish)
     target = resolve_snapshot(rows, snapshot_id, as_of_ms)
+    head = observe(rows, name)
+    # main's head may owe the dead-letter table its step (a batch's dead letters): done before the
+    # dead letters are rewound or branched, so what they keep below S is complete
+    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, _attempts(pipeline))
     start = find_ledger(name, rows.ancestry(target))
     if start is None:
         raise ConfigError(
@@ -255,6 +259,9 @@ def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
         if fork is None:
             raise CatalogUnavailable(f"cannot start a branch of {dead.identifier}: its first commit did not settle")
         _settled(lambda: dead.set_ref(branch, fork, expected=None), dead)
+    # S's own batch put its dead letters on main before anything was committed on top of it (and
+    # main's head settled above): the branch holds them, and its ledger says so
+    sync = start.ledger.sync
     rewind(
         dead.on_branch(branch),
         pipeline.config.pipeline,
@@ -262,6 +269,7 @@ def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
         start.ledger.offsets,
         f"{branch}-start",
         pipeline.config.commit.max_attempts,
+        also=[sync.sync_id] if sync is not None and sync.files is not None else [],
     )
 
 
@@ -336,7 +344,7 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None
         if staged is not None:
             _settled(lambda: rows.remove_ref(staging, staged), rows)
     failpoints.reach("between-tables")
-    settle(pipeline.dead, pipeline.config, marker(start.ledger, sync), _attempts(pipeline))
+    settle(pipeline.dead, rows, pipeline.config, marker(start.ledger, sync), _attempts(pipeline))
     return rows.branch_head(MAIN), discarded
 
 
@@ -361,6 +369,9 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | Non
             for _result in replaying.batches(until_caught_up=True):
                 pass
             raise Again(f"branch {branch} was behind main; caught up")
+        # the branch head's own step (its batch's dead letters) before the publish marker replaces it
+        on_dead_branch = replaying.pipeline
+        settle(on_dead_branch.dead, on_dead_branch.rows, pipeline.config, replayed.ledger, _attempts(pipeline))
         main_head = rows.branch_head(MAIN)
         try:
             reapplied += carry_over(rows, name, branch)
@@ -378,7 +389,7 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | Non
                 raise  # main or the branch moved in between: catch up and carry over again
             head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
         failpoints.reach("between-tables")
-        settle(pipeline.dead, pipeline.config, marker(replayed.ledger, sync), _attempts(pipeline))
+        settle(pipeline.dead, rows, pipeline.config, marker(replayed.ledger, sync), _attempts(pipeline))
         remove_branch(rows, branch)
         return head, reapplied
 

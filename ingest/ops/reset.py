@@ -32,21 +32,25 @@ from ingest.core.ledger import (
     RESET_MEMORY,
     AppliedReset,
     BatchCounts,
+    DeadLetterSync,
     Found,
     Ledger,
     TopicPartition,
     carried,
     carried_origin,
+    encode,
     find_ledger,
     read_extra,
+    remembering,
 )
 from ingest.core.plan import Batch, KafkaView
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
-from ingest.dead_letters import settle
-from ingest.errors import ConfigError, FatalError
+from ingest.dead_letters import settle, unadded
+from ingest.errors import CommitGaveUp, ConfigError, FatalError
 from ingest.iceberg.table import IcebergTable
 from ingest.pipeline import Pipeline
-from ingest.ports import LedgerTable
+from ingest.ports import DataFile, LedgerTable
+from ingest.retry import settled
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
 
@@ -209,7 +213,7 @@ def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | 
 
     def settle_dead_letters(ledger: Ledger | None) -> None:
         # a rollback or publish may still owe its dead-letter step: a reset must not bury its marker
-        settle(pipeline.dead, pipeline.config, ledger, command.max_attempts)
+        settle(pipeline.dead, pipeline.rows, pipeline.config, ledger, command.max_attempts)
 
     result = move_ledger(pipeline.rows, pipeline.source, command, settle_dead_letters)
     return replace(result, dead_letter_ledger_lost=dead_lost) if result.status == "applied" else result
@@ -311,8 +315,10 @@ def _commit(
     view: KafkaView,
     timestamps: Mapping[TopicPartition, int],
     recovering: bool,
+    files: Sequence[DataFile] = (),
 ) -> tuple[int | None, int]:
-    """Commit ledger ``new`` to ``table`` in a snapshot without data: (snapshot id, batch number)."""
+    """Commit ledger ``new`` to ``table`` in a snapshot without data (but for ``files``, dead
+    letters a rebuilt floor adds): (snapshot id, batch number)."""
     name = command.pipeline
     number = found.ledger.batch + 1 if found else 1
     start = dict(found.ledger.offsets) if found else dict(new)
@@ -328,8 +334,8 @@ def _commit(
         name,
         batch,
         ledger,
-        [],
-        BatchCounts(),
+        files,
+        BatchCounts(dead_letters=sum(f.record_count for f in files)),
         command.max_attempts,
         command.extra(recovering),
         recovering=recovering,
@@ -383,11 +389,18 @@ def _from_table(
         new = found.ledger.offsets
     more: dict[str, Any] = {"by": command.by, "reason": command.reason, "recovered": lost}
     snapshot_id = None
+    # a crash between a batch's two commits left its dead letters in files, and the ledger that
+    # named them is lost: those below the rebuilt ledger go in with the floor (or on their own)
+    owed = unadded(pipeline.rows, pipeline.dead, name, new) if lost else None
+    if owed is not None and not dead_lost:
+        _add_unadded(pipeline, command, *owed)
+        owed = None
     if dead_lost:
         # first: a crash before the rows commit leaves the rows ledger lost, and the same command
         # then finds the floor in place and finishes
         floor = rebuild_floor(new, last_dead)
-        floor_snapshot, _ = _commit(command, pipeline.dead, None, floor, view, {}, recovering=True)
+        files = pipeline.dead.write(owed[1]) if owed is not None else []
+        floor_snapshot, _ = _commit(command, pipeline.dead, None, floor, view, {}, recovering=True, files=files)
         more["dead_letter_floor"] = FloorRebuilt(floor_snapshot, floor)
         snapshot_id = floor_snapshot
     if lost:
@@ -408,6 +421,31 @@ def _from_table(
         for tp, o in sorted(new.items())
     )
     return command.report("applied", snapshot_id, **more)
+
+
+def _add_unadded(pipeline: Pipeline, command: ResetCommand, sync: DeadLetterSync, dead_letters: pa.Table) -> None:
+    """Add ``dead_letters`` (a batch's, left in files by a crash; see :func:`ingest.dead_letters.unadded`)
+    to the intact dead-letter table, once: its ledger then remembers the batch's marker."""
+    name, dead = pipeline.config.pipeline, pipeline.dead
+    files = dead.write(dead_letters)
+
+    def attempt(number: int) -> None:
+        found = observe(dead, name)
+        if found is None or found.ledger.remembers(sync.sync_id):
+            return
+        ledger = replace(found.ledger, batch=found.ledger.batch + 1, resets=remembering(found.ledger, sync.sync_id))
+        summary = encode(name, ledger, BatchCounts(dead_letters=dead_letters.num_rows), {"synced-by": sync.sync_id})
+        dead.try_commit(files, summary, {})
+
+    settled(
+        attempt,
+        command.max_attempts,
+        lambda: CommitGaveUp(
+            f"adding the dead letters a crash left in files to {dead.identifier} did not settle after "
+            f"{command.max_attempts} attempts; run the same reset again"
+        ),
+        f"dead letters {sync.sync_id} to {dead.identifier}",
+    )
 
 
 def _retention_hint(view: KafkaView, new: Mapping[TopicPartition, int]) -> str:

@@ -144,7 +144,8 @@ def test_sigkill_between_the_tables_commits_then_rerun(by_value: RoutedByValue, 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     # the first batch's rows are in the first table, or both, or neither, as the kill left them
     landed = [len(by_value.rows(kind)) for kind in ("click", "view") if _exists(by_value, kind)]
-    assert sum(1 for n in landed if n) == {"after-table#1": 1, "after-table#2": 2, "after-commit": 2}.get(point, 0)
+    tables_in = {"after-table#1": 1, "after-table#2": 2, "between-commits": 2, "after-commit": 2}
+    assert sum(1 for n in landed if n) == tables_in.get(point, 0)
     rerun = by_value.cli("run", "--until-caught-up")
     assert rerun.returncode == 0, rerun.stderr
     by_value.exact()

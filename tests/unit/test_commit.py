@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows
+from ingest.batch_commit import BatchCommit, commit_batch, land_dead_letters
 from ingest.core.commit import Decision, dead_letter_step, decide
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, decode, encode, find_ledger
 from ingest.core.plan import Batch
-from ingest.testing import MemoryCatalog
+from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
 
 P0 = TopicPartition("orders", 0)
 P1 = TopicPartition("orders", 1)
@@ -183,47 +183,118 @@ def test_a_reset_whose_own_commit_landed_is_recognised() -> None:
     assert decide(Ledger(batch=5, offsets={P0: 0, P1: 0}, reset_id="r-2"), reset_batch) is Decision.FENCED
 
 
-def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows() -> None:
-    """Copies A and B of one batch; A lands (dead letters, then rows), ``ingest redrive`` then
-    removes a dead letter A added (it is in the rows now), and B's dead-letter commit comes late:
-    the rows ledger is no longer its base, so it adds nothing."""
-    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
-    rows.append(encode("orders", BASE, BatchCounts()))
-    dead_letters = pa.table(
+def _letters(*offsets: int) -> pa.Table:
+    return pa.table(
         {
-            "topic": pa.array(["orders"] * 2),
-            "partition": pa.array([0, 0], pa.int32()),
-            "offset": pa.array([11, 13], pa.int64()),
+            "topic": pa.array(["orders"] * len(offsets)),
+            "partition": pa.array([0] * len(offsets), pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
         }
     )
-    late_rows, late_dead = rows.table(), dead.table()  # B's handles
-    a_rows = rows.table()
-    assert commit_dead_letters(dead.table(), DeadLettersCommit("orders", BATCH, dead_letters, 3, rows=a_rows)) == 2
-    commit_rows(a_rows, RowsCommit("orders", BATCH, BATCH.ledger(), [], BatchCounts(records=3), 3))
-    floor = Ledger(batch=2, offsets={P0: 15, P1: 22})
-    dead.delete(encode("orders", floor, BatchCounts()), lambda data: pc.equal(data["offset"], 11))  # redrive
 
-    request = DeadLettersCommit("orders", BATCH, dead_letters, 3, rows=late_rows)
-    assert commit_dead_letters(late_dead, request) == 0
+
+def _tables() -> tuple[MemoryCatalog, MemoryCatalog]:
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
+    rows.append(encode("orders", BASE, BatchCounts()))
+    return rows, dead
+
+
+def _request(dead_letters: pa.Table, records: int = 3) -> BatchCommit:
+    counts = BatchCounts(records=records, dead_letters=dead_letters.num_rows)
+    return BatchCommit("orders", BATCH, BATCH.ledger(), [], dead_letters, counts, 3)
+
+
+def test_dead_letters_are_added_once_the_rows_commit_landed_and_remembered() -> None:
+    rows, dead = _tables()
+
+    committed = commit_batch(rows.table(), dead.table(), _request(_letters(11, 13)))
+
+    assert committed is not None and committed.decision is Decision.COMMIT and committed.dead_letters == 2
+    rows_ledger = decode("orders", rows.snapshots()[-1].summary)
+    assert rows_ledger is not None and rows_ledger.sync is not None and rows_ledger.sync.count == 2
+    assert sorted(dead.scan()["offset"].to_pylist()) == [11, 13]
+    floor = decode("orders", dead.snapshots()[-1].summary)
+    assert floor is not None and floor.remembers(rows_ledger.sync.sync_id) and dict(floor.offsets) == BATCH.end
+    assert [branch for branch, _ in rows.log + dead.log].count("main") == 3  # base, rows, dead letters
+
+
+def test_a_copy_whose_batch_another_decoding_landed_adds_no_dead_letters() -> None:
+    """Copies of one batch under two decodings (a rolling deploy of a fix): the lenient one lands
+    it with every record a row; the strict one, which made two dead letters, finds the batch landed
+    and adds nothing: those records are rows."""
+    rows, dead = _tables()
+    strict_rows, strict_dead = rows.table(), dead.table()  # planned before the lenient copy landed
+    assert commit_batch(rows.table(), dead.table(), _request(_letters(), records=5)) is not None
+
+    late = commit_batch(strict_rows, strict_dead, _request(_letters(11, 13)))
+
+    assert late is not None and late.decision is Decision.LANDED and late.dead_letters == 0
+    assert dead.scan() is None
+
+
+def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows() -> None:
+    """Copies A and B of one batch; A lands (rows, then dead letters), ``ingest redrive`` then
+    removes a dead letter A added (it is in the rows now), and B comes late: the batch landed, so it
+    adds nothing."""
+    rows, dead = _tables()
+    late_rows, late_dead = rows.table(), dead.table()  # B's handles
+    assert commit_batch(rows.table(), dead.table(), _request(_letters(11, 13))) is not None
+    floor = find_ledger("orders", dead.table().ancestry())
+    assert floor is not None
+    dead.delete(encode("orders", floor.ledger, BatchCounts()), lambda data: pc.equal(data["offset"], 11))  # redrive
+
+    late = commit_batch(late_rows, late_dead, _request(_letters(11, 13)))
+
+    assert late is not None and late.decision is Decision.LANDED
     assert sorted(dead.scan()["offset"].to_pylist()) == [13]
 
 
-def test_a_re_run_under_another_decoding_adds_the_dead_letters_the_first_did_not_make() -> None:
-    """Batch [10, 15) commits dead letter 11 and dies before its rows; the config then refuses more
-    (offset 13 too): the re-run adds 13 and not 11 again (13 would otherwise be in neither table)."""
-    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
-    rows.append(encode("orders", BASE, BatchCounts()))
+def test_a_crash_between_the_rows_and_the_dead_letters_is_finished_by_whoever_comes_next() -> None:
+    """The rows commit lands and the process dies before adding its dead letters: they are in
+    files only. The next run (under another decoding, even) adds exactly those files, once."""
+    rows, dead = _tables()
 
-    def letters(*offsets: int) -> pa.Table:
-        return pa.table(
-            {
-                "topic": pa.array(["orders"] * len(offsets)),
-                "partition": pa.array([0] * len(offsets), pa.int32()),
-                "offset": pa.array(offsets, pa.int64()),
-            }
-        )
+    def crash_at_dead_letters(table: MemoryTable) -> Fault:
+        return "crash-before" if table.catalog is dead else "ok"
 
-    assert commit_dead_letters(dead.table(), DeadLettersCommit("orders", BATCH, letters(11), 3, rows=rows.table())) == 1
-    rerun = DeadLettersCommit("orders", BATCH, letters(11, 13), 3, rows=rows.table())
-    assert commit_dead_letters(dead.table(), rerun) == 1
+    dead.on_commit = crash_at_dead_letters
+    with pytest.raises(Crashed):
+        commit_batch(rows.table(), dead.table(), _request(_letters(11)))
+    dead.on_commit = lambda table: "ok"
+    assert dead.scan() is None
+    head = find_ledger("orders", rows.table().ancestry())
+    assert head is not None
+
+    assert land_dead_letters(dead.table(), rows.table(), "orders", head.ledger, 3) == 1
+    assert land_dead_letters(dead.table(), rows.table(), "orders", head.ledger, 3) == 0  # once
+    assert dead.scan()["offset"].to_pylist() == [11]
+
+
+def test_dead_letters_of_a_marker_the_rows_left_behind_are_not_added() -> None:
+    """A rollback moved the rows off a batch whose dead letters were never added: its rows are
+    gone from main, so its dead letters must not appear either."""
+    rows, dead = _tables()
+    dead.on_commit = lambda table: "crash-before" if table.catalog is dead else "ok"
+    with pytest.raises(Crashed):
+        commit_batch(rows.table(), dead.table(), _request(_letters(11)))
+    dead.on_commit = lambda table: "ok"
+    left = find_ledger("orders", rows.table().ancestry())
+    assert left is not None
+    rows.append(encode("orders", BASE, BatchCounts(), {"restamped-by": "rollback"}))  # main back at the base
+
+    assert land_dead_letters(dead.table(), rows.table(), "orders", left.ledger, 3) == 0
+    assert dead.scan() is None
+
+
+def test_a_re_read_below_the_floor_stores_no_dead_letter_twice() -> None:
+    """After a backward reset a batch reads records whose dead letters are stored: only those the
+    table lacks are written (offset 13, which a forward reset had skipped before)."""
+    rows, dead = _tables()
+    dead.append(
+        encode("orders", Ledger(batch=1, offsets={P0: 15}), BatchCounts()), [dead.table().write(_letters(11))[0]]
+    )  # type: ignore[list-item]
+
+    committed = commit_batch(rows.table(), dead.table(), _request(_letters(11, 13)))
+
+    assert committed is not None and committed.dead_letters == 1
     assert sorted(dead.scan()["offset"].to_pylist()) == [11, 13]

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from ingest.core.ledger import (
     FORMAT_VERSION,
+    OWES_DEAD_LETTERS_FORMAT,
+    READABLE_FORMATS,
     REGISTRY_PROPERTY,
     RESET_MEMORY,
     AppliedReset,
@@ -223,11 +225,11 @@ def test_a_summary_without_ledger_keys_is_not_this_pipelines() -> None:
 
 def test_unknown_format_version_raises_with_an_upgrade_message() -> None:
     summary = encode("orders", Ledger(batch=1, offsets={A0: 1}), BatchCounts())
-    summary["ingest.orders.format"] = str(FORMAT_VERSION + 1)
+    summary["ingest.orders.format"] = str(max(READABLE_FORMATS) + 1)
 
     with pytest.raises(LedgerFormatError, match=r"Upgrade lakehouse-ingest") as caught:
         decode("orders", summary)
-    assert f"format {FORMAT_VERSION + 1}" in str(caught.value)
+    assert f"format {max(READABLE_FORMATS) + 1}" in str(caught.value)
     assert "'orders'" in str(caught.value)
 
 
@@ -244,7 +246,7 @@ def test_unknown_format_of_another_pipeline_does_not_concern_this_one() -> None:
 def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
     # walking past a newer-format snapshot to an older ledger would resume too early (duplicates)
     newer = encode("orders", Ledger(batch=2, offsets={A0: 20}), BatchCounts())
-    newer["ingest.orders.format"] = str(FORMAT_VERSION + 1)
+    newer["ingest.orders.format"] = str(max(READABLE_FORMATS) + 1)
     older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
 
     with pytest.raises(LedgerFormatError):
@@ -253,7 +255,11 @@ def test_find_ledger_does_not_skip_past_a_snapshot_it_cannot_read() -> None:
 
 def test_a_future_format_without_the_v1_offsets_key_is_not_silently_skipped() -> None:
     # was: decode() checked the format only when the offsets key was present
-    newer = {"ingest.orders.format": str(FORMAT_VERSION + 1), "ingest.orders.batch": "2", "ingest.orders.ledger": "{}"}
+    newer = {
+        "ingest.orders.format": str(max(READABLE_FORMATS) + 1),
+        "ingest.orders.batch": "2",
+        "ingest.orders.ledger": "{}",
+    }
     older = encode("orders", Ledger(batch=1, offsets={A0: 10}), BatchCounts())
 
     with pytest.raises(LedgerFormatError):
@@ -367,6 +373,7 @@ def test_an_unreadable_ledger_is_a_fatal_ingest_error() -> None:
     [
         DeadLetterSync("rollback-1", rewind_to={TopicPartition("t", 0): 5, TopicPartition("u", 2): 0}),
         DeadLetterSync("publish-2", branch="replay-42"),
+        DeadLetterSync("dead-letters-3", files=("s3://lake/t/data/00000-0-a.parquet",), count=7),
     ],
 )
 def test_a_dead_letter_sync_marker_round_trips(sync: DeadLetterSync) -> None:
@@ -375,3 +382,15 @@ def test_a_dead_letter_sync_marker_round_trips(sync: DeadLetterSync) -> None:
     decoded = decode("p", encode("p", ledger, BatchCounts()))
 
     assert decoded is not None and decoded.sync == sync
+
+
+def test_a_ledger_that_owes_a_batch_s_dead_letters_is_one_older_versions_refuse() -> None:
+    """A version that cannot add a batch's dead letters must not commit on top of its rows: it
+    reads the ledger's format as newer than it knows (and says to upgrade); other ledgers keep
+    the format every version reads."""
+    owing = Ledger(batch=3, offsets={A0: 5}, sync=DeadLetterSync("dead-letters-1", files=("f",), count=1))
+
+    assert encode("orders", owing, BatchCounts())["ingest.orders.format"] == str(OWES_DEAD_LETTERS_FORMAT)
+    assert OWES_DEAD_LETTERS_FORMAT > FORMAT_VERSION
+    plain = encode("orders", Ledger(batch=4, offsets={A0: 6}), BatchCounts())
+    assert plain["ingest.orders.format"] == str(FORMAT_VERSION)

@@ -1,10 +1,11 @@
 """The exactly-once protocol as a Hypothesis state machine driving the real commit loop.
 
 Each writer runs the real code of a batch against in-memory tables (:mod:`ingest.testing`): it
-plans with :func:`ingest.committer.observe` and :func:`ingest.core.plan.plan_batch`, commits its dead
-letters with :func:`ingest.committer.commit_dead_letters` and its rows with
-:func:`ingest.committer.commit_rows` (each a whole call, with its own observe/decide/retry loop),
-and re-plans when fenced, as :meth:`ingest.pipeline.Pipeline.run_batch` does.
+plans with :func:`ingest.committer.observe` and :func:`ingest.core.plan.plan_batch`, settles what
+the ledger it builds on owes the dead-letter table (:func:`ingest.batch_commit.land_dead_letters`),
+and commits with :func:`ingest.batch_commit.commit_batch` (its dead letters written to files, its
+rows with the ledger and the marker naming them, then the dead letters, each commit with its own
+observe/decide/retry loop), and re-plans when fenced, as :meth:`ingest.pipeline.Pipeline.run_batch` does.
 
 What the machine varies:
 
@@ -12,9 +13,10 @@ What the machine varies:
   holds a good record, a poison record or nothing (a transaction marker, an aborted record:
   offsets are not contiguous) is a fixed function of the offset.
 * Up to three writers of one pipeline, each with its own table handles, stepping through
-  plan -> read -> commit dead letters -> commit rows. Two are copies of one deployment (they land
-  identical batches), the third has another cap (writers planned from one ledger fence each other).
-  A writer may plan from the metadata its handle already holds, as a run does.
+  plan -> read -> commit. Two are copies of one deployment (they land identical batches), the
+  third has another cap (writers planned from one ledger fence each other) and another decoding
+  (a rolling deploy of a fix: half the records the others set aside as dead letters are rows to
+  it). A writer may plan from the metadata its handle already holds, as a run does.
 * Every commit attempt meets a fault drawn by Hypothesis (:data:`ingest.testing.Fault`): applied,
   acknowledgement lost, refused with an unknown outcome, or the writer's process dies before or
   after the commit is applied; or, before the attempt, another writer takes a step (its own commit
@@ -34,10 +36,12 @@ What the machine varies:
 
 Invariants after every step, against a model kept from every snapshot ever committed (expiry
 removes none of it from :attr:`ingest.testing.MemoryCatalog.log`): each batch starts where the
-ledger before it ended, each reset lands at most once; every good record is in the rows table as
-many times as batches read it (once, unless a backward reset had it read again; never, if a forward
-reset skipped it), nothing else is; a poison record read is in the dead-letter table exactly once,
-none is duplicated and the dead-letter floor holds; ``ingest verify``'s reasoning (the real
+ledger before it ended, each reset lands at most once; every record is in the rows table as many
+times as landed batches read it as a row under their decoding (once, unless a backward reset had
+it read again; never, if a forward reset skipped it), nothing else is; a record a landed batch
+read as poison is in the dead-letter table exactly once (or, right after a crash between a batch's
+two commits, in the files its marker names), none other is, none is duplicated and the
+dead-letter floor holds; ``ingest verify``'s reasoning (the real
 :func:`ingest.ops.report.coverage` and its check, from the ledger history alone) finds every
 partition correct, whatever the sequence of resets; every snapshot's schema has the columns of
 every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
@@ -57,8 +61,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ingest.committer import DeadLettersCommit, RowsCommit, commit_dead_letters, commit_rows, observe
-from ingest.core.commit import Decision
+from ingest.batch_commit import BatchCommit, commit_batch, land_dead_letters
+from ingest.committer import observe
 from ingest.core.expiry import MAIN, Ref, doomed, protected
 from ingest.core.ledger import (
     COMPACTION,
@@ -69,6 +73,7 @@ from ingest.core.ledger import (
     decode,
     encode,
     find_ledger,
+    read_extra,
     registered_pipelines,
 )
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
@@ -77,7 +82,7 @@ from ingest.ops.report import _check, coverage
 from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
 from ingest.records import Field
 from ingest.retry import without_backoff
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
+from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters
 
 PIPELINE = "orders"
 TOPIC = "orders"
@@ -86,6 +91,8 @@ CLUSTER = "cluster-A"
 #: while an older run is still going): copies land the same batch, different caps fence each other
 POLICIES = [PlanPolicy(start="earliest", on_data_loss="fail", max_records=n) for n in (8, 8, 3)]
 WRITERS = len(POLICIES)
+#: how each writer decodes: the third runs a fixed decoding (see :func:`decoded`)
+DECODINGS = ("strict", "strict", "lenient")
 MAX_PARTITIONS = 3
 MAX_ATTEMPTS = 4
 #: what happens at a commit attempt: a fault of the attempt itself, or work slipped in before it
@@ -104,6 +111,13 @@ def kind(tp: TopicPartition, offset: int) -> str:
     if k % 3 == 1:
         return "bad"
     return "good"
+
+
+def decoded(decoding: str, tp: TopicPartition, offset: int) -> str:
+    """What a writer of ``decoding`` makes of the record at an offset: the lenient decoding (a fix
+    deployed) takes half of the records the strict one sets aside as rows."""
+    what = kind(tp, offset)
+    return "good" if what == "bad" and decoding == "lenient" and offset % 2 == 0 else what
 
 
 def _coordinates(records: list[Record], names: tuple[str, str, str]) -> pa.Table:
@@ -149,7 +163,8 @@ class Writer:
 
     rows: MemoryTable
     dead: MemoryTable
-    phase: str = "idle"  # idle -> planned -> read -> dead-letters-in -> idle
+    decoding: str
+    phase: str = "idle"  # idle -> planned -> read -> idle
     batch: Batch | None = None
     good: list[Record] = field(default_factory=list)
     bad: list[Record] = field(default_factory=list)
@@ -168,7 +183,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.rows = MemoryCatalog("lake.orders")
         self.dead = MemoryCatalog("lake.orders_dead_letters")
         self.rows.on_commit = self.dead.on_commit = self.at_commit
-        self.writers = [self.new_writer() for _ in range(WRITERS)]
+        self.writers = [self.new_writer(i) for i in range(WRITERS)]
         #: the Hypothesis data of the rule running now (None: commits meet no faults)
         self.data: st.DataObject | None = None
         self.depth = 0
@@ -177,8 +192,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # --- the writers: the real pipeline code ---------------------------------------------------
 
-    def new_writer(self) -> Writer:
-        return Writer(self.rows.table(), self.dead.table())
+    def new_writer(self, i: int) -> Writer:
+        return Writer(self.rows.table(), self.dead.table(), DECODINGS[i])
 
     def version_of(self, tp: TopicPartition, offset: int) -> int:
         return max((v for start, v in self.deployed.get(tp, []) if start <= offset), default=0)
@@ -205,30 +220,37 @@ class ProtocolMachine(RuleBasedStateMachine):
         w.phase = "planned" if batch.moves_ledger else "idle"
 
     def read(self, w: Writer) -> None:
+        """What the ledger it builds on owes first (as ``Pipeline._attempt``), then the engine's part."""
         assert w.batch is not None
+        if w.batch.base is not None:
+            land_dead_letters(w.dead, w.rows, PIPELINE, w.batch.base, MAX_ATTEMPTS)
         for tp, start, end in w.batch.ranges():
             assert end <= self.high[tp], "planned past the readable end"
             for offset in range(start, end):
-                {"good": w.good, "bad": w.bad, "marker": []}[kind(tp, offset)].append((tp, offset))
+                {"good": w.good, "bad": w.bad, "marker": []}[decoded(w.decoding, tp, offset)].append((tp, offset))
         w.versions = [self.version_of(tp, offset) for tp, offset in w.good]
         # the table's schema follows the records' (Pipeline._produce evolves before the files are written)
         w.rows.evolve_to([Field(c, "string") for c in columns_of(max(w.versions, default=0))])
         w.phase = "read"
 
-    def commit_dead_letters(self, w: Writer) -> None:
-        assert w.batch is not None
-        request = DeadLettersCommit(PIPELINE, w.batch, dead_letters_of(w.bad), MAX_ATTEMPTS, rows=w.rows)
-        commit_dead_letters(w.dead, request)
-        w.phase = "dead-letters-in"
-
-    def commit_rows(self, i: int) -> None:
+    def commit(self, i: int) -> None:
         w = self.writers[i]
         assert w.batch is not None
         counts = BatchCounts(records=len(w.good), dead_letters=len(w.bad))
         files = w.rows.write(rows_of(w.good, w.versions))
-        outcome = commit_rows(w.rows, RowsCommit(PIPELINE, w.batch, w.batch.ledger(), files, counts, MAX_ATTEMPTS))
-        event(f"rows: {outcome.decision.value}")
-        if outcome.decision is Decision.FENCED:
+        request = BatchCommit(
+            PIPELINE,
+            w.batch,
+            w.batch.ledger(),
+            files,
+            dead_letters_of(w.bad),
+            counts,
+            MAX_ATTEMPTS,
+            {"decoding": w.decoding},
+        )
+        committed = commit_batch(w.rows, w.dead, request)
+        event(f"batch: {committed.decision.value if committed else 'fenced'}")
+        if committed is None:
             self.plan(i, held=False)  # Pipeline.run_batch plans again
         else:
             w.phase = "idle"
@@ -241,19 +263,17 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.plan(i, held)
             elif w.phase == "planned":
                 self.read(w)
-            elif w.phase == "read":
-                self.commit_dead_letters(w)
             else:
-                self.commit_rows(i)
+                self.commit(i)
         except Crashed:
             event("a writer crashed during a commit")
-            self.writers[i] = self.new_writer()
+            self.writers[i] = self.new_writer(i)
         except CommitGaveUp:
             event("a commit gave up")
-            self.writers[i] = self.new_writer()
+            self.writers[i] = self.new_writer(i)
         except SchemaMoved:
             event("the schema moved under a batch's files")
-            self.writers[i] = self.new_writer()
+            self.writers[i] = self.new_writer(i)
 
     def at_commit(self, table: MemoryTable) -> Fault:
         """Asked by the memory tables before every commit attempt: what befalls it."""
@@ -323,7 +343,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         """``ingest reset`` from the operator's own process (a fresh handle), every commit attempt
         meeting what Hypothesis draws; it may die, give up or be fenced by a writer's commit."""
         try:
-            result = move_ledger(self.rows.table(), self, command)
+            rows, dead = self.rows.table(), self.dead.table()
+
+            def settle(ledger: Ledger | None) -> None:  # as ``ingest.ops.reset.reset`` has it settled
+                if ledger is not None:
+                    land_dead_letters(dead, rows, PIPELINE, ledger, MAX_ATTEMPTS)
+
+            result = move_ledger(rows, self, command, settle)
             event(f"reset: {result.status}")
         except Crashed:
             event("a reset crashed during its commit")
@@ -418,7 +444,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:
         busy = [i for i, w in enumerate(self.writers) if w.phase != "idle"]
-        self.writers[data.draw(st.sampled_from(busy), label="writer")] = self.new_writer()
+        crashed = data.draw(st.sampled_from(busy), label="writer")
+        self.writers[crashed] = self.new_writer(crashed)
 
     @rule(table=st.sampled_from(["rows", "dead"]), compaction=st.booleans())
     def foreign_commit(self, table: str, compaction: bool) -> None:
@@ -430,12 +457,15 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # --- invariants ----------------------------------------------------------------------------
 
-    def history(self) -> tuple[Counter[Record], set[Record]]:
+    def history(self) -> tuple[Counter[Record], set[Record], Counter[Record], Counter[Record]]:
         """From every snapshot ever committed to the rows table's main (in order: it is one line):
-        how many times the pipeline's batches read each offset, and the offsets a forward reset
-        skipped. On the way: each batch starts where the ledger before it ended (else a batch
-        landed twice, or left a gap), and no reset landed twice."""
+        how many times the pipeline's batches read each offset, the offsets a forward reset
+        skipped, and how many times each record was read as a row and as poison (by the decoding
+        of the batch that landed). On the way: each batch starts where the ledger before it ended
+        (else a batch landed twice, or left a gap), and no reset landed twice."""
         reads: Counter[Record] = Counter()
+        as_row: Counter[Record] = Counter()
+        as_poison: Counter[Record] = Counter()
         skipped: set[Record] = set()
         resets: set[str] = set()
         ledger: dict[TopicPartition, int] = {}
@@ -451,13 +481,18 @@ class ProtocolMachine(RuleBasedStateMachine):
                     )
                     assert start <= end
                     reads.update((tp, o) for o in range(start, end))
+                    decoding = read_extra(PIPELINE, snap.summary, "decoding") or "strict"
+                    for o in range(start, end):
+                        what = decoded(decoding, tp, o)
+                        if what != "marker":
+                            (as_row if what == "good" else as_poison)[(tp, o)] += 1
             else:
                 assert new.reset_id not in resets, f"reset {new.reset_id} landed twice"
                 resets.add(new.reset_id)
                 for tp, to in new.offsets.items():
                     skipped.update((tp, o) for o in range(ledger.get(tp, 0), to))
             ledger = dict(new.offsets)
-        return reads, skipped
+        return reads, skipped, as_row, as_poison
 
     @invariant()
     def every_offset_is_where_the_ledger_history_put_it(self) -> None:
@@ -467,31 +502,45 @@ class ProtocolMachine(RuleBasedStateMachine):
         floor = dict(floor_found.ledger.offsets) if floor_found else {}
         rows = contents(self.rows, ROW_COLUMNS)
         dead = contents(self.dead, DEAD_COLUMNS)
-        reads, skipped = self.history()
+        owed = self.owed()
+        reads, skipped, as_row, as_poison = self.history()
 
         for record in {*rows, *reads}:
             tp, offset = record
             if tp.topic != TOPIC:
                 continue  # another pipeline's records
-            expected = reads[record] if kind(tp, offset) == "good" else 0
-            assert rows[record] == expected, f"{tp}@{offset} ({kind(tp, offset)}) is {rows[record]} times in the rows"
+            assert rows[record] == as_row[record], (
+                f"{tp}@{offset} ({kind(tp, offset)}) is {rows[record]} times in the rows, read as a row "
+                f"{as_row[record]} times"
+            )
         for (tp, offset), n in dead.items():
             if tp.topic != TOPIC:
                 continue
             assert n == 1, f"dead letter {tp}@{offset} is {n} times in the dead-letter table"
-            assert kind(tp, offset) == "bad", f"{tp}@{offset} ({kind(tp, offset)}) is a dead letter"
+            assert as_poison[(tp, offset)], f"{tp}@{offset} is a dead letter, no landed batch read it as one"
             assert offset < floor.get(tp, 0), f"dead letter {tp}@{offset} is at or above the floor"
-        for tp, offset in reads:
-            if kind(tp, offset) == "bad":
-                assert dead[(tp, offset)] == 1, f"{tp}@{offset} was read, it is no dead letter"
+        for record, n in owed.items():
+            assert n == 1 and not dead[record], f"{record} owed as a dead letter twice"
+            assert as_poison[record], f"{record} owed as a dead letter, no landed batch read it as one"
+        for record in as_poison:
+            assert dead[record] + owed[record] == 1, f"{record} was read as poison, it is no dead letter"
         for tp, end in floor.items():
             for offset in range(end):
-                if kind(tp, offset) == "bad" and (tp, offset) not in skipped:
-                    assert dead[(tp, offset)] == 1, f"{tp}@{offset} is below the floor, it is no dead letter"
+                if kind(tp, offset) != "marker" and (tp, offset) not in skipped:
+                    assert reads[(tp, offset)], f"{tp}@{offset} is below the floor, no batch read it"
         for tp, end in ledger.items():
             assert end <= self.high[tp]
         if found is not None:
             assert PIPELINE in registered_pipelines(self.rows.properties)
+
+    def owed(self) -> Counter[Record]:
+        """The dead letters a crash between a batch's two commits left in files, for the next run."""
+        owed = owed_dead_letters(self.rows, self.dead, PIPELINE)
+        if owed is None:
+            return Counter()
+        return Counter(
+            (TopicPartition(t, p), o) for t, p, o in zip(*(owed[c].to_pylist() for c in DEAD_COLUMNS), strict=True)
+        )
 
     @invariant()
     def verify_finds_every_partition_correct(self) -> None:
@@ -502,7 +551,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         claims = coverage(PIPELINE, self.rows.table().ancestry())
         rows = contents(self.rows, ROW_COLUMNS)
-        dead = contents(self.dead, DEAD_COLUMNS)
+        dead = contents(self.dead, DEAD_COLUMNS) + self.owed()
 
         def offsets(tp: TopicPartition, landed: Counter[Record]) -> pa.Array:
             return pa.array([o for (t, o), n in sorted(landed.items()) if t == tp for _ in range(n)], pa.int64())
@@ -550,7 +599,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """With the faults gone, one writer catches up with Kafka: the protocol never stalls."""
         self.data = None
-        self.writers = [self.new_writer() for _ in range(WRITERS)]
+        self.writers = [self.new_writer(i) for i in range(WRITERS)]
         for _ in range(1000):
             if not self.run_batch(0):
                 break
