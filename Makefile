@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup services kafka catalogs demo test test-fast test-spark iceberg-spark lint format bench clean
+.PHONY: help setup services kafka catalogs demo test test-fast test-spark soak iceberg-spark lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLi
 
 test-fast: setup ## only the pure-core unit tests
 	$(BIN)/pytest tests/unit
+
+soak: kafka ## minutes of racing copies, SIGKILLs, rollbacks, publishes and maintenance on one table, then every record checked by content (SOAK_SECONDS=300, SOAK_SEED; PostgreSQL from make services)
+	$(BIN)/python -m tests.soak
 
 test-spark: setup ## only the Spark engine tests (local[2]; the interop test needs `make iceberg-spark`)
 	$(BIN)/pytest tests/spark
