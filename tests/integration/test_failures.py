@@ -241,3 +241,33 @@ def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make
     from ingest.iceberg.catalog import connect
 
     assert connect(data["catalog"]).load_table(env.config.table).scan().to_arrow().num_rows == 10
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path: Path) -> None:
+    """It crashed with exit 1 and a 60-line traceback (UnicodeDecodeError)."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("pipeline: orders\n# café\n".encode("latin-1"))
+
+    result = _cli("run", "-c", str(path))
+
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    said = " ".join(result.stderr.split())
+    assert (
+        f"{path} is not UTF-8 text: byte 0xe9 at offset 22 (line 2, column 6) is not valid UTF-8. Save the file as "
+        "UTF-8" in said
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    """PyYAML named "<unicode string>" instead of the file."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("pipeline: orders\nkafka: {bootstrap.servers: localhost:9092\ntopics: [orders]\n")
+
+    result = _cli("check", "-c", str(path))
+
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"{path} is not valid YAML (line 3, column 7): while parsing a flow mapping" in said
+    assert f"expected ',' or '}}', but got ':' in \"{path}\", line 3, column 7" in said
+    assert "<unicode string>" not in said
