@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import operator
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -78,11 +79,34 @@ REFUSED_HINT = (
     "Check `kafka:` in the config: security.protocol, sasl.mechanism, sasl.username and sasl.password "
     "(usually ${ENV} references), ssl.ca.location, and the principal's ACLs. Retrying will not help."
 )
+#: what ``getaddrinfo`` says of a name that does not exist (as opposed to a DNS server not answering)
+NO_SUCH_NAME = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
 
 
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     consumer_only = {"group.id", *FETCH_DEFAULTS, *EXACT_READ}
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
+
+
+def unresolvable(servers: str) -> str | None:
+    """Why no host of ``servers`` (``bootstrap.servers``) can be reached whatever the brokers do: no
+    host name in it exists (a typo, a name known only inside another network). None if any host
+    resolves, or if a lookup failed in a way that may pass (a DNS server not answering)."""
+    reasons = []
+    for server in filter(None, (part.strip() for part in servers.split(","))):
+        address = server.split("://", 1)[-1]
+        host = address[1:].split("]", 1)[0] if address.startswith("[") else address.rsplit(":", 1)[0]
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror as error:
+            if error.errno not in NO_SUCH_NAME:
+                return None
+            reasons.append(f"{host!r} ({error.strerror})")
+        except (OSError, UnicodeError):
+            return None
+        else:
+            return None  # this one exists
+    return ", ".join(reasons) or None
 
 
 def _built(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
@@ -153,13 +177,21 @@ class KafkaSource:
             self._all_down = True
 
     def _failed(self, what: str, error: KafkaException | None = None) -> IngestError:
-        """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable
-        (then nothing of the batch was committed, and running again is the fix)."""
+        """The error to raise when talking to Kafka failed: refused, or no bootstrap host exists (a
+        config problem), or unavailable (then nothing of the batch was committed, and running again
+        is the fix)."""
         self._admin.poll(0)  # serves error_cb: the reason behind a failed request comes this way
         if self._refusals:
             return KafkaRefused(
                 f"Kafka at {self._props['bootstrap.servers']} refused this client: {self._refusals[-1].str()}. "
                 + REFUSED_HINT
+            )
+        servers = self._props["bootstrap.servers"]
+        unknown = unresolvable(str(servers)) if self._all_down else None
+        if unknown is not None:  # a broker that is down may come back; a name that does not exist will not
+            return ConfigError(
+                f"kafka.bootstrap.servers: no host of {servers!r} exists: {unknown}. Fix the host names in "
+                "`kafka:` (a typo? a name known only inside the cluster's network?); retrying will not help."
             )
         cause = f": {error}" if error is not None else ""
         return BrokerUnavailable(f"{what}{cause}. Nothing was committed; run again when the broker is healthy.")
