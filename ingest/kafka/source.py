@@ -79,6 +79,13 @@ REFUSED_HINT = (
     "Check `kafka:` in the config: security.protocol, sasl.mechanism, sasl.username and sasl.password "
     "(usually ${ENV} references), ssl.ca.location, and the principal's ACLs. Retrying will not help."
 )
+#: librdkafka's ``receive.message.max.bytes`` when it is not set (raised to ``fetch.max.bytes`` + 512
+#: when that is larger)
+RECEIVE_DEFAULT = 100_000_000
+#: what a fetch response adds around the record batches it carries (librdkafka's own allowance)
+RESPONSE_OVERHEAD = 512
+#: why a topic's configuration may not be read (DescribeConfigs): not allowed, or not implemented
+UNREADABLE_CONFIGS = (*TOPIC_REFUSALS, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE)
 #: what ``getaddrinfo`` says of a name that does not exist (as opposed to a DNS server not answering)
 NO_SUCH_NAME = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
 
@@ -86,6 +93,26 @@ NO_SUCH_NAME = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socke
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     consumer_only = {"group.id", *FETCH_DEFAULTS, *EXACT_READ}
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
+
+
+def consumer_config(props: Mapping[str, Any], group_id: str, sized_for: int | None = None) -> dict[str, Any]:
+    """The properties of every consumer a run builds: the fetch settings for bulk range reads under
+    the config's own ``kafka:`` properties, and the exact-read settings over both. ``sized_for``
+    (records in the largest range) caps the per-partition fetch so a small batch does not pull
+    megabytes it will drop."""
+    fetch = dict(FETCH_DEFAULTS)
+    if sized_for is not None:
+        fetch["max.partition.fetch.bytes"] = min(
+            FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
+        )
+    return {**fetch, **props, "group.id": group_id, **EXACT_READ}
+
+
+def receive_limit(conf: Mapping[str, Any]) -> int:
+    """The largest response a consumer of ``conf`` (one librdkafka accepted) takes from a broker."""
+    if "receive.message.max.bytes" in conf:
+        return int(conf["receive.message.max.bytes"])
+    return max(RECEIVE_DEFAULT, int(conf.get("fetch.max.bytes", 0)) + RESPONSE_OVERHEAD)
 
 
 def unresolvable(servers: str) -> str | None:
@@ -197,16 +224,36 @@ class KafkaSource:
         return BrokerUnavailable(f"{what}{cause}. Nothing was committed; run again when the broker is healthy.")
 
     def _consumer(self, sized_for: int | None = None) -> Consumer:
-        """A consumer for exact reads; ``sized_for`` (records in the largest range) caps the
-        per-partition fetch so a small batch does not pull megabytes it will drop."""
-        fetch = dict(FETCH_DEFAULTS)
-        if sized_for is not None:
-            fetch["max.partition.fetch.bytes"] = min(
-                FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
-            )
-        return _built(
-            Consumer, {**fetch, **self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
-        )
+        """A consumer for exact reads (see :func:`consumer_config`)."""
+        return _built(Consumer, {**consumer_config(self._props, self._group_id, sized_for), "error_cb": self._on_error})
+
+    def check_clients(self) -> int:
+        """Build the clients a run builds (the admin client is built with the source, the consumer
+        here, and closed): a property librdkafka does not know or refuses is the
+        :class:`~ingest.errors.ConfigError` a run raises. Returns the consumer's receive limit."""
+        self._consumer().close()
+        return receive_limit(consumer_config(self._props, self._group_id))
+
+    def max_message_bytes(self, topics: Sequence[str]) -> dict[str, int]:
+        """Each topic's ``max.message.bytes``, the largest record batch it accepts (DescribeConfigs);
+        a topic whose configuration this client may not read is left out."""
+        from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+        if not topics:
+            return {}
+        resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+        found: dict[str, int] = {}
+        for resource, future in self._admin.describe_configs(resources, request_timeout=self.timeout_s).items():
+            try:
+                entry = future.result().get("max.message.bytes")
+            except KafkaException as error:
+                cause = error.args[0] if error.args else None
+                if isinstance(cause, KafkaError) and cause.code() in UNREADABLE_CONFIGS:
+                    continue
+                raise self._failed(f"reading the configuration of topic {resource.name!r} failed", error) from None
+            if entry is not None and entry.value is not None:
+                found[resource.name] = int(entry.value)
+        return found
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics (those
@@ -273,9 +320,7 @@ class KafkaSource:
         # (2.16 too) crashes the process with SIGSEGV when the broker answers that admin request
         # with NOT_COORDINATOR (librdkafka#5040; seen here on Apache Kafka 4.4 after a partition
         # was added), while a consumer handles that answer by looking for the coordinator again
-        consumer = _built(
-            Consumer, {**self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
-        )
+        consumer = self._consumer()
         try:
             found = consumer.committed([KafkaTP(tp.topic, tp.partition) for tp in view.partitions], self.timeout_s)
             stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in found}

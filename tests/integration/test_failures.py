@@ -245,6 +245,32 @@ def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize(
+    ("kafka", "says"),
+    [
+        ({"fetch.max.byte": 5}, 'No such configuration property: "fetch.max.byte"'),
+        ({"fetch.max.bytes": 500_000}, "`fetch.max.bytes` must be >= `message.max.bytes`"),
+    ],
+)
+def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message(make_env, kafka, says) -> None:
+    """`check` builds the consumer `run` reads with: a property librdkafka refuses there (a typo, a
+    limit below another) fails both, with one message, instead of `ok kafka` then exit 78."""
+    env = make_env(partitions=1)
+    env.produce(5)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["kafka"] |= kafka
+    env.config_path.write_text(yaml.safe_dump(data))
+
+    checked, ran = env.cli("check"), env.cli("run")
+
+    assert (checked.returncode, ran.returncode) == (ExitCode.CONFIG, ExitCode.CONFIG), checked.stdout + ran.stderr
+    message = "kafka: librdkafka refused the configuration: " + ("Failed to create consumer: " if "`" in says else "")
+    message += says + ". Fix `kafka:` in the config"
+    assert f"failed kafka: {message}" in " ".join(checked.stdout.split())
+    assert f"(config, ConfigError): {message}" in " ".join(ran.stderr.split())
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize(
     ("change", "says"),
     [
         (
