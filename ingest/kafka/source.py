@@ -11,10 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 import operator
+import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,7 +29,7 @@ from ingest.config import TopicPattern
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
-from ingest.errors import BrokerUnavailable, ConfigError, IngestError, KafkaRefused, TopicNotFound
+from ingest.errors import BrokerUnavailable, ConfigError, IngestError, KafkaRefused, RecordTooLarge, TopicNotFound
 from ingest.records import Headers, RawChunk
 
 T = TypeVar("T")
@@ -84,6 +85,9 @@ REFUSED_HINT = (
 RECEIVE_DEFAULT = 100_000_000
 #: what a fetch response adds around the record batches it carries (librdkafka's own allowance)
 RESPONSE_OVERHEAD = 512
+#: how librdkafka reports a response larger than ``receive.message.max.bytes`` (to ``error_cb``,
+#: while the connection is dropped and the same fetch fails again and again)
+OVERSIZED = re.compile(r"Invalid response size (\d+) \(0\.\.(\d+)\)")
 #: why a topic's configuration may not be read (DescribeConfigs): not allowed, or not implemented
 UNREADABLE_CONFIGS = (*TOPIC_REFUSALS, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE)
 #: what ``getaddrinfo`` says of a name that does not exist (as opposed to a DNS server not answering)
@@ -194,6 +198,8 @@ class KafkaSource:
         #: the latest refusals librdkafka reported, from any of this source's clients
         self._refusals: collections.deque[KafkaError] = collections.deque(maxlen=4)
         self._all_down = False  # every bootstrap broker refused a connection since the last check
+        #: (response size, limit) of a response librdkafka dropped as over ``receive.message.max.bytes``
+        self._oversized: tuple[int, int] | None = None
         admin: dict[str, Any] = {**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)}
         self._admin = _built(AdminClient, {**admin, "error_cb": self._on_error})
 
@@ -202,6 +208,8 @@ class KafkaSource:
             self._refusals.append(error)
         elif error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._all_down = True
+        elif (found := OVERSIZED.search(error.str())) is not None:
+            self._oversized = (int(found.group(1)), int(found.group(2)))
 
     def _failed(self, what: str, error: KafkaException | None = None) -> IngestError:
         """The error to raise when talking to Kafka failed: refused, or no bootstrap host exists (a
@@ -365,6 +373,7 @@ class KafkaSource:
         stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
         if not stops.end:
             return
+        self._oversized = None  # what an earlier request met is not this read's
         consumer = self._consumer(sized_for=max(end - stops.start[tp] for tp, end in stops.end.items()))
         try:
             consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start in stops.start.items()])
@@ -391,6 +400,8 @@ class KafkaSource:
                 # than the ranges can still hold lets a small batch finish without waiting it out
                 left = sum(stops.end[tp] - stops.position[tp] for tp in reading)
                 messages = consumer.consume(num_messages=max(1, min(chunk_records, 100_000, left)), timeout=0.05)
+                if self._oversized is not None:  # no retry can read past it: say where it is
+                    raise self._too_large(_positions(consumer, reading, stops.position))
                 if messages:
                     last_progress = time.monotonic()
                     if any(map(Message.error, messages)):  # events (partition EOF) and errors are rare
@@ -414,6 +425,45 @@ class KafkaSource:
                 yield chunk
         if pending:
             yield _build(pending, stops.ends(), pending_bytes)
+
+    def _too_large(self, positions: Mapping[TopicPartition, int]) -> IngestError:
+        """The error of a read that met a response over ``receive.message.max.bytes``: which partition
+        and offset hold the record batch, and how large it comes (each partition of several is tried
+        alone at its position until one fails so)."""
+        assert self._oversized is not None
+        size, limit = self._oversized
+        for tp, offset in sorted(positions.items()):
+            if len(positions) > 1:
+                found = self._probe(tp, offset)
+                if found is None:
+                    continue
+                size, limit = found
+            return RecordTooLarge(tp.topic, tp.partition, offset, size, limit)
+        reading = ", ".join(f"{tp} from offset {offset}" for tp, offset in sorted(positions.items()))
+        return ConfigError(
+            f"kafka.receive.message.max.bytes: Kafka answered a fetch of {reading} with {size:,} bytes, over the "
+            f"consumer's receive.message.max.bytes ({limit:,}). Raise it in `kafka:` to at least "
+            f"{size + RESPONSE_OVERHEAD:,} (or leave it out) and run again. Nothing was committed."
+        )
+
+    def _probe(self, tp: TopicPartition, offset: int) -> tuple[int, int] | None:
+        """(response size, limit) if a fetch of ``tp`` alone from ``offset`` is over the receive
+        limit; None if its next records come, or nothing says so within ``timeout_s``."""
+        self._oversized = None
+        consumer = self._consumer(sized_for=1)
+        try:
+            consumer.assign([KafkaTP(tp.topic, tp.partition, offset)])
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                messages = consumer.consume(num_messages=1, timeout=0.1)
+                if self._oversized is not None:
+                    return self._oversized
+                errors = [m.error() for m in messages]
+                if any(e is None or e.code() == KafkaError._PARTITION_EOF for e in errors):
+                    return None
+        finally:
+            consumer.close()
+        return None
 
     @staticmethod
     def _raise(error: KafkaError, message: Message) -> None:
@@ -461,6 +511,15 @@ class KafkaSource:
                     raise KafkaException(", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in refused))
         except KafkaException as error:
             log.warning("advisory offsets of consumer group %r not stored (ignored): %s", self._group_id, error)
+
+
+def _positions(
+    consumer: Consumer, tps: Collection[TopicPartition], known: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """The consumer's position in each of ``tps`` (``known``'s where it has fetched nothing yet)."""
+    found = consumer.position([KafkaTP(tp.topic, tp.partition) for tp in tps])
+    at = {TopicPartition(p.topic, p.partition): p.offset for p in found}
+    return {tp: at[tp] if at.get(tp, -1) >= 0 else known[tp] for tp in tps}
 
 
 _SECOND = operator.itemgetter(1)
