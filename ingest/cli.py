@@ -257,7 +257,12 @@ def run(
         typer.Option("--until-caught-up", help="Run batches until the end offsets seen at start are in."),
     ] = False,
     every: Annotated[
-        str | None, typer.Option("--every", help="Keep running: one catch-up every DURATION (e.g. 5m).")
+        str | None,
+        typer.Option(
+            "--every",
+            metavar="DURATION",
+            help="Keep running: one catch-up every DURATION, such as 30s, 5m or 1h (a bare number is seconds).",
+        ),
     ] = None,
     max_batches: Annotated[int | None, typer.Option("--max-batches", min=1, help="Stop after N batches.")] = None,
     engine: EngineOption = EngineName.local,

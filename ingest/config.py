@@ -934,13 +934,22 @@ def load_routes(path: str | Path, env: dict[str, str] | None = None) -> list[Pip
     """Every table's config in the file (see :func:`parse_routes`)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - raw.rfind(b"\n", 0, error.start)
+        raise ConfigError(
+            f"{path} is not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start} (line {line}, column "
+            f"{column}) is not valid UTF-8. Save the file as UTF-8 (YAML's encoding)."
+        ) from None
+    try:
         data = _interpolate_values(yaml.safe_load(text), env)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+        raise ConfigError(f"{path} is not valid YAML{_located(error, path)}") from None
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     if isinstance(data, dict):
@@ -950,3 +959,16 @@ def load_routes(path: str | Path, env: dict[str, str] | None = None) -> list[Pip
             if isinstance(entry, dict):
                 _resolve_paths(entry, path.resolve().parent)
     return parse_routes(data, str(path))
+
+
+def _located(error: yaml.YAMLError, path: Path) -> str:
+    """PyYAML's message after where the problem is (line and column, 1-based), naming the file it read
+    (it names the string it was given)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return f": {error}"
+    for mark in (error.context_mark, error.problem_mark):
+        if mark is not None:
+            mark.name = str(path)
+    mark = error.problem_mark or error.context_mark
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{where}: {error}"

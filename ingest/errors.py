@@ -221,6 +221,24 @@ class KafkaRefused(ConfigError):
     permission on a topic. Retrying with the same configuration cannot help."""
 
 
+class RecordTooLarge(ConfigError):
+    """A record batch in a planned range is larger than the consumer may receive
+    (``receive.message.max.bytes``): no retry can read it, raising the limit can."""
+
+    def __init__(self, topic: str, partition: int, offset: int, size: int, limit: int) -> None:
+        self.topic, self.partition, self.offset, self.size, self.limit = topic, partition, offset, size, limit
+        super().__init__(
+            f"kafka.receive.message.max.bytes: the record batch at offset {offset} of {topic}[{partition}] comes "
+            f"in a response of {size:,} bytes, over the consumer's receive.message.max.bytes ({limit:,}), so it "
+            f"cannot be read. Raise receive.message.max.bytes in `kafka:` to at least {size + 512:,} (or leave "
+            "it out: librdkafka's default is 100,000,000) and run again; `ingest check` compares it with what "
+            "the topics accept. Nothing was committed; the records stay in Kafka."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.topic, self.partition, self.offset, self.size, self.limit))
+
+
 class RegistryRefused(ConfigError):
     """The Schema Registry turned this client away (401/403), or a configured subject does not exist."""
 

@@ -262,7 +262,8 @@ class Pipeline:
                         },
                     )
                 return result
-            log.warning(
+            # a normal outcome with several copies running: with -v only (the final result is printed)
+            log.info(
                 "batch %d of %r was fenced by another writer; planning again",
                 batch.number,
                 self.config.pipeline,
@@ -538,7 +539,7 @@ class Routes:
                 self.config.pipeline, batch, mine, self._observed.get(name), self.config.commit.max_attempts
             )
             if not commit_floor(self.handles[name], request):
-                log.warning("batch %d: another writer committed to %s meanwhile; planning again", batch.number, name)
+                log.info("batch %d: another writer committed to %s meanwhile; planning again", batch.number, name)
                 return False
             failpoints.reach("after-table")
         return True

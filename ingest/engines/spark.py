@@ -116,8 +116,10 @@ def _translate(error: Py4JJavaError, batch: Batch) -> IngestError | None:
             try:
                 domain: IngestError = kind(text)
                 return domain
-            except TypeError:  # an error class with structured fields: keep its kind
-                return RetryableError(text) if kind.retryable else FatalError(text)
+            except TypeError:  # an error class with structured fields: keep its kind (and exit code)
+                if kind.retryable:
+                    return RetryableError(text)
+                return ConfigError(text) if issubclass(kind, ConfigError) else FatalError(text)
     if "Traceback (most recent call last)" in message:
         return None
     first = message.strip().splitlines()[0] if message.strip() else type(error).__name__

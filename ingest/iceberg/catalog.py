@@ -104,12 +104,21 @@ def _mistake(props: Mapping[str, str], message: str) -> str | None:
     directory, a database or role the server does not have, credentials it refuses); None if the
     error may heal by itself (a server down or unreachable)."""
     uri = str(props.get("uri", ""))
-    if uri.startswith("sqlite:") and "unable to open database file" in message:
-        path = Path(uri.removeprefix("sqlite:///").split("?")[0])
-        if not path.parent.is_dir():
-            return f"the directory {path.parent} of the SQLite catalog does not exist (create it, or fix the path)"
-        return f"SQLite cannot open {path} (check its permissions)"
     first = message.splitlines()[0] if message else ""
+    if "Can't load plugin: sqlalchemy.dialects:" in first:
+        scheme = uri.split(":", 1)[0]
+        return (
+            f"{scheme!r} is not a database SQLAlchemy knows ({first}); a SQL catalog's uri starts with "
+            "sqlite:/// or postgresql+psycopg://"
+        )
+    if uri.startswith("sqlite:"):
+        path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+        if "unable to open database file" in message:
+            if not path.parent.is_dir():
+                return f"the directory {path.parent} of the SQLite catalog does not exist (create it, or fix the path)"
+            return f"SQLite cannot open {path} (check its permissions)"
+        if "file is not a database" in first:
+            return f"{path} is not a SQLite database (point the uri at the catalog's database file, or at a new path)"
     if "FATAL:" in first and any(refusal in first for refusal in _REFUSALS):
         return "the PostgreSQL server refused: " + first.split("FATAL:", 1)[1].strip()
     if "no password supplied" in first:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 import operator
+import re
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -27,7 +29,7 @@ from ingest.config import TopicPattern
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
-from ingest.errors import BrokerUnavailable, ConfigError, IngestError, KafkaRefused, TopicNotFound
+from ingest.errors import BrokerUnavailable, ConfigError, IngestError, KafkaRefused, RecordTooLarge, TopicNotFound
 from ingest.records import Headers, RawChunk
 
 T = TypeVar("T")
@@ -78,11 +80,64 @@ REFUSED_HINT = (
     "Check `kafka:` in the config: security.protocol, sasl.mechanism, sasl.username and sasl.password "
     "(usually ${ENV} references), ssl.ca.location, and the principal's ACLs. Retrying will not help."
 )
+#: librdkafka's ``receive.message.max.bytes`` when it is not set (raised to ``fetch.max.bytes`` + 512
+#: when that is larger)
+RECEIVE_DEFAULT = 100_000_000
+#: what a fetch response adds around the record batches it carries (librdkafka's own allowance)
+RESPONSE_OVERHEAD = 512
+#: how librdkafka reports a response larger than ``receive.message.max.bytes`` (to ``error_cb``,
+#: while the connection is dropped and the same fetch fails again and again)
+OVERSIZED = re.compile(r"Invalid response size (\d+) \(0\.\.(\d+)\)")
+#: why a topic's configuration may not be read (DescribeConfigs): not allowed, or not implemented
+UNREADABLE_CONFIGS = (*TOPIC_REFUSALS, KafkaError.UNSUPPORTED_VERSION, KafkaError._UNSUPPORTED_FEATURE)
+#: what ``getaddrinfo`` says of a name that does not exist (as opposed to a DNS server not answering)
+NO_SUCH_NAME = frozenset({socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)})
 
 
 def _admin_props(props: Mapping[str, Any]) -> dict[str, Any]:
     consumer_only = {"group.id", *FETCH_DEFAULTS, *EXACT_READ}
     return {k: v for k, v in props.items() if k not in consumer_only and not k.startswith(("fetch.", "max.poll"))}
+
+
+def consumer_config(props: Mapping[str, Any], group_id: str, sized_for: int | None = None) -> dict[str, Any]:
+    """The properties of every consumer a run builds: the fetch settings for bulk range reads under
+    the config's own ``kafka:`` properties, and the exact-read settings over both. ``sized_for``
+    (records in the largest range) caps the per-partition fetch so a small batch does not pull
+    megabytes it will drop."""
+    fetch = dict(FETCH_DEFAULTS)
+    if sized_for is not None:
+        fetch["max.partition.fetch.bytes"] = min(
+            FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
+        )
+    return {**fetch, **props, "group.id": group_id, **EXACT_READ}
+
+
+def receive_limit(conf: Mapping[str, Any]) -> int:
+    """The largest response a consumer of ``conf`` (one librdkafka accepted) takes from a broker."""
+    if "receive.message.max.bytes" in conf:
+        return int(conf["receive.message.max.bytes"])
+    return max(RECEIVE_DEFAULT, int(conf.get("fetch.max.bytes", 0)) + RESPONSE_OVERHEAD)
+
+
+def unresolvable(servers: str) -> str | None:
+    """Why no host of ``servers`` (``bootstrap.servers``) can be reached whatever the brokers do: no
+    host name in it exists (a typo, a name known only inside another network). None if any host
+    resolves, or if a lookup failed in a way that may pass (a DNS server not answering)."""
+    reasons = []
+    for server in filter(None, (part.strip() for part in servers.split(","))):
+        address = server.split("://", 1)[-1]
+        host = address[1:].split("]", 1)[0] if address.startswith("[") else address.rsplit(":", 1)[0]
+        try:
+            socket.getaddrinfo(host, None)
+        except socket.gaierror as error:
+            if error.errno not in NO_SUCH_NAME:
+                return None
+            reasons.append(f"{host!r} ({error.strerror})")
+        except (OSError, UnicodeError):
+            return None
+        else:
+            return None  # this one exists
+    return ", ".join(reasons) or None
 
 
 def _built(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
@@ -143,6 +198,8 @@ class KafkaSource:
         #: the latest refusals librdkafka reported, from any of this source's clients
         self._refusals: collections.deque[KafkaError] = collections.deque(maxlen=4)
         self._all_down = False  # every bootstrap broker refused a connection since the last check
+        #: (response size, limit) of a response librdkafka dropped as over ``receive.message.max.bytes``
+        self._oversized: tuple[int, int] | None = None
         admin: dict[str, Any] = {**_admin_props(props), "socket.timeout.ms": int(timeout_s * 1000)}
         self._admin = _built(AdminClient, {**admin, "error_cb": self._on_error})
 
@@ -151,30 +208,60 @@ class KafkaSource:
             self._refusals.append(error)
         elif error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._all_down = True
+        elif (found := OVERSIZED.search(error.str())) is not None:
+            self._oversized = (int(found.group(1)), int(found.group(2)))
 
     def _failed(self, what: str, error: KafkaException | None = None) -> IngestError:
-        """The error to raise when talking to Kafka failed: refused (a config problem) or unavailable
-        (then nothing of the batch was committed, and running again is the fix)."""
+        """The error to raise when talking to Kafka failed: refused, or no bootstrap host exists (a
+        config problem), or unavailable (then nothing of the batch was committed, and running again
+        is the fix)."""
         self._admin.poll(0)  # serves error_cb: the reason behind a failed request comes this way
         if self._refusals:
             return KafkaRefused(
                 f"Kafka at {self._props['bootstrap.servers']} refused this client: {self._refusals[-1].str()}. "
                 + REFUSED_HINT
             )
+        servers = self._props["bootstrap.servers"]
+        unknown = unresolvable(str(servers)) if self._all_down else None
+        if unknown is not None:  # a broker that is down may come back; a name that does not exist will not
+            return ConfigError(
+                f"kafka.bootstrap.servers: no host of {servers!r} exists: {unknown}. Fix the host names in "
+                "`kafka:` (a typo? a name known only inside the cluster's network?); retrying will not help."
+            )
         cause = f": {error}" if error is not None else ""
         return BrokerUnavailable(f"{what}{cause}. Nothing was committed; run again when the broker is healthy.")
 
     def _consumer(self, sized_for: int | None = None) -> Consumer:
-        """A consumer for exact reads; ``sized_for`` (records in the largest range) caps the
-        per-partition fetch so a small batch does not pull megabytes it will drop."""
-        fetch = dict(FETCH_DEFAULTS)
-        if sized_for is not None:
-            fetch["max.partition.fetch.bytes"] = min(
-                FETCH_DEFAULTS["max.partition.fetch.bytes"], max(1 << 20, sized_for * FETCH_BYTES_PER_RECORD)
-            )
-        return _built(
-            Consumer, {**fetch, **self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
-        )
+        """A consumer for exact reads (see :func:`consumer_config`)."""
+        return _built(Consumer, {**consumer_config(self._props, self._group_id, sized_for), "error_cb": self._on_error})
+
+    def check_clients(self) -> int:
+        """Build the clients a run builds (the admin client is built with the source, the consumer
+        here, and closed): a property librdkafka does not know or refuses is the
+        :class:`~ingest.errors.ConfigError` a run raises. Returns the consumer's receive limit."""
+        self._consumer().close()
+        return receive_limit(consumer_config(self._props, self._group_id))
+
+    def max_message_bytes(self, topics: Sequence[str]) -> dict[str, int]:
+        """Each topic's ``max.message.bytes``, the largest record batch it accepts (DescribeConfigs);
+        a topic whose configuration this client may not read is left out."""
+        from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+
+        if not topics:
+            return {}
+        resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+        found: dict[str, int] = {}
+        for resource, future in self._admin.describe_configs(resources, request_timeout=self.timeout_s).items():
+            try:
+                entry = future.result().get("max.message.bytes")
+            except KafkaException as error:
+                cause = error.args[0] if error.args else None
+                if isinstance(cause, KafkaError) and cause.code() in UNREADABLE_CONFIGS:
+                    continue
+                raise self._failed(f"reading the configuration of topic {resource.name!r} failed", error) from None
+            if entry is not None and entry.value is not None:
+                found[resource.name] = int(entry.value)
+        return found
 
     def describe(self) -> KafkaView:
         """Cluster id, partitions and low/high (last stable) offsets of the configured topics (those
@@ -241,9 +328,7 @@ class KafkaSource:
         # (2.16 too) crashes the process with SIGSEGV when the broker answers that admin request
         # with NOT_COORDINATOR (librdkafka#5040; seen here on Apache Kafka 4.4 after a partition
         # was added), while a consumer handles that answer by looking for the coordinator again
-        consumer = _built(
-            Consumer, {**self._props, "group.id": self._group_id, **EXACT_READ, "error_cb": self._on_error}
-        )
+        consumer = self._consumer()
         try:
             found = consumer.committed([KafkaTP(tp.topic, tp.partition) for tp in view.partitions], self.timeout_s)
             stored = {TopicPartition(tp.topic, tp.partition): tp.offset for tp in found}
@@ -288,6 +373,7 @@ class KafkaSource:
         stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
         if not stops.end:
             return
+        self._oversized = None  # what an earlier request met is not this read's
         consumer = self._consumer(sized_for=max(end - stops.start[tp] for tp, end in stops.end.items()))
         try:
             consumer.assign([KafkaTP(tp.topic, tp.partition, start) for tp, start in stops.start.items()])
@@ -314,6 +400,8 @@ class KafkaSource:
                 # than the ranges can still hold lets a small batch finish without waiting it out
                 left = sum(stops.end[tp] - stops.position[tp] for tp in reading)
                 messages = consumer.consume(num_messages=max(1, min(chunk_records, 100_000, left)), timeout=0.05)
+                if self._oversized is not None:  # no retry can read past it: say where it is
+                    raise self._too_large(_positions(consumer, reading, stops.position))
                 if messages:
                     last_progress = time.monotonic()
                     if any(map(Message.error, messages)):  # events (partition EOF) and errors are rare
@@ -337,6 +425,45 @@ class KafkaSource:
                 yield chunk
         if pending:
             yield _build(pending, stops.ends(), pending_bytes)
+
+    def _too_large(self, positions: Mapping[TopicPartition, int]) -> IngestError:
+        """The error of a read that met a response over ``receive.message.max.bytes``: which partition
+        and offset hold the record batch, and how large it comes (each partition of several is tried
+        alone at its position until one fails so)."""
+        assert self._oversized is not None
+        size, limit = self._oversized
+        for tp, offset in sorted(positions.items()):
+            if len(positions) > 1:
+                found = self._probe(tp, offset)
+                if found is None:
+                    continue
+                size, limit = found
+            return RecordTooLarge(tp.topic, tp.partition, offset, size, limit)
+        reading = ", ".join(f"{tp} from offset {offset}" for tp, offset in sorted(positions.items()))
+        return ConfigError(
+            f"kafka.receive.message.max.bytes: Kafka answered a fetch of {reading} with {size:,} bytes, over the "
+            f"consumer's receive.message.max.bytes ({limit:,}). Raise it in `kafka:` to at least "
+            f"{size + RESPONSE_OVERHEAD:,} (or leave it out) and run again. Nothing was committed."
+        )
+
+    def _probe(self, tp: TopicPartition, offset: int) -> tuple[int, int] | None:
+        """(response size, limit) if a fetch of ``tp`` alone from ``offset`` is over the receive
+        limit; None if its next records come, or nothing says so within ``timeout_s``."""
+        self._oversized = None
+        consumer = self._consumer(sized_for=1)
+        try:
+            consumer.assign([KafkaTP(tp.topic, tp.partition, offset)])
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                messages = consumer.consume(num_messages=1, timeout=0.1)
+                if self._oversized is not None:
+                    return self._oversized
+                errors = [m.error() for m in messages]
+                if any(e is None or e.code() == KafkaError._PARTITION_EOF for e in errors):
+                    return None
+        finally:
+            consumer.close()
+        return None
 
     @staticmethod
     def _raise(error: KafkaError, message: Message) -> None:
@@ -384,6 +511,15 @@ class KafkaSource:
                     raise KafkaException(", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in refused))
         except KafkaException as error:
             log.warning("advisory offsets of consumer group %r not stored (ignored): %s", self._group_id, error)
+
+
+def _positions(
+    consumer: Consumer, tps: Collection[TopicPartition], known: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """The consumer's position in each of ``tps`` (``known``'s where it has fetched nothing yet)."""
+    found = consumer.position([KafkaTP(tp.topic, tp.partition) for tp in tps])
+    at = {TopicPartition(p.topic, p.partition): p.offset for p in found}
+    return {tp: at[tp] if at.get(tp, -1) >= 0 else known[tp] for tp in tps}
 
 
 _SECOND = operator.itemgetter(1)

@@ -11,17 +11,34 @@ not fit).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ingest.config import REGISTRY_FORMATS, PipelineConfig
-from ingest.errors import ExitCode, IngestError
+from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
-from ingest.kafka.source import KafkaSource
+from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
 from ingest.pipeline import Pipeline, layout
 from ingest.records import KEY_COLUMN
+
+
+def fits(limit: int, accepted: Mapping[str, int]) -> None:
+    """Refuse a consumer receive limit below a record batch a topic accepts (``accepted``: each
+    topic's ``max.message.bytes``): a run stops at such a batch (exit 78), so it is refused before."""
+    over = {topic: size for topic, size in accepted.items() if size + RESPONSE_OVERHEAD > limit}
+    if not over:
+        return
+    needed = max(over.values()) + RESPONSE_OVERHEAD
+    listed = ", ".join(f"{topic!r} (max.message.bytes {size:,})" for topic, size in sorted(over.items()))
+    topics = f"topic {listed} accepts" if len(over) == 1 else f"topics {listed} accept"
+    default = " (or leave it out: librdkafka's default is 100,000,000)" if receive_limit({}) >= needed else ""
+    raise ConfigError(
+        f"kafka.receive.message.max.bytes: the consumer takes responses of up to {limit:,} bytes, but {topics} "
+        "record batches that come in larger ones: `ingest run` would stop at such a batch (exit 78). "
+        f"Raise receive.message.max.bytes in `kafka:` to at least {needed:,}{default}."
+    )
 
 
 @dataclass(frozen=True)
@@ -67,9 +84,11 @@ def check(config: PipelineConfig) -> CheckResult:
 
     def kafka() -> str:
         source = KafkaSource(config.kafka, config.subscription, config.group_id, config.batch.read_timeout_s)
+        limit = source.check_clients()  # the consumer a run reads with: what librdkafka refuses there, it refuses here
         view = source.describe()
         held = sum(wm.high - wm.low for wm in view.partitions.values())
         topics = sorted({tp.topic for tp in view.partitions})
+        fits(limit, source.max_message_bytes(topics))
         matching = f" (matching {config.topics_pattern.pattern!r})" if config.topics_pattern is not None else ""
         return f"{len(view.partitions)} partitions of {', '.join(topics) or 'no topic'}{matching}; {held} records held"
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +240,70 @@ def test_json_log_lines_say_which_pipeline_batch_and_snapshot_they_are_about(mak
     ]
     snapshots = [b["snapshot_id"] for b in _batches(result.stdout)]
     assert [c["snapshot_id"] for c in committed] == snapshots
+
+
+#: ``ingest`` whose first batch, once its files are written, lets a copy of the pipeline with a larger
+#: batch (the config in INGEST_TEST_RACER) commit first: the batch is fenced and planned again
+_FENCED_RUN = """
+import os, subprocess, sys
+from ingest.engines.local import LocalEngine
+from ingest.__main__ import main
+
+produce = LocalEngine.produce
+raced_once = []
+
+def raced(self, batch, fields):
+    produced = produce(self, batch, fields)
+    if not raced_once:
+        raced_once.append(batch.number)
+        racer = [sys.executable, "-m", "ingest", "run", "-c", os.environ["INGEST_TEST_RACER"]]
+        subprocess.run(racer, check=True, capture_output=True)
+    return produced
+
+LocalEngine.produce = raced
+sys.argv[0] = "ingest"
+main()
+"""
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_fenced_batch_is_not_reported_without_verbose(make_env) -> None:
+    """A batch fenced by another copy is planned again, a normal outcome with several copies: a run
+    without -v prints only its result (the README's promise), with -v the fencing too."""
+    env = make_env(partitions=2, batch={"max_records": 100})
+    racer = env.config_path.with_name("racer.yaml")
+    racer.write_text(yaml.safe_dump({**yaml.safe_load(env.config_path.read_text()), "batch": {"max_records": 150}}))
+    outcomes = []
+    for verbose in ([], ["-v"]):
+        env.produce(150)
+        outcomes.append(
+            subprocess.run(
+                [sys.executable, "-c", _FENCED_RUN, "run", *verbose, "--json", "-c", str(env.config_path)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "INGEST_TEST_RACER": str(racer)},
+            )
+        )
+
+    for outcome in outcomes:
+        assert outcome.returncode == 0, outcome.stderr
+        [result] = _batches(outcome.stdout)
+        assert result["commit_retries"]["fenced"] == 1, result  # the racer's batch landed first
+    quiet, verbose_run = outcomes
+    assert quiet.stderr == "", quiet.stderr
+    assert "was fenced by another writer; planning again" in verbose_run.stderr
+    env.verify()
+
+
+def test_run_help_says_a_bare_every_is_seconds() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "ingest", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+    assert shown.returncode == 0, shown.stderr
+    assert "one catch-up every DURATION, such as 30s, 5m or 1h (a bare number is seconds)" in shown.stdout

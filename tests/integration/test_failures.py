@@ -241,3 +241,104 @@ def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make
     from ingest.iceberg.catalog import connect
 
     assert connect(data["catalog"]).load_table(env.config.table).scan().to_arrow().num_rows == 10
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize(
+    ("kafka", "says"),
+    [
+        ({"fetch.max.byte": 5}, 'No such configuration property: "fetch.max.byte"'),
+        ({"fetch.max.bytes": 500_000}, "`fetch.max.bytes` must be >= `message.max.bytes`"),
+    ],
+)
+def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message(make_env, kafka, says) -> None:
+    """`check` builds the consumer `run` reads with: a property librdkafka refuses there (a typo, a
+    limit below another) fails both, with one message, instead of `ok kafka` then exit 78."""
+    env = make_env(partitions=1)
+    env.produce(5)
+    data = yaml.safe_load(env.config_path.read_text())
+    data["kafka"] |= kafka
+    env.config_path.write_text(yaml.safe_dump(data))
+
+    checked, ran = env.cli("check"), env.cli("run")
+
+    assert (checked.returncode, ran.returncode) == (ExitCode.CONFIG, ExitCode.CONFIG), checked.stdout + ran.stderr
+    message = "kafka: librdkafka refused the configuration: " + ("Failed to create consumer: " if "`" in says else "")
+    message += says + ". Fix `kafka:` in the config"
+    assert f"failed kafka: {message}" in " ".join(checked.stdout.split())
+    assert f"(config, ConfigError): {message}" in " ".join(ran.stderr.split())
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"catalog": {"uri": "sqllite:///catalog.db"}},
+            "catalog.uri: 'sqllite' is not a database SQLAlchemy knows "
+            "(Can't load plugin: sqlalchemy.dialects:sqllite)",
+        ),
+        (
+            {"catalog": {"uri": "sqlite:///{tmp}/notes.db"}},
+            "catalog.uri: {tmp}/notes.db is not a SQLite database (point the uri at the catalog's database file",
+        ),
+        (
+            {"kafka": {"bootstrap.servers": "kafka-1.invalid:9092,kafka-2.invalid:9092"}},
+            "kafka.bootstrap.servers: no host of 'kafka-1.invalid:9092,kafka-2.invalid:9092' exists: "
+            "'kafka-1.invalid' (Name or service not known), 'kafka-2.invalid' (Name or service not known). "
+            "Fix the host names in `kafka:`",
+        ),
+    ],
+)
+def test_a_misspelt_catalog_scheme_a_file_that_is_no_database_and_an_unknown_host_are_config_errors(
+    make_env, tmp_path: Path, change, says
+) -> None:
+    """They exited 75 (CatalogUnavailable, BrokerUnavailable: "every broker refused the connection"),
+    which an orchestrator retries for ever; a broker that refuses connections stays 75
+    (test_broker_unreachable_is_retryable)."""
+    (tmp_path / "notes.db").write_text("not a database\n")
+    env = make_env(partitions=1)
+    env.produce(5)
+    data = yaml.safe_load(env.config_path.read_text())
+    for section, values in change.items():
+        values = {k: v.replace("{tmp}", str(tmp_path)) for k, v in values.items()}
+        data[section] = {**data[section], **values}
+    env.config_path.write_text(yaml.safe_dump(data))
+    says = says.replace("{tmp}", str(tmp_path))
+
+    ran, checked = env.cli("run"), env.cli("check")
+
+    assert ran.returncode == ExitCode.CONFIG, ran.stderr
+    assert says in " ".join(ran.stderr.split()), ran.stderr
+    assert checked.returncode == ExitCode.CONFIG, checked.stdout
+    assert says in " ".join(checked.stdout.split()), checked.stdout
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path: Path) -> None:
+    """It crashed with exit 1 and a 60-line traceback (UnicodeDecodeError)."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("pipeline: orders\n# café\n".encode("latin-1"))
+
+    result = _cli("run", "-c", str(path))
+
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    said = " ".join(result.stderr.split())
+    assert (
+        f"{path} is not UTF-8 text: byte 0xe9 at offset 22 (line 2, column 6) is not valid UTF-8. Save the file as "
+        "UTF-8" in said
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    """PyYAML named "<unicode string>" instead of the file."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("pipeline: orders\nkafka: {bootstrap.servers: localhost:9092\ntopics: [orders]\n")
+
+    result = _cli("check", "-c", str(path))
+
+    assert result.returncode == ExitCode.CONFIG, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"{path} is not valid YAML (line 3, column 7): while parsing a flow mapping" in said
+    assert f"expected ',' or '}}', but got ':' in \"{path}\", line 3, column 7" in said
+    assert "<unicode string>" not in said

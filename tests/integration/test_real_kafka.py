@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from datetime import UTC, datetime
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import (
@@ -24,6 +26,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from ingest.errors import ExitCode
 from tests.integration.conftest import Env, broker_choice, record
 
 pytestmark = [
@@ -329,4 +332,63 @@ def test_values_of_tens_of_megabytes_land_whole_and_one_over_max_value_bytes_is_
         and "over dead_letters.max_value_bytes (25,165,824)" in dead["error"]
     )
     env.produced = 6
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_record_batch_over_the_consumers_receive_limit_is_a_config_error_naming_where_and_check_says_so_first(
+    make_env,
+) -> None:
+    # the topic accepts 8 MB batches, the pipeline's consumer takes 2 MB responses: a 3 MB record
+    # made every run exit 75 (BrokerUnavailable, forever retried), librdkafka's reason only under -v
+    env = make_env(partitions=2, partition_by=[])
+    data = yaml.safe_load(env.config_path.read_text())
+    data["kafka"] |= {"receive.message.max.bytes": 2_000_000, "fetch.max.bytes": 1_000_000}
+    env.config_path.write_text(yaml.safe_dump(data))
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, env.topic)
+    resource.add_incremental_config(
+        ConfigEntry("max.message.bytes", str(8 << 20), incremental_operation=AlterConfigOpType.SET)
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": env.bootstrap, "message.max.bytes": 8 << 20, "compression.type": "none"})
+    for i in range(20):
+        producer.produce(env.topic, record(i, 2, None)[2], partition=i % 2)
+    big = json.loads(record(20, 2, None)[2]) | {"blob": os.urandom(1_500_000).hex()}  # 3 MB, incompressible
+    producer.produce(env.topic, json.dumps(big).encode(), partition=1)  # offset 10 of partition 1
+    producer.flush(60)
+    for i in range(21, 31):
+        producer.produce(env.topic, record(i, 2, None)[2], partition=i % 2)
+    producer.flush(60)
+
+    checked = env.cli("check")
+    ran = env.cli("run")
+
+    assert checked.returncode == ExitCode.CONFIG, checked.stdout + checked.stderr
+    said = " ".join(checked.stdout.split())
+    assert (
+        "failed kafka: kafka.receive.message.max.bytes: the consumer takes responses of up to 2,000,000 bytes, but "
+        f"topic '{env.topic}' (max.message.bytes 8,388,608) accepts record batches that come in larger ones" in said
+    )
+    assert "Raise receive.message.max.bytes in `kafka:` to at least 8,389,120" in said
+    assert ran.returncode == ExitCode.CONFIG, ran.stderr
+    said = " ".join(ran.stderr.split())
+    found = re.search(
+        rf"RecordTooLarge\): kafka.receive.message.max.bytes: the record batch at offset 10 of {env.topic}\[1\] comes "
+        r"in a response of ([\d,]+) bytes, over the consumer's receive.message.max.bytes \(2,000,000\)",
+        said,
+    )
+    assert found is not None and int(found.group(1).replace(",", "")) > 3_000_000, said
+    assert "Nothing was committed; the records stay in Kafka" in said and "Traceback" not in said
+    from ingest.pipeline import Pipeline
+
+    assert Pipeline.open(env.config).ledger() is None
+
+    data["kafka"] = {"bootstrap.servers": env.bootstrap}  # the fix the message names: librdkafka's default limit
+    env.config_path.write_text(yaml.safe_dump(data))
+    assert env.cli("check").returncode == 0
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    env.produced = 31
+    assert env.counts() == (31, 0)
     env.verify()

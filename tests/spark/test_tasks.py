@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +16,16 @@ from ingest.core.ledger import TopicPartition
 from ingest.core.plan import Batch
 from ingest.core.ranges import split_ranges
 from ingest.engines.spark import _translate
-from ingest.errors import BrokerUnavailable, CatalogUnavailable, DataLoss, FatalError, SparkUnavailable
+from ingest.errors import (
+    BrokerUnavailable,
+    CatalogUnavailable,
+    ConfigError,
+    DataLoss,
+    ExitCode,
+    FatalError,
+    RecordTooLarge,
+    SparkUnavailable,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -89,6 +99,22 @@ def test_a_domain_error_in_a_task_keeps_its_kind() -> None:
     assert "batch 7" in str(broker) and "no progress from Kafka" in str(broker)
     assert isinstance(disk, CatalogUnavailable)
     assert isinstance(fields, FatalError) and not isinstance(fields, DataLoss) and not fields.retryable
+
+
+def test_a_config_error_with_fields_in_a_task_keeps_exit_78_across_processes_and_spark() -> None:
+    error = RecordTooLarge("t", 0, 3, 3_000_231, 2_000_000)
+    copied = pickle.loads(pickle.dumps(error))  # as a worker process sends it
+    translated = _translate(_failed(f"ingest.errors.RecordTooLarge: {error}"), BATCH)  # type: ignore[arg-type]
+
+    assert (copied.topic, copied.partition, copied.offset, copied.size, str(copied)) == (
+        "t",
+        0,
+        3,
+        3_000_231,
+        str(error),
+    )
+    assert isinstance(translated, ConfigError) and translated.exit_code == ExitCode.CONFIG
+    assert "the record batch at offset 3 of t[0]" in str(translated)
 
 
 def test_a_bug_in_a_task_stays_a_bug_and_a_lost_executor_is_retryable() -> None:
