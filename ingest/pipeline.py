@@ -54,6 +54,7 @@ from ingest.errors import (
     SubjectNotFound,
     TooManyDeadLetters,
     TopicMoved,
+    firsts_text,
 )
 from ingest.formats import keys
 from ingest.iceberg.catalog import absent, connect
@@ -83,7 +84,8 @@ log = logging.getLogger(__name__)
 
 #: planning uses the rows table's metadata as held if it was loaded this recently
 PLAN_FROM_HELD_S = 1.0
-#: how often one batch is produced again for a schema its records turned out to need
+#: how often one batch is produced again for a schema its records turned out to need; past that, the
+#: batch ends before the records of the next such schema (see :meth:`Pipeline._produce`)
 MAX_SCHEMA_CATCH_UPS = 5
 
 
@@ -243,7 +245,7 @@ class Pipeline:
         before = RETRIED.copy()
         for fenced_times in range(self.config.commit.max_replans + 1):
             with about(batch=batch.number):
-                result = self._attempt(batch, engine)
+                result = self._attempt_ending_early(batch, engine)
             if result is not None:
                 retried = {why: RETRIED[why] - before[why] for why in ("conflict", "unknown")}
                 result = replace(result, retries={**retried, "fenced": fenced_times})
@@ -280,6 +282,15 @@ class Pipeline:
             fenced.number,
             observed.ledger.batch if observed else None,
         )
+
+    def _attempt_ending_early(self, batch: Batch, engine: Engine) -> BatchResult | None:
+        """:meth:`_attempt`, of ``batch`` ended early as often as producing it asks (:class:`_EndsEarly`:
+        each time it reads less, so this ends)."""
+        while True:
+            try:
+                return self._attempt(batch, engine)
+            except _EndsEarly as early:
+                batch = early.batch
 
     def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
         started = time.monotonic()
@@ -357,7 +368,13 @@ class Pipeline:
     def _produce(self, batch: Batch, engine: Engine) -> Produced:
         """``batch``'s data files, decoded into the table's fields, evolved first to the registry
         subjects' latest schemas (``on_schema_change: evolve``), and again, with the batch produced
-        anew, for writer schemas its records turn out to need beyond those."""
+        anew, for writer schemas its records turn out to need beyond those.
+
+        After :data:`MAX_SCHEMA_CATCH_UPS` such catch-ups, a batch that meets one more such schema
+        ends before its first records (:class:`_EndsEarly`, in each partition where the chunk that
+        met it holds them): the batch commits what it took so far, with the evolutions its records
+        needed, and the next batch goes on from there. Where that would leave nothing to read, it
+        catches up once more instead: either way every attempt makes progress."""
         config, registry = self.config, self.registry
         if registry is not None and config.on_schema_change == "evolve":
             if _values_in_registry(config):
@@ -371,11 +388,24 @@ class Pipeline:
             try:
                 produced = engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
-                if catch_ups == MAX_SCHEMA_CATCH_UPS:
-                    raise
+                if catch_ups >= MAX_SCHEMA_CATCH_UPS:
+                    early = batch.ending_before({TopicPartition(t, p): at for t, p, at in ahead.first})
+                    if early is not None:
+                        log.info(
+                            "batch %d: records of schema id(s) %s need the table to evolve again, after %d "
+                            "catch-ups; the batch ends before them (%s), and the next batch goes on from there",
+                            batch.number,
+                            ", ".join(map(str, ahead.schema_ids)),
+                            catch_ups,
+                            firsts_text(ahead.first),
+                        )
+                        raise _EndsEarly(early) from None
                 catch_ups += 1
                 log.info("batch %d: %s", batch.number, ahead)
+                fields = self.fields
                 self.catch_up(ahead)
+                if catch_ups > MAX_SCHEMA_CATCH_UPS and self.fields == fields:
+                    raise  # (the registry gave writer schemas the table has already: nothing would change)
                 continue
             if not produced.missing or self.routes is None:
                 return produced
@@ -445,6 +475,15 @@ class Pipeline:
             found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
+
+
+class _EndsEarly(Exception):
+    """The batch to attempt instead of the one being produced: ``batch``, ending earlier (see
+    :meth:`Pipeline._produce`)."""
+
+    def __init__(self, batch: Batch) -> None:
+        super().__init__(f"batch {batch.number} ends early")
+        self.batch = batch
 
 
 class Routes:
