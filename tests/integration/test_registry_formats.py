@@ -226,9 +226,7 @@ def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them
 GAP = 50_000
 
 
-def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_two_batches(
-    make_env, registry
-) -> None:
+def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_two_batches(make_env, registry) -> None:
     """Seven writer schemas the subject's latest does not have (each registered under a subject of
     its own), each met in a read chunk of its own: the batch catches up with five, ends before the
     first record of the sixth and commits; the next batch catches up with the others."""
@@ -243,7 +241,8 @@ def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_
         other = Avro(env, registry, subject=f"{env.topic}-extra{k}")
         records += [(0, b"k", plain, [])] * GAP
         news.append(len(records))
-        records.append((0, b"k", other.serializer(schema)(dict(order(k), **{f"extra_{k}": f"x{k}"}), other.context), []))
+        value = other.serializer(schema)(dict(order(k), **{f"extra_{k}": f"x{k}"}), other.context)
+        records.append((0, b"k", value, []))
     records += [(1, b"k", plain, [])] * 1_000
     produce(env.bootstrap, env.topic, records)
 
