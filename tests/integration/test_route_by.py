@@ -216,16 +216,31 @@ def _reasons(env: Env) -> Counter[str]:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("differs", "says"),
+    [
+        ("partitioning", "the table is partitioned by [], the config says [day(created_at)]"),
+        ("schema", "cannot take the configured schema: Cannot change column type: amount: string -> decimal(12, 2)"),
+    ],
+)
 def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it_is_fixed(
-    by_value: RoutedByValue,
+    by_value: RoutedByValue, differs: str, says: str
 ) -> None:
     from ingest.iceberg.catalog import connect
-    from ingest.iceberg.schema import rows_schema
+    from ingest.iceberg.schema import partition_spec, rows_schema
     from ingest.iceberg.table import IcebergTable
+    from ingest.records import Field
 
     env = by_value.env
-    # another tool created events_view first, unpartitioned: the config partitions by day(created_at)
-    view = IcebergTable.open(connect(env.config.catalog), by_value.table("view"), rows_schema(env.config.schema_ or []))
+    catalog = connect(env.config.catalog)
+    # another tool created events_view first: unpartitioned (the config partitions by day(created_at)),
+    # or with amount as text (the config's is a decimal)
+    fields = [Field(f.name, f.type, f.required) for f in env.config.schema_ or []]
+    if differs == "schema":
+        fields = [Field(f.name, "string", f.required) if f.name == "amount" else f for f in fields]
+    schema = rows_schema(fields)
+    spec = partition_spec(schema, ["day(created_at)"]) if differs == "schema" else None
+    view = IcebergTable.open(catalog, by_value.table("view"), schema, spec)
     by_value.produce(1_200, poison_every=97)
 
     run = by_value.cli("run", "--until-caught-up")
@@ -234,19 +249,22 @@ def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it
     refused = by_value.expected.pop("view")
     by_value.expected["dead"] += refused
     assert len(by_value.rows("click")) == by_value.expected["click"] and not by_value.rows("view")
-    says = [reason for reason in _reasons(env) if by_value.table("view") in reason]
-    assert len(says) == 1 and _reasons(env)[says[0]] == refused, _reasons(env)
-    assert says[0].startswith("route_by: field 'kind' is 'view', which names " + by_value.table("view")), says
-    assert "partitioned by [], the config says [day(created_at)]" in says[0], says
+    reason = [reason for reason in _reasons(env) if by_value.table("view") in reason]
+    assert len(reason) == 1 and _reasons(env)[reason[0]] == refused, _reasons(env)
+    assert reason[0].startswith(f"route_by: field 'kind' is 'view', which names {by_value.table('view')}"), reason
+    assert says in reason[0], reason
     env.verify()
 
-    view.evolve_partitioning(["day(created_at)"])  # fixed: records read from now on go into it
+    if differs == "partitioning":  # fixed: records read from now on go into it
+        view.evolve_partitioning(["day(created_at)"])
+    else:  # dropped: the pipeline creates it as the config says
+        catalog.drop_table(by_value.table("view"))
     by_value.produce(900, poison_every=97)
     again = by_value.cli("run", "--until-caught-up")
 
     assert again.returncode == 0, again.stderr
     by_value.exact()
-    assert by_value.expected["view"] > 250 and _reasons(env)[says[0]] == refused  # (exact: they are in it)
+    assert by_value.expected["view"] > 250 and _reasons(env)[reason[0]] == refused  # (exact: they are in it)
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
