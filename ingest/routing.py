@@ -80,19 +80,22 @@ class Routing:
         decoded = self.decoder.decode(chunk)
         rows = decoded.rows
         values = self._values(chunk, rows)
-        names, reasons, refusing = [], [], []
+        names, reasons = [], []
+        refusing: list[str | None] = []  # per value, the refused table it names
         refused = self.tables.refused if self.tables is not None else {}
         distinct = pc.unique(values).to_pylist()
         for value in distinct:
             table, why = self.route.table_of(value)
-            refusing.append(table if table in refused else None)
             if table is not None and table in refused:
+                refusing.append(table)
                 why = (
                     f"route_by: {self.route.where} is {value!r}, which names {table}, a table that cannot take the "
                     f"pipeline's rows: {refused[table]} Its records are dead letters until it can; the batches "
                     "read after that write to it."
                 )
                 table = None
+            else:
+                refusing.append(None)
             names.append(table)
             reasons.append(why)
         index = pc.index_in(values, value_set=pa.array(distinct, pa.string()), skip_nulls=False)

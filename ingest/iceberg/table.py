@@ -131,6 +131,8 @@ class IcebergTable:
         #: the partition spec data files were last written under, through this handle or its
         #: detached copies (files crossing processes lose their own spec id)
         self._files_spec: int | None = None
+        #: what :meth:`_evolve_to` last decided on: the held schema's id and the wanted schema
+        self._decided: tuple[int, Schema] | None = None
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
@@ -146,6 +148,9 @@ class IcebergTable:
         self._evolve_to(rows_schema(fields))
 
     def _evolve_to(self, schema: Schema) -> None:
+        decided = (self._table.metadata.current_schema_id, schema)
+        if decided == self._decided:  # (a routed table is checked before every batch: each staging copies metadata)
+            return
         transaction = self._table.transaction()
         before = transaction.table_metadata.schema()
         if stage_evolution(transaction, self.identifier, schema, self._renames):
@@ -154,6 +159,7 @@ class IcebergTable:
             self._wanted = schema
         else:
             self._wanted = None
+        self._decided = decided
 
     def _metadata_for_writes(self) -> TableMetadata:
         """The held metadata, with the schema evolved to the wanted one if it must be.
