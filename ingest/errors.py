@@ -106,27 +106,43 @@ class RegistryUnavailable(RetryableError):
     """The Schema Registry did not answer (down, unreachable, or an error on its side)."""
 
 
+#: where records of a schema begin: (topic, partition, offset) of the first in each partition
+Firsts = tuple[tuple[str, int, int], ...]
+
+
 class SchemaAhead(RetryableError):
     """Records of a batch were written with a schema the table must evolve to take, and the batch
     was produced for the table's schema before it. ``schema_ids`` are those schemas' registry ids;
-    ``key``: they are the records' key schemas (``key_format``), not their value schemas."""
+    ``key``: they are the records' key schemas (``key_format``), not their value schemas;
+    ``first``: where the records of those schemas begin in the chunk that met them (the first one
+    in each of its partitions; the message names them too, as :func:`firsts_text` writes them)."""
 
-    def __init__(self, message: str, schema_ids: tuple[int, ...] = (), *, key: bool = False) -> None:
+    def __init__(
+        self, message: str, schema_ids: tuple[int, ...] = (), *, key: bool = False, first: Firsts = ()
+    ) -> None:
         super().__init__(message)
         #: parsed back from the message when only the text crossed a process (Spark rebuilds errors from it)
         self.schema_ids = schema_ids or tuple(int(i) for i in re.findall(r"schema id (\d+)", message))
         self.key = key or KEYS_AHEAD in message  # Spark prefixes the task's message with its own
+        self.first = first or tuple((t, int(p), int(o)) for t, p, o in _FIRST.findall(message))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_schema_ahead, (str(self), self.schema_ids, self.key))
+        return (_schema_ahead, (str(self), self.schema_ids, self.key, self.first))
 
 
 #: how the message of a :class:`SchemaAhead` for keys starts
 KEYS_AHEAD = "record keys: "
+#: one place in :func:`firsts_text` (Kafka topic names are made of letters, digits, ``.``, ``_`` and ``-``)
+_FIRST = re.compile(r"([\w.-]+)\[(\d+)\] at offset (\d+)")
 
 
-def _schema_ahead(message: str, schema_ids: tuple[int, ...], key: bool) -> SchemaAhead:
-    return SchemaAhead(message, schema_ids, key=key)
+def firsts_text(first: Firsts) -> str:
+    """``first`` as a :class:`SchemaAhead` message names it: ``orders[0] at offset 12, orders[1] at offset 7``."""
+    return ", ".join(f"{topic}[{partition}] at offset {offset}" for topic, partition, offset in first)
+
+
+def _schema_ahead(message: str, schema_ids: tuple[int, ...], key: bool, first: Firsts) -> SchemaAhead:
+    return SchemaAhead(message, schema_ids, key=key, first=first)
 
 
 class SparkUnavailable(RetryableError):

@@ -46,8 +46,10 @@ from ingest.errors import (
     SchemaAhead,
     SchemaChangeRefused,
     SubjectNotFound,
+    TableMismatch,
     TooManyDeadLetters,
     TopicMoved,
+    firsts_text,
 )
 from ingest.formats import keys
 from ingest.iceberg.catalog import absent, connect
@@ -77,7 +79,8 @@ log = logging.getLogger(__name__)
 
 #: planning uses the rows table's metadata as held if it was loaded this recently
 PLAN_FROM_HELD_S = 1.0
-#: how often one batch is produced again for a schema its records turned out to need
+#: how often one batch is produced again for a schema its records turned out to need; past that, the
+#: batch ends before the records of the next such schema (see :meth:`Pipeline._produce`)
 MAX_SCHEMA_CATCH_UPS = 5
 
 
@@ -239,7 +242,7 @@ class Pipeline:
         before = RETRIED.copy()
         for fenced_times in range(self.config.commit.max_replans + 1):
             with about(batch=batch.number):
-                result = self._attempt(batch, engine)
+                result = self._attempt_ending_early(batch, engine)
             if result is not None:
                 retried = {why: RETRIED[why] - before[why] for why in ("conflict", "unknown")}
                 result = replace(result, retries={**retried, "fenced": fenced_times})
@@ -277,6 +280,15 @@ class Pipeline:
             fenced.number,
             observed.ledger.batch if observed else None,
         )
+
+    def _attempt_ending_early(self, batch: Batch, engine: Engine) -> BatchResult | None:
+        """:meth:`_attempt`, of ``batch`` ended early as often as producing it asks (:class:`_EndsEarly`:
+        each time it reads less, so this ends)."""
+        while True:
+            try:
+                return self._attempt(batch, engine)
+            except _EndsEarly as early:
+                batch = early.batch
 
     def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
         started = time.monotonic()
@@ -361,31 +373,51 @@ class Pipeline:
     def _produce(self, batch: Batch, engine: Engine) -> Produced:
         """``batch``'s data files, decoded into the table's fields, evolved first to the registry
         subjects' latest schemas (``on_schema_change: evolve``), and again, with the batch produced
-        anew, for writer schemas its records turn out to need beyond those."""
+        anew, for writer schemas its records turn out to need beyond those.
+
+        After :data:`MAX_SCHEMA_CATCH_UPS` such catch-ups, a batch that meets one more such schema
+        ends before its first records (:class:`_EndsEarly`, in each partition where the chunk that
+        met it holds them): the batch commits what it took so far, with the evolutions its records
+        needed, and the next batch goes on from there. Where that would leave nothing to read, it
+        catches up once more instead: either way every attempt makes progress."""
         config, registry = self.config, self.registry
         if registry is not None and config.on_schema_change == "evolve":
             if _values_in_registry(config):
                 self._evolve([registry.latest(t.value_subject) for t in config.sources])
             if config.key_format in REGISTRY_FORMATS:
                 self._evolve([_latest_key(registry, t) for t in config.sources], key=True)
-        if self.routes is not None:
+        if self.routes is not None:  # which tables take rows, and where, as the batch's files are cut
+            self.routes.check(self.fields)
             self.routes.read_floors(batch)
         catch_ups = 0
         while True:
             try:
                 produced = engine.produce(batch, self.fields)
             except SchemaAhead as ahead:
-                if catch_ups == MAX_SCHEMA_CATCH_UPS:
-                    raise
+                if catch_ups >= MAX_SCHEMA_CATCH_UPS:
+                    early = batch.ending_before({TopicPartition(t, p): at for t, p, at in ahead.first})
+                    if early is not None:
+                        log.info(
+                            "batch %d: records of schema id(s) %s need the table to evolve again, after %d "
+                            "catch-ups; the batch ends before them (%s), and the next batch goes on from there",
+                            batch.number,
+                            ", ".join(map(str, ahead.schema_ids)),
+                            catch_ups,
+                            firsts_text(ahead.first),
+                        )
+                        raise _EndsEarly(early) from None
                 catch_ups += 1
                 log.info("batch %d: %s", batch.number, ahead)
+                fields = self.fields
                 self.catch_up(ahead)
+                if catch_ups > MAX_SCHEMA_CATCH_UPS and self.fields == fields:
+                    raise  # (the registry gave writer schemas the table has already: nothing would change)
                 continue
             if not produced.missing or self.routes is None:
                 return produced
             # rows routed to tables not created yet: create them, produce again (each time, at least
-            # one table more: it ends)
-            assert not produced.missing & set(self.routes.handles), produced.missing
+            # one table more, or refused: it ends)
+            assert not produced.missing & {*self.routes.handles, *self.routes.refused}, produced.missing
             log.info(
                 "batch %d: records are routed to %d table(s) not created yet; creating %s, then the batch again",
                 batch.number,
@@ -451,6 +483,15 @@ class Pipeline:
                 return
 
 
+class _EndsEarly(Exception):
+    """The batch to attempt instead of the one being produced: ``batch``, ending earlier (see
+    :meth:`Pipeline._produce`)."""
+
+    def __init__(self, batch: Batch) -> None:
+        super().__init__(f"batch {batch.number} ends early")
+        self.batch = batch
+
+
 class Routes:
     """The tables ``route_by`` routes records to: those there are, each with its floor (the
     ledger its own snapshots carry: it holds every record routed to it below it), created as
@@ -463,15 +504,24 @@ class Routes:
     past the ledger, and the next batch, planned from the ledger again, adds to them only what
     lies past their floors. A table that gets no records keeps its floor: rows below it come only
     from ranges a committed batch read, so it never needs advancing without data.
+
+    A table that exists but cannot take the pipeline's rows (another partition spec, properties or
+    sort order; a schema it cannot evolve to) is *refused* (:attr:`refused`), decided again from the
+    table as it is before each batch's files are cut (:meth:`check`): the records routed to it are
+    dead letters saying why, but for those below its floor, and once it is fixed the next batch
+    writes to it again.
     """
 
     def __init__(self, config: PipelineConfig, planned: Layout, tables: dict[str, IcebergTable]) -> None:
         self.config = config
         self.planned = planned
-        #: the tables there are, by name, as the pipeline commits to them and reads them
+        #: the tables there are, by name, as the pipeline commits to them and reads them (a refused
+        #: one too if it holds the pipeline's rows: ``verify`` counts them, ``maintain`` keeps it)
         self.handles = tables
+        #: the tables that cannot take the pipeline's rows now, by name, and why
+        self.refused: dict[str, str] = {}
         #: the same tables, as the engine writes to them
-        self.tables = RoutedTables(self.handles)
+        self.tables = RoutedTables(self.handles, refused=self.refused)
         #: each table's floor as the batch being produced read it (None: it had none)
         self._observed: dict[str, dict[TopicPartition, int] | None] = {}
 
@@ -495,13 +545,14 @@ class Routes:
         return routes
 
     def create(self, names: Sequence[str], fields: Sequence[Declared]) -> None:
-        """Open the tables ``names``, creating those that do not exist, for rows of ``fields``."""
+        """Open the tables ``names``, creating those that do not exist, for rows of ``fields``;
+        refuse those that cannot take them."""
         config, planned = self.config, self.planned
         assert planned.catalog is not None
         schema = rows_schema(fields)
         spec = partition_spec(schema, config.partition_by)
         for name in names:
-            table = IcebergTable.open(
+            table = IcebergTable.load_or_create(
                 planned.catalog,
                 name,
                 schema,
@@ -510,12 +561,45 @@ class Routes:
                 properties=config.table_properties,
                 sort_by=planned.sort_by,
             )
-            table.evolve_to(fields)
-            self.handles[name] = table
+            self._decide(name, table, fields)
+
+    def check(self, fields: Sequence[Declared]) -> None:
+        """Decide again, from each table as it is now, which take rows of ``fields``: a table
+        changed since is refused, a refused one that was fixed (or dropped: it is created anew)
+        takes them again."""
+        for name, table in list(self.handles.items()):
+            table.refresh(PLAN_FROM_HELD_S)  # as fresh as the floors the files are cut at (read_floors)
+            self._decide(name, table, fields)
+        self.create([name for name in self.refused if name not in self.handles], fields)
 
     def evolve_to(self, fields: Sequence[Declared]) -> None:
-        for table in self.handles.values():
-            table.evolve_to(fields)
+        for name, table in list(self.handles.items()):
+            self._decide(name, table, fields)
+
+    def _decide(self, name: str, table: IcebergTable, fields: Sequence[Declared]) -> None:
+        """Take ``table`` for rows of ``fields`` (evolving it with its next commit), or refuse it."""
+        config = self.config
+        schema = rows_schema(fields)
+        why = table.misfit(
+            schema, partition_spec(schema, config.partition_by), config.table_properties, self.planned.sort_by
+        )
+        if why is None:
+            try:
+                table.evolve_to(fields)
+            except TableMismatch as error:
+                why = str(error)
+        if why is None:
+            self.handles[name] = table
+            if self.refused.pop(name, None) is not None:
+                log.info("route_by: %s takes the pipeline's rows again", name)
+            return
+        if self.refused.get(name) != why:
+            log.warning("route_by: the records routed to %s are dead letters: %s", name, why)
+        self.refused[name] = why
+        if config.pipeline in registered_pipelines(table.head().properties):
+            self.handles[name] = table  # it holds rows of the pipeline's
+        else:
+            self.handles.pop(name, None)
 
     def read_floors(self, batch: Batch) -> None:
         """Each table's floor, as ``batch``'s files are cut at it (rows below it are left out)."""

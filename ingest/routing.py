@@ -8,6 +8,9 @@ ledger the table's own snapshots carry. Each routed table is committed with its 
 batch's end before the pipeline's ledger table is (see :meth:`ingest.pipeline.Pipeline._attempt`).
 A table no record named before is created by the pipeline when a batch first routes records to it:
 the tasks report it missing (:attr:`ingest.ports.Produced.missing`), and the batch is produced again.
+A table that exists but cannot take the pipeline's rows (another partition spec, properties or sort
+order, a schema it cannot evolve to) is *refused* for the batch (:attr:`RoutedTables.refused`): the
+records routed to it are dead letters saying why, but for those below its floor (it holds them).
 """
 
 from __future__ import annotations
@@ -35,10 +38,14 @@ class Route:
     #: the pipeline's own tables (its ledger's and its dead letters'): no value may name them
     reserved: frozenset[str]
 
+    @property
+    def where(self) -> str:
+        """Where a record's value is, in messages."""
+        return f"field {self.spec.field!r}" if self.spec.field is not None else f"header {self.spec.header!r}"
+
     def table_of(self, value: str | None) -> tuple[str | None, str]:
         """The table ``value`` names, or None and why it names none."""
-        spec = self.spec
-        where = f"field {spec.field!r}" if spec.field is not None else f"header {spec.header!r}"
+        spec, where = self.spec, self.where
         if value is None or value == "":
             return None, f"route_by: the record has no {where} to pick its table by"
         if spec.allow is not None and value not in spec.allow:
@@ -60,20 +67,35 @@ def route_of(config: PipelineConfig) -> Route | None:
 
 class Routing:
     """The rows ``decoder`` makes, each marked with its table (:data:`ROUTE_COLUMN`); records whose
-    value names no table as dead letters saying why."""
+    value names no table, or a table ``tables`` refuses, as dead letters saying why (but for those
+    below a refused table's floor: it holds them)."""
 
-    def __init__(self, decoder: ValueDecoder, route: Route) -> None:
+    def __init__(self, decoder: ValueDecoder, route: Route, tables: RoutedTables | None = None) -> None:
         self.decoder = decoder
         self.route = route
+        #: the refused tables and the floors, as the batch's files are cut (None: none refused)
+        self.tables = tables
 
     def decode(self, chunk: RawChunk) -> Decoded:
         decoded = self.decoder.decode(chunk)
         rows = decoded.rows
         values = self._values(chunk, rows)
         names, reasons = [], []
+        refusing: list[str | None] = []  # per value, the refused table it names
+        refused = self.tables.refused if self.tables is not None else {}
         distinct = pc.unique(values).to_pylist()
         for value in distinct:
             table, why = self.route.table_of(value)
+            if table is not None and table in refused:
+                refusing.append(table)
+                why = (
+                    f"route_by: {self.route.where} is {value!r}, which names {table}, a table that cannot take the "
+                    f"pipeline's rows: {refused[table]} Its records are dead letters until it can; the batches "
+                    "read after that write to it."
+                )
+                table = None
+            else:
+                refusing.append(None)
             names.append(table)
             reasons.append(why)
         index = pc.index_in(values, value_set=pa.array(distinct, pa.string()), skip_nulls=False)
@@ -81,12 +103,28 @@ class Routing:
         bad = pc.is_null(tables)
         if not pc.any(bad).as_py():
             return Decoded(rows.append_column(ROUTE_COLUMN, tables), decoded.dead_letters, decoded.unknown)
+        dead = bad
+        if any(refusing):  # a refused table holds what lies below its floor: neither rows nor dead letters
+            held = self._held(rows, pc.take(pa.array(refusing, pa.string()), index))
+            dead = pc.and_(bad, pc.invert(held)) if held is not None else bad
         why = pc.take(pa.array(reasons, pa.string()), index)
         positions = _positions(chunk, rows)
-        refused = {positions[row]: why[row].as_py() for row in pc.indices_nonzero(bad).to_pylist()}
+        set_aside = {positions[row]: why[row].as_py() for row in pc.indices_nonzero(dead).to_pylist()}
         kept = pc.invert(bad)
         rows = rows.filter(kept).append_column(ROUTE_COLUMN, tables.filter(kept))
-        return Decoded(rows, together(decoded.dead_letters, dead_letters(chunk, refused)), decoded.unknown)
+        return Decoded(rows, together(decoded.dead_letters, dead_letters(chunk, set_aside)), decoded.unknown)
+
+    def _held(self, rows: pa.Table, refusing: pa.Array) -> pa.Array | None:
+        """Which of ``rows`` a refused table holds already: routed to it (``refusing`` names it),
+        below its floor."""
+        assert self.tables is not None
+        held = None
+        for name in pc.unique(refusing.drop_null()).to_pylist():
+            below = _below(rows, self.tables.floors.get(name, {}))
+            if below is not None:
+                here = pc.and_(pc.equal(refusing, name), below)
+                held = here if held is None else pc.or_(held, here)
+        return None if held is None else pc.fill_null(held, False)
 
     def _values(self, chunk: RawChunk, rows: pa.Table) -> pa.Array:
         """Each row's route value, as text (null: it has none)."""
@@ -172,6 +210,9 @@ class RoutedTables:
     floors: dict[str, Mapping[TopicPartition, int]] = field(default_factory=dict)
     #: tables rows were routed to that are not among ``tables`` (their rows were not written)
     missing: set[str] = field(default_factory=set)
+    #: tables that cannot take the pipeline's rows now, by name, and why (the records routed to them
+    #: are dead letters: :class:`Routing`); the pipeline decides it before each batch's files are cut
+    refused: dict[str, str] = field(default_factory=dict)
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
         files: list[DataFile] = []
@@ -188,17 +229,18 @@ class RoutedTables:
 
     def detached(self) -> RoutedTables:
         """Write-only copies of the tables, for worker processes and Spark executors."""
-        return RoutedTables({name: table.detached() for name, table in self.tables.items()}, dict(self.floors))
+        tables = {name: table.detached() for name, table in self.tables.items()}
+        return RoutedTables(tables, dict(self.floors), refused=dict(self.refused))
 
     def for_task(self) -> RoutedTables:
         """The same tables, for one task: what it finds missing is its own."""
-        return RoutedTables(self.tables, self.floors)
+        return RoutedTables(self.tables, self.floors, refused=self.refused)
 
 
-def _at_or_above(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
-    """``rows`` but for those below ``floor`` (the table holds those already)."""
+def _below(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Array | None:
+    """Which of ``rows`` lie below ``floor`` (None: none can)."""
     if not floor or rows.num_rows == 0:
-        return rows
+        return None
     below = None
     for tp, at in floor.items():
         here = pc.and_(
@@ -206,6 +248,12 @@ def _at_or_above(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Tabl
             pc.less(rows[ROWS.offset], at),
         )
         below = here if below is None else pc.or_(below, here)
+    return below
+
+
+def _at_or_above(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
+    """``rows`` but for those below ``floor`` (the table holds those already)."""
+    below = _below(rows, floor)
     return rows if below is None else rows.filter(pc.invert(below))
 
 

@@ -7,7 +7,7 @@ or a domain error. Offsets are "next offset to read"; ranges are half-open ``[st
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried, carried_origin
@@ -72,6 +72,19 @@ class Batch:
             resets=carried(self.base),
             origin=carried_origin(self.base, self.start),
         )
+
+    def ending_before(self, first: Mapping[TopicPartition, int]) -> Batch | None:
+        """This batch ending at ``first[tp]`` in each partition whose range holds that offset (the
+        record there and those after it are left to the next batch); None if that leaves nothing
+        to read or cuts nothing."""
+        end = dict(self.end)
+        for tp, at in first.items():
+            if tp in end and self.start.get(tp, end[tp]) <= at < end[tp]:
+                end[tp] = at
+        cut = replace(self, end=end)
+        if end == dict(self.end) or not cut.ranges():
+            return None
+        return cut
 
     @property
     def planned_records(self) -> int:

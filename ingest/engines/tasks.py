@@ -246,9 +246,10 @@ class TaskSpec:
             route_of(config),
         )
 
-    def decoder(self) -> ValueDecoder:
+    def decoder(self, routed: RoutedTables | None = None) -> ValueDecoder:
         """The decoder of this task's records: their values, and their keys with ``key_format``,
-        values over ``max_value_bytes`` set aside first."""
+        values over ``max_value_bytes`` set aside first; with ``route``, each row marked with its
+        table, but for the tables ``routed`` refuses (:class:`ingest.routing.Routing`)."""
         decoder = self._decoder([f for f in self.fields if f.name != HEADERS_COLUMN])
         if "nan" in self.refuse:
             decoder = NotFinite(decoder)
@@ -256,7 +257,7 @@ class TaskSpec:
             decoder = SizeLimited(decoder, self.max_value_bytes)
         if self.headers:
             decoder = WithHeaders(decoder, self.fields)
-        return Routing(decoder, self.route) if self.route is not None else decoder
+        return Routing(decoder, self.route, routed) if self.route is not None else decoder
 
     def _decoder(self, fields: Sequence[Declared]) -> ValueDecoder:
         """The decoder of the keys and the values, the values into ``fields`` (the table's but the
@@ -340,7 +341,8 @@ def produce_ranges(
     writer = rows.for_task() if isinstance(rows, RoutedTables) else rows
     with nogc.paused():
         chunks = prefetched(source.read(stops))
-        produced = decode_and_write(chunks, spec.decoder(), writer, spec.chunk_records, reach)
+        decoder = spec.decoder(writer if isinstance(writer, RoutedTables) else None)
+        produced = decode_and_write(chunks, decoder, writer, spec.chunk_records, reach)
     if produced.nbytes >= RELEASE_AFTER_BYTES:
         arrow_memory.release()
     if isinstance(writer, RoutedTables):  # rows for tables not created yet: the pipeline creates them

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingest import formats
-from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused
+from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused, firsts_text
 from ingest.formats.rows import dead_letters
 from ingest.formats.wire import RegistryDecoder
 from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema
@@ -132,8 +132,11 @@ class RegistryKeys:
         )
         try:
             decoded = self.decoder.decode(keys)
-        except SchemaAhead as ahead:
-            raise SchemaAhead(f"{KEYS_AHEAD}{ahead}", ahead.schema_ids, key=True) from None
+        except SchemaAhead as ahead:  # its offsets are positions in ``chunk``: where the records are
+            offsets = chunk.offset.to_pylist()
+            first = tuple((topic, partition, offsets[position]) for topic, partition, position in ahead.first)
+            message = str(ahead).replace(firsts_text(ahead.first), firsts_text(first))
+            raise SchemaAhead(f"{KEYS_AHEAD}{message}", ahead.schema_ids, key=True, first=first) from None
         except SchemaChangeRefused as refused:
             raise SchemaChangeRefused(f"{KEYS_AHEAD}{refused}") from None
         rows = decoded.rows.sort_by(ROWS.offset)

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingest.config import OnSchemaChange
-from ingest.errors import SchemaAhead, SchemaChangeRefused
+from ingest.errors import Firsts, SchemaAhead, SchemaChangeRefused, firsts_text
 from ingest.formats.rows import assemble, dead_letters
 from ingest.ports import SchemaRegistry, WriterSchema
 from ingest.records import Declared, Decoded, Field, RawChunk, arrow_type, merge, renamed, rows_schema
@@ -121,6 +121,16 @@ def group(values: list[bytes | None], bad: dict[int, str], part: str = "value") 
     return dict(groups)
 
 
+def _firsts(chunk: RawChunk, positions: Sequence[int]) -> Firsts:
+    """The coordinates of the first record at ``positions`` of ``chunk`` in each partition."""
+    first: dict[tuple[str, int], int] = {}
+    topics, partitions, offsets = chunk.topic.to_pylist(), chunk.partition.to_pylist(), chunk.offset.to_pylist()
+    for i in positions:
+        at = (topics[i], partitions[i])
+        first[at] = min(first.get(at, offsets[i]), offsets[i])
+    return tuple((topic, partition, offset) for (topic, partition), offset in sorted(first.items()))
+
+
 class RegistryDecoder:
     """Decodes Confluent-framed values of one format into rows of the table's ``fields``."""
 
@@ -217,10 +227,12 @@ class RegistryDecoder:
         ahead = [schema_id for schema_id in groups if self._reading(schema_id).ahead]
         if ahead:
             ids = ", ".join(f"schema id {i}" for i in sorted(ahead))
+            first = _firsts(chunk, [i for schema_id in ahead for i in groups[schema_id]])
             raise SchemaAhead(
-                f"records were written with {ids}, which the table's schema must evolve to take; the batch is "
-                "produced again for the evolved schema",
+                f"records were written with {ids}, which the table's schema must evolve to take (the first: "
+                f"{firsts_text(first)}); the batch is produced again for the evolved schema",
                 tuple(sorted(ahead)),
+                first=first,
             )
         parts: Parts = []
         for schema_id, index in groups.items():

@@ -141,6 +141,8 @@ class IcebergTable:
         #: the partition spec data files were last written under, through this handle or its
         #: detached copies (files crossing processes lose their own spec id)
         self._files_spec: int | None = None
+        #: what :meth:`_evolve_to` last decided on: the held schema's id and the wanted schema
+        self._decided: tuple[int, Schema] | None = None
 
     def on_branch(self, branch: str) -> IcebergTable:
         """The same table, reading and committing on ``branch``."""
@@ -156,6 +158,9 @@ class IcebergTable:
         self._evolve_to(rows_schema(fields))
 
     def _evolve_to(self, schema: Schema) -> None:
+        decided = (self._table.metadata.current_schema_id, schema)
+        if decided == self._decided:  # (a routed table is checked before every batch: each staging copies metadata)
+            return
         transaction = self._table.transaction()
         before = transaction.table_metadata.schema()
         if stage_evolution(transaction, self.identifier, schema, self._renames):
@@ -164,6 +169,7 @@ class IcebergTable:
             self._wanted = schema
         else:
             self._wanted = None
+        self._decided = decided
 
     def _metadata_for_writes(self) -> TableMetadata:
         """The held metadata, with the schema evolved to the wanted one if it must be.
@@ -226,53 +232,88 @@ class IcebergTable:
         """Load the table, creating it (and its namespace) if missing; its columns renamed by
         ``renames`` (old → new) with the next commit, before it takes ``schema``. An existing table
         whose partitioning differs from ``spec`` (when given), whose value of one of ``properties``
-        differs, or whose sort order is not ``sort_by`` (when given) is refused (:class:`TableMismatch`).
+        differs, or whose sort order is not ``sort_by`` (when given) is refused (:class:`TableMismatch`,
+        saying so: :meth:`misfit`), as is one whose schema cannot evolve to take ``schema``."""
+        handle = cls.load_or_create(catalog, identifier, schema, spec, renames, properties, sort_by)
+        why = handle.misfit(schema, spec, properties, sort_by)
+        if why is not None:
+            raise TableMismatch(why)
+        handle._evolve_to(schema)
+        return handle
+
+    @classmethod
+    def load_or_create(
+        cls,
+        catalog: Catalog,
+        identifier: str,
+        schema: Schema,
+        spec: PartitionSpec | None = None,
+        renames: Mapping[str, str] | None = None,
+        properties: Mapping[str, str] | None = None,
+        sort_by: Sequence[SortKey] = (),
+    ) -> IcebergTable:
+        """The table as it is, created (with its namespace) if missing, for :meth:`open`'s arguments;
+        nothing about it checked.
 
         A table this creates gets ``properties``, the sort order ``sort_by`` and
         ``commit.retry.num-retries=0``, which tells other tools that library retries are unsafe
         here; an existing table is not changed (every commit made here forces the retries off itself)."""
-        properties = dict(properties or {})
         try:
             table = _load_or_create(
                 catalog,
                 identifier,
                 schema,
                 spec or UNPARTITIONED_PARTITION_SPEC,
-                {**properties, **NO_LIBRARY_RETRIES},
+                {**(properties or {}), **NO_LIBRARY_RETRIES},
                 sort_order(schema, sort_by),
             )
         except (ConfigError, TableMismatch):
             raise
         except Exception as error:
             raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
-        difference = spec_difference(table.schema(), table.spec(), schema, spec, renames) if spec is not None else None
+        handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
+        handle._renames = dict(renames or {})
+        return handle
+
+    def misfit(
+        self,
+        schema: Schema,
+        spec: PartitionSpec | None,
+        properties: Mapping[str, str] | None,
+        sort_by: Sequence[SortKey],
+    ) -> str | None:
+        """Why the table as the handle holds it cannot take rows of ``schema`` laid out so (None: it
+        can): its partitioning is not ``spec`` (of ``schema``'s columns, when given), its value of one
+        of ``properties`` differs, or its sort order is not ``sort_by`` (when given). Whether its
+        schema can evolve to take the rows is :meth:`evolve_to`'s to say."""
+        table, identifier, renames = self._table, self.identifier, self._renames
+        difference = None
+        if spec is not None:
+            difference = spec_difference(table.schema(), table.spec(), schema, spec, renames)
         if difference is not None:
-            raise TableMismatch(
+            return (
                 f"table {identifier}: {difference}. A table's partitioning does not change with the config: "
-                "set `partition_by:` to the table's, or evolve the table's spec to the config's with "
-                "`ingest evolve-partitioning -c CONFIG` (or your engine's ALTER TABLE ... ADD/DROP PARTITION FIELD); "
-                "new data then follows it, files written before keep theirs."
+                "set `partition_by:` to the table's, or evolve the table's spec to the config's (`ingest "
+                "evolve-partitioning -c CONFIG`, not yet with `route_by`; or your engine's ALTER TABLE ... ADD/DROP "
+                "PARTITION FIELD); new data then follows it, files written before keep theirs."
             )
         had = {**table.properties, "format-version": str(table.format_version)}  # pyiceberg keeps it apart
-        differ = {k: v for k, v in properties.items() if had.get(k) != v}
+        differ = {k: v for k, v in (properties or {}).items() if had.get(k) != v}
         if differ:
             found = ", ".join(f"{k} = {had.get(k)!r} (config: {v!r})" for k, v in sorted(differ.items()))
             wanted = ", ".join(f"'{k}'='{v}'" for k, v in sorted(differ.items()))
-            raise TableMismatch(
+            return (
                 f"table {identifier}: its properties differ from `table_properties:`: {found}. Set them in the "
                 f"config as the table has them, or change the table (Spark: ALTER TABLE {identifier} SET "
                 f"TBLPROPERTIES ({wanted}))."
             )
         unsorted = sort_difference(table.schema(), table.sort_order(), sort_by, renames) if sort_by else None
         if unsorted is not None:
-            raise TableMismatch(
+            return (
                 f"table {identifier}: {unsorted}. Set `sort_by:` as the table's, or change the table's sort "
                 f"order with your engine (Spark: ALTER TABLE {identifier} WRITE ORDERED BY ...)."
             )
-        handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
-        handle._renames = dict(renames or {})
-        handle._evolve_to(schema)
-        return handle
+        return None
 
     def evolve_partitioning(self, partition_by: Sequence[str], *, dry_run: bool = False) -> tuple[list[str], list[str]]:
         """Evolve the table's partition spec to ``partition_by`` (of columns the table has), in one

@@ -120,9 +120,14 @@ def check(config: PipelineConfig) -> CheckResult:
         if all(exists.values()):
             pipeline = Pipeline.open(config)  # loads, and stages what the next batch would evolve: commits nothing
             columns = [f.name for f in pipeline.fields]
+            refused = pipeline.routes.refused if pipeline.routes is not None else {}
             return (
                 f"{config.table} and {config.dead_letters} exist and fit the config ({len(columns)} columns"
                 f"{', a key column' if KEY_COLUMN in columns else ''}; partition spec as configured)"
+                + "".join(
+                    f"; records routed to {name} are dead letters until it can take them: {why}"
+                    for name, why in sorted(refused.items())
+                )
             )
         planned = layout(
             config, catalog_absent=file is not None

@@ -15,6 +15,7 @@ import signal
 from decimal import Decimal
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 import yaml
 from confluent_kafka.schema_registry import ConfigCompatibilityLevel, SchemaRegistryClient, ServerConfig
@@ -217,6 +218,55 @@ def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them
     rows = _table(env).scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
     assert [r["order_id"] for r in rows] == list(range(500))
     assert [r["coupon"] for r in rows] == [None] * 300 + [f"c{i}" for i in range(300, 500)]
+    env.verify()
+
+
+#: records of the subject's own schema between two records of new writer schemas: more than a read
+#: chunk holds (25k records, and up to as many more from one fetch), so each chunk meets one of them
+GAP = 50_000
+
+
+def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_two_batches(make_env, registry) -> None:
+    """Seven writer schemas the subject's latest does not have (each registered under a subject of
+    its own), each met in a read chunk of its own: the batch catches up with five, ends before the
+    first record of the sixth and commits; the next batch catches up with the others."""
+    env = avro_env(make_env, registry, batch={"max_records": 1_000_000, "read_timeout_s": 30})
+    writer = Avro(env, registry)
+    plain = writer.serializer(V1)(order(0), writer.context)
+    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+    news = []
+    for k in range(1, 8):
+        schema = json.loads(json.dumps(V1))
+        schema["fields"].append({"name": f"extra_{k}", "type": ["null", "string"], "default": None})
+        other = Avro(env, registry, subject=f"{env.topic}-extra{k}")
+        records += [(0, b"k", plain, [])] * GAP
+        news.append(len(records))
+        value = other.serializer(schema)(dict(order(k), **{f"extra_{k}": f"x{k}"}), other.context)
+        records.append((0, b"k", value, []))
+    records += [(1, b"k", plain, [])] * 1_000
+    produce(env.bootstrap, env.topic, records)
+
+    result = env.cli("run", "--until-caught-up", "--json")
+
+    assert result.returncode == 0, result.stderr
+    batches = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [b["status"] for b in batches] == ["committed", "committed"], batches
+    first = {r["partition"]: (r["start"], r["end"]) for r in batches[0]["ranges"]}
+    assert first == {0: (0, news[5]), 1: (0, 1_000)}, first  # up to the sixth new schema's first record
+    table = _table(env)
+    snapshots = [s for s in table.metadata.snapshots if s.summary.operation.value == "append"]
+    columns = [
+        [f.name for f in table.metadata.schema_by_id(s.schema_id).fields if f.name.startswith("extra_")]
+        for s in snapshots
+    ]
+    assert columns == [[f"extra_{k}" for k in range(1, 6)], [f"extra_{k}" for k in range(1, 8)]], columns
+    extras = table.scan(
+        row_filter="_kafka_partition = 0", selected_fields=("_kafka_offset", *(f"extra_{k}" for k in range(1, 8)))
+    ).to_arrow()
+    assert extras.num_rows == len(records) - 1_000
+    for k, offset in enumerate(news, start=1):
+        row = extras.filter(pc.equal(extras["_kafka_offset"], offset)).to_pylist()
+        assert row == [{"_kafka_offset": offset, **{f"extra_{j}": f"x{k}" if j == k else None for j in range(1, 8)}}]
     env.verify()
 
 

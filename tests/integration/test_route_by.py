@@ -210,3 +210,119 @@ def test_maintain_compacts_and_expires_every_routed_table_keeping_the_floors(by_
     by_value.produce(900, poison_every=43)
     assert by_value.cli("run", "--until-caught-up").returncode == 0
     by_value.exact()
+
+
+def _reasons(env: Env) -> Counter[str]:
+    return Counter(Pipeline.open(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("differs", "says"),
+    [
+        ("partitioning", "the table is partitioned by [], the config says [day(created_at)]"),
+        ("schema", "cannot take the configured schema: Cannot change column type: amount: string -> decimal(12, 2)"),
+    ],
+)
+def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it_is_fixed(
+    by_value: RoutedByValue, differs: str, says: str
+) -> None:
+    from ingest.iceberg.catalog import connect
+    from ingest.iceberg.schema import partition_spec, rows_schema
+    from ingest.iceberg.table import IcebergTable
+    from ingest.records import Field
+
+    env = by_value.env
+    catalog = connect(env.config.catalog)
+    # another tool created events_view first: unpartitioned (the config partitions by day(created_at)),
+    # or with amount as text (the config's is a decimal)
+    fields = [Field(f.name, f.type, f.required) for f in env.config.schema_ or []]
+    if differs == "schema":
+        fields = [Field(f.name, "string", f.required) if f.name == "amount" else f for f in fields]
+    schema = rows_schema(fields)
+    spec = partition_spec(schema, ["day(created_at)"]) if differs == "schema" else None
+    view = IcebergTable.open(catalog, by_value.table("view"), schema, spec)
+    by_value.produce(1_200, poison_every=97)
+
+    run = by_value.cli("run", "--until-caught-up")
+
+    assert run.returncode == 0, run.stderr
+    refused = by_value.expected.pop("view")
+    by_value.expected["dead"] += refused
+    assert len(by_value.rows("click")) == by_value.expected["click"] and not by_value.rows("view")
+    reason = [reason for reason in _reasons(env) if by_value.table("view") in reason]
+    assert len(reason) == 1 and _reasons(env)[reason[0]] == refused, _reasons(env)
+    assert reason[0].startswith(f"route_by: field 'kind' is 'view', which names {by_value.table('view')}"), reason
+    assert says in reason[0], reason
+    env.verify()
+
+    if differs == "partitioning":  # fixed: records read from now on go into it
+        view.evolve_partitioning(["day(created_at)"])
+    else:  # dropped: the pipeline creates it as the config says
+        catalog.drop_table(by_value.table("view"))
+    by_value.produce(900, poison_every=97)
+    again = by_value.cli("run", "--until-caught-up")
+
+    assert again.returncode == 0, again.stderr
+    by_value.exact()
+    assert by_value.expected["view"] > 250 and _reasons(env)[reason[0]] == refused  # (exact: they are in it)
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_routed_table_another_tool_changed_takes_dead_letters_and_keeps_its_rows_counted(make_env) -> None:
+    env: Env = make_env(
+        partitions=3,
+        batch={"max_records": 1_000, "read_timeout_s": 20},
+        table_properties={"write.parquet.compression-codec": "zstd"},
+    )
+    route(env, field="kind", allow=["click", "view"])
+    by_value = RoutedByValue(env)
+    by_value.produce(900)
+    assert by_value.cli("run", "--until-caught-up").returncode == 0
+    from ingest.iceberg.catalog import connect
+
+    clicks = connect(env.config.catalog).load_table(by_value.table("click"))
+    with clicks.transaction() as change:  # as Spark's ALTER TABLE ... SET TBLPROPERTIES would
+        change.set_properties({"write.parquet.compression-codec": "snappy"})
+    landed = by_value.expected["click"]
+    by_value.produce(900)
+
+    run = by_value.cli("run", "--until-caught-up")
+
+    assert run.returncode == 0, run.stderr
+    assert len(by_value.rows("click")) == landed and len(by_value.rows("view")) == by_value.expected["view"]
+    says = [reason for reason in _reasons(env) if by_value.table("click") in reason]
+    assert len(says) == 1 and _reasons(env)[says[0]] == by_value.expected["click"] - landed, _reasons(env)
+    assert "write.parquet.compression-codec = 'snappy' (config: 'zstd')" in says[0], says
+    env.verify()  # the rows the table held before it was changed still count
+    check = by_value.cli("check", "--json")
+    assert check.returncode == 0, check.stderr
+    assert f"records routed to {by_value.table('click')} are dead letters until it can take them" in check.stdout
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_table_refused_after_a_kill_past_its_commit_keeps_what_it_holds_and_nothing_twice(make_env) -> None:
+    env: Env = make_env(
+        partitions=3,
+        batch={"max_records": 1_000, "read_timeout_s": 20},
+        table_properties={"write.parquet.compression-codec": "zstd"},
+    )
+    route(env, field="kind", allow=["click", "view"])
+    by_value = RoutedByValue(env)
+    by_value.produce(2_400, poison_every=37)
+    killed = by_value.cli("run", env={"INGEST_FAILPOINT": "after-table#1"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    held = by_value.rows("click")  # the first batch's, below the table's floor; the ledger did not move
+    assert held
+    from ingest.iceberg.catalog import connect
+
+    with connect(env.config.catalog).load_table(by_value.table("click")).transaction() as change:
+        change.set_properties({"write.parquet.compression-codec": "snappy"})
+
+    rerun = by_value.cli("run", "--until-caught-up")
+
+    assert rerun.returncode == 0, rerun.stderr
+    assert by_value.rows("click") == held  # read again, and neither added nor set aside
+    assert len(by_value.rows("view")) == by_value.expected["view"]
+    assert env.counts()[1] == by_value.expected["dead"] + by_value.expected["click"] - len(held)
+    env.verify()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import pickle
 import struct
 from decimal import Decimal
 from typing import Any
@@ -187,8 +188,12 @@ def test_a_newer_writer_schema_asks_for_evolution_or_is_refused_or_set_aside() -
 
     with pytest.raises(SchemaAhead) as ahead:
         AvroDecoder(table, Registry((1, old), (2, new)), "evolve").decode(chunk(values))
-    assert ahead.value.schema_ids == (2,)
-    assert SchemaAhead(str(ahead.value)).schema_ids == (2,)  # as Spark rebuilds it from the text
+    assert ahead.value.schema_ids == (2,) and ahead.value.first == (("t", 0, 1),)
+    assert "(the first: t[0] at offset 1)" in str(ahead.value)
+    rebuilt = SchemaAhead(f"a Spark task of batch 3 failed: {ahead.value}")  # as Spark rebuilds it from the text
+    assert (rebuilt.schema_ids, rebuilt.first) == ((2,), (("t", 0, 1),))
+    again = pickle.loads(pickle.dumps(ahead.value))  # as it leaves a worker process
+    assert (again.schema_ids, again.first) == ((2,), (("t", 0, 1),))
     with pytest.raises(SchemaChangeRefused, match="schema id 2 adds note"):
         AvroDecoder(table, Registry((1, old), (2, new)), "fail").decode(chunk(values))
     decoded = AvroDecoder(table, Registry((1, old), (2, new)), "dead_letter").decode(chunk(values))

@@ -24,12 +24,12 @@ from ingest.records import KEY_COLUMN, Field, RawChunk
 FIELDS = [Field("id", "long", True), Field("name", "string")]
 
 
-def chunk(keys: list[bytes | None], values: list[bytes | None]) -> RawChunk:
+def chunk(keys: list[bytes | None], values: list[bytes | None], first: int = 0) -> RawChunk:
     n = len(values)
     return RawChunk(
         pa.array(["t"] * n),
         pa.array([0] * n, pa.int32()),
-        pa.array(range(n), pa.int64()),
+        pa.array(range(first, first + n), pa.int64()),
         pa.array([0] * n, pa.timestamp("us", tz="UTC")),
         pa.array(keys, pa.binary()),
         values,
@@ -120,9 +120,10 @@ def test_a_primitive_avro_key_is_a_column_of_its_type_and_a_wider_writer_asks_to
 
     assert rows.column(KEY_COLUMN).to_pylist() == [7, -3]
     with pytest.raises(SchemaAhead) as ahead:
-        decoder.decode(chunk([avro(2, "long", 2**40)], values[:1]))
+        decoder.decode(chunk([None, avro(1, "int", 7), avro(2, "long", 2**40)], [*values, b'{"id": 3}'], first=100))
     assert ahead.value.key and ahead.value.schema_ids == (2,)
-    assert str(ahead.value).startswith("record keys: ")
+    assert ahead.value.first == (("t", 0, 102),)  # where the record is, not where its key is among the keys
+    assert str(ahead.value).startswith("record keys: ") and "(the first: t[0] at offset 102)" in str(ahead.value)
     widened = [*FIELDS, key_field(WriterSchema(2, "AVRO", '"long"'))]
     evolved = keyed(widened, RegistryKeys(widened[-1], registry, lambda f, r: AvroDecoder(f, r, "evolve"), avro=True))
     assert evolved.decode(chunk([avro(2, "long", 2**40)], values[:1])).rows.column(KEY_COLUMN).to_pylist() == [2**40]

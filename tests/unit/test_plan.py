@@ -325,3 +325,25 @@ def test_a_topic_no_longer_configured_keeps_its_offsets_and_reads_nothing() -> N
 def test_a_configured_topic_that_lost_a_partition_still_means_it_was_recreated() -> None:
     with pytest.raises(TopicRecreated, match=r"orders\[1\]"):
         plan_batch(ledger(p0=3, p1=3, q0=40), view(p0=(0, 10), q0=(0, 50)), PlanPolicy())
+
+
+# --- ending a batch early --------------------------------------------------------------------
+
+
+def test_a_batch_ends_before_the_given_offsets_inside_its_ranges_and_keeps_the_rest() -> None:
+    batch = Batch(4, ledger(p0=10, p1=20, p2=5), {P0: 10, P1: 20, P2: 5}, {P0: 50, P1: 60, P2: 5}, CLUSTER)
+
+    early = batch.ending_before({P0: 30, P1: 60, P2: 5, Q0: 1})  # P1's end and P2's empty range hold nothing
+
+    assert early is not None
+    assert (early.number, early.base, early.start) == (4, batch.base, batch.start)
+    assert dict(early.end) == {P0: 30, P1: 60, P2: 5}
+    assert early.ranges() == [(P0, 10, 30), (P1, 20, 60)] and early.moves_ledger
+
+
+def test_a_batch_does_not_end_early_where_that_cuts_nothing_or_leaves_nothing_to_read() -> None:
+    batch = Batch(4, ledger(p0=10, p1=20), {P0: 10, P1: 20}, {P0: 50, P1: 60}, CLUSTER)
+
+    assert batch.ending_before({P0: 9, P1: 60}) is None  # before the range, at its end: nothing cut
+    assert batch.ending_before({P0: 10, P1: 20}) is None  # each range's first record: nothing left
+    assert batch.ending_before({P0: 10}) == Batch(4, batch.base, batch.start, {P0: 10, P1: 60}, CLUSTER)
