@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 from ingest.errors import LedgerFormatError
 
-#: the ledger format this version writes (format 1, every map nested per partition, is still read)
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+#: the ledger format this version writes; formats 1 (every map nested per partition) and 2 (no topic
+#: ids) are still read. A version that reads only older formats stops at a newer ledger instead of
+#: dropping what it cannot read (the topic ids) from the ledgers it commits
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 #: every summary key and table property this project writes starts with this
 PREFIX = "ingest."
 REGISTRY_PROPERTY = f"{PREFIX}pipelines"
@@ -103,6 +105,10 @@ class Ledger:
     #: ``verify`` counts reads exactly once the first ledgers are expired; empty in ledgers whose
     #: history began before it was kept
     origin: Mapping[TopicPartition, int] = field(default_factory=dict)
+    #: the Kafka topic id of each topic the offsets were read from (Kafka's printable form), carried
+    #: forward; a topic deleted and created again under its name has another. Empty for a topic of a
+    #: ledger written before ids were kept (format 1 or 2), or where Kafka gave none
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def topics(self) -> frozenset[str]:
@@ -115,6 +121,16 @@ class Ledger:
     def valid_through(self) -> int | None:
         """Min over partitions of the newest committed record timestamp: all data up to it is in."""
         return min(self.timestamps.values()) if self.timestamps else None
+
+
+@dataclass(frozen=True)
+class Detail:
+    """What a ledger's ``detail`` key holds."""
+
+    starts: dict[TopicPartition, int]
+    timestamps: dict[TopicPartition, int]
+    origin: dict[TopicPartition, int]
+    topic_ids: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -159,8 +175,9 @@ def _offsets_of(nested: Mapping[str, list[int] | Mapping[str, int]]) -> dict[Top
 
 
 def _encode_detail(ledger: Ledger) -> str:
-    """Start offsets, timestamps and origin in one compressed key (format 2): at 1,000 partitions
-    they were ~50 KB of a snapshot's summary, which every snapshot kept in the table metadata repeats.
+    """Start offsets, timestamps, origin and topic ids in one compressed key (formats 2 and 3): at
+    1,000 partitions they were ~50 KB of a snapshot's summary, which every snapshot kept in the table
+    metadata repeats.
 
     zlib over JSON, base64: each start as its distance below the partition's offset (the batch's
     size), the timestamps after their minimum; decompressed, it reads as plain JSON."""
@@ -173,22 +190,22 @@ def _encode_detail(ledger: Ledger) -> str:
         "time-base": base,
         "times": _nested({tp: ts - base for tp, ts in ledger.timestamps.items()}),
         "origin": _nested(ledger.origin),
+        "topic-ids": dict(sorted(ledger.topic_ids.items())),
     }
     text = json.dumps(detail, separators=(",", ":"), sort_keys=True).encode()
     return base64.b64encode(zlib.compress(text, 9)).decode("ascii")
 
 
-def _decode_detail(
-    pipeline: str, text: str, offsets: Mapping[TopicPartition, int]
-) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """Start offsets, timestamps and origin of a format-2 ledger."""
+def _decode_detail(pipeline: str, text: str, offsets: Mapping[TopicPartition, int]) -> Detail:
+    """The detail of a format-2 or -3 ledger (format 2 has no topic ids)."""
     try:
         detail = json.loads(zlib.decompress(base64.b64decode(text, validate=True)))
         starts = {tp: offsets[tp] - read for tp, read in _offsets_of(detail["read"]).items()}
         starts |= _offsets_of(detail["start"])
         base = int(detail["time-base"])
         timestamps = {tp: base + delta for tp, delta in _offsets_of(detail["times"]).items()}
-        return starts, timestamps, _offsets_of(detail["origin"])
+        topic_ids = {str(topic): str(topic_id) for topic, topic_id in detail.get("topic-ids", {}).items()}
+        return Detail(starts, timestamps, _offsets_of(detail["origin"]), topic_ids)
     except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as error:
         raise LedgerFormatError(
             f"'ingest.{pipeline}.detail' is not the zlib-compressed JSON this version writes: corrupted ledger "
@@ -305,22 +322,26 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
     next_offsets = _decode_offsets(offsets)
     detail = summary.get(_key(pipeline, "detail"))
     if detail is not None:
-        starts, timestamps, origin = _decode_detail(pipeline, detail, next_offsets)
+        kept = _decode_detail(pipeline, detail, next_offsets)
     else:  # format 1
-        starts = _decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}"))
-        timestamps = _decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}"))
-        origin = _decode_offsets(summary.get(_key(pipeline, "origin"), "{}"))
+        kept = Detail(
+            _decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}")),
+            _decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
+            _decode_offsets(summary.get(_key(pipeline, "origin"), "{}")),
+            {},
+        )
     return Ledger(
         batch=int(summary[_key(pipeline, "batch")]),
         offsets=next_offsets,
-        start_offsets=starts,
+        start_offsets=kept.starts,
         cluster_id=summary.get(_key(pipeline, "kafka-cluster")),
-        timestamps=timestamps,
+        timestamps=kept.timestamps,
         lost=lost,
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
         sync=_decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
-        origin=origin,
+        origin=kept.origin,
+        topic_ids=kept.topic_ids,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried, carried_origin
-from ingest.errors import DataLoss, TopicRecreated
+from ingest.errors import DataLoss, TopicIdChanged, TopicRecreated
 
 #: where a pipeline's first batch starts: the earliest or latest offsets, or (a timestamp in
 #: milliseconds) the first offsets at or after that time, looked up in Kafka's time index
@@ -31,6 +31,8 @@ class Watermarks:
 class KafkaView:
     cluster_id: str | None
     partitions: Mapping[TopicPartition, Watermarks]
+    #: each topic's Kafka topic id (its printable form); a topic Kafka gave no id for is absent
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Batch:
     lost: tuple[LostRange, ...] = field(default=())
     #: set when this "batch" is a reset: a ledger move without data (see ``ingest.ops.reset``)
     reset_id: str | None = None
+    #: the topic ids its ledger records (those of the topics it has offsets of)
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
     def ranges(self) -> list[tuple[TopicPartition, int, int]]:
         """The non-empty ranges, in partition order."""
@@ -71,7 +75,12 @@ class Batch:
             reset_id=self.reset_id,
             resets=carried(self.base),
             origin=carried_origin(self.base, self.start),
+            topic_ids=self._recorded_ids(),
         )
+
+    def _recorded_ids(self) -> dict[str, str]:
+        topics = {tp.topic for tp in self.end}
+        return {topic: topic_id for topic, topic_id in self.topic_ids.items() if topic in topics}
 
     @property
     def planned_records(self) -> int:
@@ -113,13 +122,40 @@ def fair_caps(available: Mapping[TopicPartition, int], limit: int) -> dict[Topic
     return caps
 
 
+def changed_topics(ledger: Ledger | None, kafka: KafkaView) -> list[tuple[str, str, str]]:
+    """The topics whose Kafka id is not the one ``ledger`` recorded, as (topic, id in the ledger, id
+    in Kafka): each was deleted and created again under its name since. A topic without an id on
+    either side (a ledger written before ids were kept, a broker that gives none) is not among them."""
+    if ledger is None:
+        return []
+    return [
+        (topic, recorded, kafka.topic_ids[topic])
+        for topic, recorded in sorted(ledger.topic_ids.items())
+        if kafka.topic_ids.get(topic, recorded) != recorded
+    ]
+
+
+def check_topic_ids(ledger: Ledger | None, kafka: KafkaView) -> None:
+    """Refuse (:class:`~ingest.errors.TopicIdChanged`) a ledger whose topics Kafka now knows by
+    other ids: its offsets belong to deleted topics, whatever the new ones hold."""
+    changed = changed_topics(ledger, kafka)
+    if changed:
+        names = {topic for topic, _, _ in changed}
+        earliest = [
+            (tp.topic, tp.partition, wm.low) for tp, wm in sorted(kafka.partitions.items()) if tp.topic in names
+        ]
+        raise TopicIdChanged(changed, earliest)
+
+
 def plan_batch(
     ledger: Ledger | None,
     kafka: KafkaView,
     policy: PlanPolicy,
     from_time: Mapping[TopicPartition, int] | None = None,
 ) -> Batch:
-    """Plan the next batch, failing on data loss (unless ``skip``) and on recreated topics.
+    """Plan the next batch, failing on data loss (unless ``skip``) and on recreated topics: a topic
+    whose id is not the ledger's, or (where either has no id) one that lost partitions or ends below
+    the ledger's offsets.
 
     ``from_time``: for a first batch whose ``policy.start`` is a timestamp, the offsets Kafka's time
     index gives for it (the end offset where no record is that recent)."""
@@ -131,6 +167,7 @@ def plan_batch(
             f"the brokers now report {kafka.cluster_id!r}. The offsets in the ledger do not apply to this "
             "cluster. Point `kafka.bootstrap.servers` at the original cluster, or start a new pipeline id."
         )
+    check_topic_ids(ledger, kafka)
     known = dict(ledger.offsets) if ledger is not None else {}
     viewed = {tp.topic for tp in kafka.partitions}
     # a topic no longer configured keeps its offsets in the ledger, so adding it back resumes exactly
@@ -175,4 +212,5 @@ def plan_batch(
         end=end,
         cluster_id=kafka.cluster_id,
         lost=tuple(lost),
+        topic_ids={**(ledger.topic_ids if ledger is not None else {}), **kafka.topic_ids},
     )

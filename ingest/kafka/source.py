@@ -8,6 +8,7 @@ range's end, never when a count of records is reached.
 
 from __future__ import annotations
 
+import base64
 import collections
 import logging
 import operator
@@ -19,7 +20,15 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    Uuid,
+)
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
@@ -177,8 +186,8 @@ class KafkaSource:
         )
 
     def describe(self) -> KafkaView:
-        """Cluster id, partitions and low/high (last stable) offsets of the configured topics (those
-        that match the pattern now, with ``topics_pattern:``)."""
+        """Cluster id, topic ids, partitions and low/high (last stable) offsets of the configured
+        topics (those that match the pattern now, with ``topics_pattern:``)."""
         metadata = self._metadata()
         tps: list[TopicPartition] = []
         topics = self.topics
@@ -210,7 +219,33 @@ class KafkaSource:
         return KafkaView(
             cluster_id=metadata.cluster_id,
             partitions={tp: Watermarks(low[tp], max(low[tp], high[tp])) for tp in tps},
+            topic_ids=self._topic_ids(topics),
         )
+
+    def _topic_ids(self, topics: Sequence[str]) -> dict[str, str]:
+        """Each topic's id, in Kafka's printable form (what ``kafka-topics.sh --describe`` shows). The
+        metadata librdkafka's ``list_topics`` returns has no ids; ``describe_topics`` has them. A
+        broker too old to give ids answers the zero id: that topic is left out."""
+        if not topics:
+            return {}
+        try:
+            futures = self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.timeout_s)
+            found = {name: _printable(future.result().topic_id) for name, future in futures.items()}
+        except KafkaException as error:
+            cause = error.args[0] if error.args else None
+            code = cause.code() if isinstance(cause, KafkaError) else None
+            where = self._props["bootstrap.servers"]
+            if code in TOPIC_REFUSALS:
+                raise KafkaRefused(
+                    f"Kafka at {where} does not let this client describe the topics: {error}. " + REFUSED_HINT
+                ) from None
+            if code == KafkaError.UNKNOWN_TOPIC_OR_PART:  # deleted since the metadata was read
+                raise BrokerUnavailable(
+                    f"a topic of {', '.join(topics)} was deleted while the batch was planned ({error}). "
+                    "Nothing was committed; run again."
+                ) from None
+            raise self._failed(f"describing topics failed on {where}", error) from None
+        return {name: topic_id for name, topic_id in found.items() if topic_id is not None}
 
     def _metadata(self) -> Any:
         """The cluster's metadata: waits ``timeout_s`` for a broker that answers slowly, but gives up
@@ -384,6 +419,20 @@ class KafkaSource:
                     raise KafkaException(", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in refused))
         except KafkaException as error:
             log.warning("advisory offsets of consumer group %r not stored (ignored): %s", self._group_id, error)
+
+
+def _printable(topic_id: Uuid | None) -> str | None:
+    """A topic id as Kafka prints it (its 16 bytes in URL-safe base64, unpadded: Java's
+    ``Uuid.toString``; librdkafka's ``str()`` uses the other base64 alphabet); None for the zero id."""
+    if topic_id is None:
+        return None
+    # (confluent-kafka's type stubs leave these two methods out)
+    high = topic_id.get_most_significant_bits()  # type: ignore[attr-defined]
+    low = topic_id.get_least_significant_bits()  # type: ignore[attr-defined]
+    if high == low == 0:
+        return None
+    raw = high.to_bytes(8, "big", signed=True) + low.to_bytes(8, "big", signed=True)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
 _SECOND = operator.itemgetter(1)

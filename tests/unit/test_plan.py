@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from ingest.core.ledger import Ledger, LostRange, TopicPartition
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, fair_caps, plan_batch
-from ingest.errors import DataLoss, FatalError, TopicRecreated
+from ingest.errors import DataLoss, ExitCode, FatalError, TopicIdChanged, TopicRecreated
 
 P0 = TopicPartition("orders", 0)
 P1 = TopicPartition("orders", 1)
@@ -264,6 +265,95 @@ def test_a_partition_that_disappeared_means_the_topic_was_recreated() -> None:
 def test_a_changed_cluster_id_means_the_cluster_was_recreated() -> None:
     with pytest.raises(TopicRecreated, match=r"cluster-A.*cluster-B"):
         plan_batch(ledger(p0=3), view(cluster="cluster-B", p0=(0, 10)), PlanPolicy())
+
+
+OLD_ID, NEW_ID, PAYMENTS_ID = "GCRqv5ExRvmLGBc9uuOoNQ", "uNtjX0cYT6K1pW3v_9Bfsw", "Zm9vYmFyYmF6cXV4MTIzNA"
+
+
+def ids_in(base: Ledger, **ids: str) -> Ledger:
+    return dataclasses.replace(base, topic_ids=ids)
+
+
+def ids_of(now: KafkaView, **ids: str) -> KafkaView:
+    return dataclasses.replace(now, topic_ids=ids)
+
+
+def test_a_topic_with_another_id_was_recreated_even_when_it_holds_more_than_the_ledger_read() -> None:
+    # the new topic holds 450 records, the ledger read 300 of the old one: the offsets alone look fine
+    old = ids_in(ledger(p0=150, p1=150, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 225), p1=(0, 225), q0=(0, 9)), orders=NEW_ID, payments=PAYMENTS_ID)
+
+    with pytest.raises(TopicIdChanged) as caught:
+        plan_batch(old, now, PlanPolicy())
+
+    error = caught.value
+    assert error.exit_code == ExitCode.FATAL and isinstance(error, TopicRecreated)
+    assert error.changed == (("orders", OLD_ID, NEW_ID),)
+    message = str(error)
+    assert "topic 'orders' was deleted and recreated" in message
+    assert f"the ledger has {OLD_ID}, Kafka has {NEW_ID}" in message
+    assert 'ingest reset -c <config> --to-offsets orders:0=0,orders:1=0 --reason "recreated orders"' in message
+    assert "--table" not in message
+    assert "--table analytics.orders --to-offsets" in str(error.on_table("analytics.orders"))
+
+
+def test_the_reset_a_recreated_topic_names_starts_at_its_earliest_retained_offsets() -> None:
+    old = ids_in(ledger(p0=150, p1=150), orders=OLD_ID)
+    now = ids_of(view(p0=(40, 225), p1=(0, 225)), orders=NEW_ID)
+
+    with pytest.raises(TopicIdChanged, match="--to-offsets orders:0=40,orders:1=0 "):
+        plan_batch(old, now, PlanPolicy())
+
+
+def test_the_same_topic_id_plans_as_usual_and_the_ledger_keeps_the_ids() -> None:
+    old = ids_in(ledger(p0=150, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 225), q0=(0, 9)), orders=OLD_ID, payments=PAYMENTS_ID)
+
+    batch = plan_batch(old, now, PlanPolicy())
+
+    assert batch.ranges() == [(P0, 150, 225), (Q0, 7, 9)]
+    assert batch.ledger().topic_ids == {"orders": OLD_ID, "payments": PAYMENTS_ID}
+
+
+def test_a_topic_no_longer_read_keeps_its_id_and_a_new_one_records_its_own() -> None:
+    old = ids_in(ledger(q0=7), payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 5)), orders=NEW_ID)  # payments no longer configured (or deleted)
+
+    batch = plan_batch(old, now, PlanPolicy())
+
+    assert batch.ledger().topic_ids == {"orders": NEW_ID, "payments": PAYMENTS_ID}
+    # deleted meanwhile and created again: refused when it is read again
+    again = ids_of(view(q0=(0, 50)), payments=NEW_ID)
+    with pytest.raises(TopicIdChanged, match="'payments'"):
+        plan_batch(batch.ledger(), again, PlanPolicy())
+
+
+def test_several_recreated_topics_are_named_in_one_error_with_one_reset() -> None:
+    old = ids_in(ledger(p0=3, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 5), q0=(0, 9)), orders=NEW_ID, payments=OLD_ID)
+
+    with pytest.raises(TopicIdChanged) as caught:
+        plan_batch(old, now, PlanPolicy())
+
+    assert caught.value.changed == (("orders", OLD_ID, NEW_ID), ("payments", PAYMENTS_ID, OLD_ID))
+    assert "topics 'orders', 'payments' were deleted" in str(caught.value)
+    assert "--to-offsets orders:0=0,payments:0=0 " in str(caught.value)
+
+
+@pytest.mark.parametrize("side", ["ledger", "kafka"])
+def test_without_an_id_on_either_side_the_offsets_are_checked_as_before(side: str) -> None:
+    # a ledger written before ids were kept (format 1 or 2), or a broker that gives none
+    old = ledger(p0=150) if side == "ledger" else ids_in(ledger(p0=150), orders=OLD_ID)
+    now = view(p0=(0, 225)) if side == "kafka" else ids_of(view(p0=(0, 225)), orders=NEW_ID)
+
+    assert plan_batch(old, now, PlanPolicy()).ranges() == [(P0, 150, 225)]
+    shorter = dataclasses.replace(now, partitions={P0: Watermarks(0, 100)})
+    with pytest.raises(TopicRecreated, match="deleted and recreated"):
+        plan_batch(old, shorter, PlanPolicy())
+    # and the ledger a batch of it commits records the id Kafka gives, from then on
+    assert plan_batch(old, now, PlanPolicy()).ledger().topic_ids == (
+        {"orders": NEW_ID} if side == "ledger" else {"orders": OLD_ID}
+    )
 
 
 def test_an_unknown_cluster_id_on_either_side_is_not_a_change() -> None:
