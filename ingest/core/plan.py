@@ -21,10 +21,18 @@ DataLossPolicy = Literal["fail", "skip"]
 
 @dataclass(frozen=True)
 class Watermarks:
-    """``low``: earliest retained offset; ``high``: end of readable data (last stable offset)."""
+    """``low``: earliest retained offset; ``high``: end of readable data (last stable offset);
+    ``log_end``: end of every record, those of open transactions too (Kafka's high watermark), or
+    None where it was not read (then taken to be ``high``)."""
 
     low: int
     high: int
+    log_end: int | None = None
+
+    @property
+    def written_end(self) -> int:
+        """The end of all the records the partition holds, readable or not yet."""
+        return self.high if self.log_end is None else self.log_end
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class KafkaView:
     partitions: Mapping[TopicPartition, Watermarks]
     #: each topic's Kafka topic id (its printable form); a topic Kafka gave no id for is absent
     topic_ids: Mapping[str, str] = field(default_factory=dict)
+    #: when the end offsets were read (ms since epoch, the reader's clock, taken just before the
+    #: requests): every record written by then lies below them. None: not known
+    read_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class Batch:
     reset_id: str | None = None
     #: the topic ids its ledger records (those of the topics it has offsets of)
     topic_ids: Mapping[str, str] = field(default_factory=dict)
+    #: the partitions whose end reaches all Kafka held at plan time, with when that was read (ms)
+    caught_up: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def ranges(self) -> list[tuple[TopicPartition, int, int]]:
         """The non-empty ranges, in partition order."""
@@ -64,7 +77,10 @@ class Batch:
 
     def ledger(self, timestamps: Mapping[TopicPartition, int] | None = None) -> Ledger:
         """The ledger a commit of this batch carries: its end offsets, what it skipped, the resets
-        its base remembers, and ``timestamps`` (newest committed record time per partition)."""
+        its base remembers, its topic ids, when each partition was last read to its end (this
+        batch's plan, else as its base says), and ``timestamps`` (newest committed record time per
+        partition)."""
+        earlier = self.base.caught_up if self.base is not None else {}
         return Ledger(
             batch=self.number,
             offsets=self.end,
@@ -76,6 +92,7 @@ class Batch:
             resets=carried(self.base),
             origin=carried_origin(self.base, self.start),
             topic_ids=self._recorded_ids(),
+            caught_up={tp: when for tp, when in {**earlier, **self.caught_up}.items() if tp in self.end},
         )
 
     def _recorded_ids(self) -> dict[str, str]:
@@ -205,6 +222,12 @@ def plan_batch(
     available = {tp: kafka.partitions[tp].high - start[tp] if tp in kafka.partitions else 0 for tp in start}
     caps = fair_caps(available, policy.max_records)
     end = {tp: start[tp] + caps[tp] for tp in start}
+    # read to the end of all it held when the view was taken: complete through that time. Not so
+    # behind an open transaction (its records, written earlier, become readable later)
+    read_at = kafka.read_at_ms
+    caught_up = (
+        {} if read_at is None else {tp: read_at for tp, wm in kafka.partitions.items() if end[tp] >= wm.written_end}
+    )
     return Batch(
         number=(ledger.batch + 1) if ledger is not None else 1,
         base=ledger,
@@ -213,4 +236,5 @@ def plan_batch(
         cluster_id=kafka.cluster_id,
         lost=tuple(lost),
         topic_ids={**(ledger.topic_ids if ledger is not None else {}), **kafka.topic_ids},
+        caught_up=caught_up,
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -236,12 +236,9 @@ def move_ledger(
     recreated = {topic for topic, _, _ in changed_topics(found.ledger if found else None, view)}
     new = _target_offsets(command, source, view, current, lost, recreated)
     _check_retained(view, new)
-    # the newest record times of a recreated topic the reset sets are the deleted topic's
+    timestamps = found.ledger.timestamps if found else {}
     renewed = recreated & _sets(command.target, view)
-    timestamps = {
-        tp: ts for tp, ts in (found.ledger.timestamps if found else {}).items() if tp in new and tp.topic not in renewed
-    }
-    snapshot_id, number = _commit(command, rows, found, new, view, timestamps, lost)
+    snapshot_id, number = _commit(command, rows, found, new, view, timestamps, lost, renewed)
     return command.report(
         "applied",
         snapshot_id,
@@ -328,8 +325,10 @@ def _commit(
     view: KafkaView,
     timestamps: Mapping[TopicPartition, int],
     recovering: bool,
+    renewed: Collection[str] = (),
 ) -> tuple[int | None, int]:
-    """Commit ledger ``new`` to ``table`` in a snapshot without data: (snapshot id, batch number)."""
+    """Commit ledger ``new`` to ``table`` in a snapshot without data: (snapshot id, batch number).
+    ``renewed``: recreated topics the reset sets (their record times were the deleted topics')."""
     name = command.pipeline
     number = found.ledger.batch + 1 if found else 1
     start = dict(found.ledger.offsets) if found else dict(new)
@@ -343,11 +342,14 @@ def _commit(
         reset_id=command.reset_id,
         topic_ids=_topic_ids(command.target, base, view),
     )
+    carried_over = batch.ledger({tp: ts for tp, ts in timestamps.items() if tp in new})
     ledger = replace(
-        batch.ledger(timestamps),
+        carried_over,
         start_offsets=new,
         resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
         origin=carried_origin(base, new),
+        timestamps={tp: ts for tp, ts in carried_over.timestamps.items() if tp.topic not in renewed},
+        caught_up={tp: when for tp, when in carried_over.caught_up.items() if tp.topic not in renewed},
     )
     request = RowsCommit(
         name,

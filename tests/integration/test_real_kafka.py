@@ -92,6 +92,41 @@ def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_
     env.verify()
 
 
+def test_a_partition_held_by_an_open_transaction_is_complete_only_through_its_last_read_to_the_end(
+    make_env,
+) -> None:
+    import time
+
+    env = make_env(partitions=2)
+    env.produce(20)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    first = json.loads(env.cli("status", "--json").stdout)["valid_through_ms"]
+    transactional = _transactional(env)
+    transactional.begin_transaction()  # left open on partition 1 across the next run
+    for i in range(100, 105):
+        _, key, value, _ = record(i, 1, None)
+        transactional.produce(env.topic, value, key, partition=1)
+    transactional.flush(30)
+    plain = Producer({"bootstrap.servers": env.bootstrap})
+    for i in range(200, 210):
+        _, key, value, _ = record(i, 1, None)
+        plain.produce(env.topic, value, key, partition=0)
+    plain.flush(30)
+    before = int(time.time() * 1000)
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert status["batch"] == 2 and [p["committed"] for p in status["partitions"]] == [20, 10]
+    # partition 1 was read to its readable end, but records written before the run wait behind the
+    # open transaction: it is complete only through the first run's read of its end
+    assert status["valid_through_ms"] == first < before
+    transactional.commit_transaction(30)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert json.loads(env.cli("status", "--json").stdout)["valid_through_ms"] >= before
+    env.verify()
+
+
 @pytest.mark.parametrize("policy", ["fail", "skip"])
 def test_retention_deleting_unread_records(make_env, policy: str) -> None:
     env = make_env(partitions=2, on_data_loss=policy)

@@ -415,3 +415,63 @@ def test_a_topic_no_longer_configured_keeps_its_offsets_and_reads_nothing() -> N
 def test_a_configured_topic_that_lost_a_partition_still_means_it_was_recreated() -> None:
     with pytest.raises(TopicRecreated, match=r"orders\[1\]"):
         plan_batch(ledger(p0=3, p1=3, q0=40), view(p0=(0, 10), q0=(0, 50)), PlanPolicy())
+
+
+# --- complete through: partitions read to their end --------------------------------------------
+
+READ_AT = 1_764_900_000_000
+
+
+def at(now: KafkaView, read_at: int = READ_AT) -> KafkaView:
+    return dataclasses.replace(now, read_at_ms=read_at)
+
+
+def test_a_partition_the_batch_reads_to_its_end_is_complete_through_when_that_end_was_read() -> None:
+    batch = plan_batch(ledger(p0=0, p1=0), at(view(p0=(0, 100), p1=(0, 10))), PlanPolicy(max_records=30))
+
+    assert batch.end == {P0: 20, P1: 10}
+    assert batch.caught_up == {P1: READ_AT}  # p0 has 80 more to read
+    committed = batch.ledger({P0: 1_700_000_000_000, P1: 1_600_000_000_000})
+    assert committed.caught_up == {P1: READ_AT}
+    # p1's newest record is the oldest, yet all it held is in: p0's newest record is the limit
+    assert committed.valid_through == 1_700_000_000_000
+
+
+def test_an_idle_partition_does_not_hold_valid_through_back_while_a_busy_one_moves_on() -> None:
+    idle_last, busy_last = 1_600_000_000_000, READ_AT + 50_000
+    first = plan_batch(ledger(p0=0, p1=0), at(view(p0=(0, 10), p1=(0, 10))), PlanPolicy())
+    after_first = first.ledger({P0: READ_AT - 1_000, P1: idle_last})
+    assert after_first.valid_through == READ_AT  # both read to their end: complete through then
+
+    # an hour later the busy partition got 100 records, more than a batch takes; the idle one none
+    later = at(view(p0=(0, 110), p1=(0, 10)), READ_AT + 3_600_000)
+    second = plan_batch(after_first, later, PlanPolicy(max_records=50))
+    after_second = second.ledger({P0: busy_last, P1: idle_last})
+
+    assert after_second.caught_up == {P0: READ_AT, P1: READ_AT + 3_600_000}
+    assert after_second.complete_through == {P0: busy_last, P1: READ_AT + 3_600_000}
+    assert after_second.valid_through == busy_last  # not the idle partition's last record, long past
+
+
+def test_a_partition_behind_an_open_transaction_is_not_read_to_its_end() -> None:
+    # its readable end (last stable offset) is 10, but records of an open transaction lie past it:
+    # written before the end was read, they become readable later, below newer records
+    open_transaction = KafkaView(CLUSTER, {P0: Watermarks(0, 10, 14), P1: Watermarks(0, 10, 10)}, read_at_ms=READ_AT)
+
+    batch = plan_batch(ledger(p0=0, p1=0), open_transaction, PlanPolicy())
+
+    assert batch.end == {P0: 10, P1: 10}
+    assert batch.caught_up == {P1: READ_AT}
+
+
+def test_without_the_time_the_end_was_read_no_partition_counts_as_read_to_its_end() -> None:
+    assert plan_batch(ledger(p0=0), view(p0=(0, 10)), PlanPolicy()).caught_up == {}
+
+
+def test_a_partition_behind_or_no_longer_read_keeps_when_it_was_last_read_to_its_end() -> None:
+    base = dataclasses.replace(ledger(p0=10, q0=7), caught_up={P0: READ_AT - 5, Q0: READ_AT - 9})
+    batch = plan_batch(base, at(view(p0=(0, 20))), PlanPolicy(max_records=5))
+
+    # p0 is behind now, and payments is no longer read: each keeps the time it was last at its end
+    assert batch.caught_up == {}
+    assert batch.ledger().caught_up == {P0: READ_AT - 5, Q0: READ_AT - 9}

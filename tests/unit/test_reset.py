@@ -49,6 +49,7 @@ OLD = Ledger(
     batch=4,
     offsets={O0: 150, O1: 150, O2: 150, Q0: 7},
     timestamps={O0: 1_000, O1: 2_000, O2: 3_000, Q0: 4_000},
+    caught_up={O1: 5_000, O2: 5_000, Q0: 5_000},
     topic_ids={"orders": OLD_ID, "payments": PAYMENTS_ID},
 )
 RECREATED = Kafka(
@@ -67,6 +68,7 @@ def test_a_reset_naming_the_recreated_topic_records_its_new_id_and_the_next_batc
     assert after.topic_ids == {"orders": NEW_ID, "payments": PAYMENTS_ID}
     assert after.offsets == {O0: 0, O1: 0, O2: 0, Q0: 7}
     assert after.timestamps == {Q0: 4_000}  # those of orders were the deleted topic's records'
+    assert after.caught_up == {Q0: 5_000}  # as was reading orders to its end
     batch = plan_batch(after, RECREATED.view, PlanPolicy())
     assert batch.ranges() == [(O0, 0, 225), (O1, 0, 225), (O2, 0, 225), (Q0, 7, 9)]
 
@@ -95,7 +97,7 @@ def test_a_reset_of_another_topic_keeps_the_recreated_ones_old_id_so_runs_still_
     after = reset(table_with(OLD), RECREATED, ResetTarget("offsets", {Q0: 9}))
 
     assert after.topic_ids == {"orders": OLD_ID, "payments": PAYMENTS_ID}
-    assert after.timestamps == OLD.timestamps
+    assert after.timestamps == OLD.timestamps and after.caught_up == OLD.caught_up
     with pytest.raises(TopicIdChanged, match="'orders'"):
         plan_batch(after, RECREATED.view, PlanPolicy())
 
