@@ -177,9 +177,11 @@ def data_age(valid_through_ms: int | None, now: datetime) -> timedelta | None:
 class FreshnessCheckOperator(BaseOperator):
     """Fail when the table's committed data is older than ``max_staleness``, to alert on a stalled pipeline.
 
-    The age is measured from the ledger's valid-through: the minimum over partitions of the newest
-    committed record timestamp. A partition without new records holds it back as well, so pick a
-    bound above the topic's longest quiet period. A stale table fails the task without retries
+    The age is measured from the ledger's valid-through: the minimum over partitions of the time each
+    is complete through (its newest committed record's timestamp, or when a batch last read all
+    Kafka held of it). A partition without new records does not hold it back while batches commit;
+    a run with nothing new in any partition commits nothing, so pick a bound above the longest time
+    the whole topic goes without a record. A stale table fails the task without retries
     (retrying a check at once does not make data fresher; the next DAG run checks again); a
     catalog that cannot be reached is retryable as usual.
     """
@@ -230,7 +232,7 @@ class FreshnessCheckOperator(BaseOperator):
         if age > self.max_staleness:
             message += (
                 f", older than the bound of {self.max_staleness}: the pipeline is stalled ({look}) "
-                "or a partition has had no new records for that long"
+                "or no partition has had new records for that long"
             )
         return age, message
 

@@ -12,6 +12,7 @@ Anything that is not an ``IngestError`` is a bug and is never treated as retryab
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
@@ -183,6 +184,36 @@ class DataLoss(FatalError):
 
 class TopicRecreated(FatalError):
     """The topic or cluster is not the one the ledger was written against."""
+
+
+class TopicIdChanged(TopicRecreated):
+    """Kafka has other topic ids than the ledger recorded under these names: the topics were deleted
+    and created again. ``changed``: (topic, id in the ledger, id in Kafka) each; ``earliest``:
+    (topic, partition, offset) of the new topics' earliest offsets, for the reset that goes on."""
+
+    def __init__(
+        self,
+        changed: Sequence[tuple[str, str, str]],
+        earliest: Sequence[tuple[str, int, int]],
+        table: str | None = None,
+    ) -> None:
+        self.changed, self.earliest, self.table = tuple(changed), tuple(earliest), table
+        names = ", ".join(repr(topic) for topic, _, _ in self.changed)
+        ids = "; ".join(f"{topic!r}: the ledger has {was}, Kafka has {now}" for topic, was, now in self.changed)
+        offsets = ",".join(f"{topic}:{partition}={offset}" for topic, partition, offset in self.earliest)
+        where = f" --table {table}" if table else ""
+        reason = "recreated " + " ".join(topic for topic, _, _ in self.changed)
+        noun, verb = ("topic", "was") if len(self.changed) == 1 else ("topics", "were")
+        super().__init__(
+            f"{noun} {names} {verb} deleted and recreated under the same name, so the ledger's offsets belong "
+            f"to another topic ({ids}). Nothing was read or committed. To read the new {noun} from the earliest "
+            f'offsets: ingest reset -c <config>{where} --to-offsets {offsets} --reason "{reason}" (or name the '
+            "offsets to resume at)."
+        )
+
+    def on_table(self, table: str) -> TopicIdChanged:
+        """The same error, its reset command naming ``--table`` (a config of several tables)."""
+        return TopicIdChanged(self.changed, self.earliest, table)
 
 
 class TopicMoved(FatalError):

@@ -88,7 +88,8 @@ class RunMetrics:
         )
         self.valid_through = Gauge(
             "ingest_valid_through_timestamp_seconds",
-            "Every record up to this Kafka timestamp is in the table (min over partitions of the newest committed)",
+            "The table is complete through this time (min over partitions of the newest committed record's"
+            " timestamp or, if later, when a batch last read the partition to its end)",
             names,
             registry=registry,
         )

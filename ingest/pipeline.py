@@ -48,6 +48,7 @@ from ingest.errors import (
     SubjectNotFound,
     TableMismatch,
     TooManyDeadLetters,
+    TopicIdChanged,
     TopicMoved,
     firsts_text,
 )
@@ -206,7 +207,10 @@ class Pipeline:
         from_time = None
         if found is None and isinstance(self.policy.start, int):  # the first batch starts at a time
             from_time = self.source.offsets_for_time(sorted(view.partitions), self.policy.start)
-        return plan_batch(found.ledger if found else None, view, self.policy, from_time)
+        try:
+            return plan_batch(found.ledger if found else None, view, self.policy, from_time)
+        except TopicIdChanged as error:
+            raise for_table(self.config, error) from None
 
     def _not_read_elsewhere(self, new: set[str]) -> None:
         """Fail closed when a topic new to this table's ledger is in the ledger of another table of
@@ -627,6 +631,11 @@ class Routes:
                 return False
             failpoints.reach("after-table")
         return True
+
+
+def for_table(config: PipelineConfig, error: TopicIdChanged) -> TopicIdChanged:
+    """``error`` with a reset command that names ``--table`` where the config has several tables."""
+    return error.on_table(config.table) if config.siblings else error
 
 
 def _from_file(config: PipelineConfig) -> list[Field] | None:

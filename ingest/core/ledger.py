@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 
 from ingest.errors import LedgerFormatError
 
-#: the ledger format this version writes (format 1, every map nested per partition, is still read)
-FORMAT_VERSION = 2
+#: the ledger format this version writes; formats 1 (every map nested per partition) and 2 (no topic
+#: ids, no caught-up times) are still read. A version that reads only older formats stops at a newer ledger instead of
+#: dropping what it cannot read (the topic ids) from the ledgers it commits
+FORMAT_VERSION = 3
 #: the format of a ledger whose snapshot owes the dead-letter table a batch's dead letters: a
 #: version that cannot add them must not commit on top of it, so it refuses the ledger instead
-OWES_DEAD_LETTERS_FORMAT = 3
-READABLE_FORMATS = (1, 2, 3)
+OWES_DEAD_LETTERS_FORMAT = 4
+READABLE_FORMATS = (1, 2, 3, 4)
 #: every summary key and table property this project writes starts with this
 PREFIX = "ingest."
 REGISTRY_PROPERTY = f"{PREFIX}pipelines"
@@ -112,6 +114,15 @@ class Ledger:
     #: ``verify`` counts reads exactly once the first ledgers are expired; empty in ledgers whose
     #: history began before it was kept
     origin: Mapping[TopicPartition, int] = field(default_factory=dict)
+    #: the Kafka topic id of each topic the offsets were read from (Kafka's printable form), carried
+    #: forward; a topic deleted and created again under its name has another. Empty for a topic of a
+    #: ledger written before ids were kept (format 1 or 2), or where Kafka gave none
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
+    #: per partition, when (ms since epoch, the pipeline's clock) a batch last read everything Kafka
+    #: held of it: the end of all its records, read just after that time, was the batch's end. Its
+    #: data is complete through then, however long ago its newest record was written (the
+    #: idle-source rule of stream processors); carried forward. Empty in ledgers written before it was kept
+    caught_up: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     @property
     def topics(self) -> frozenset[str]:
@@ -121,9 +132,31 @@ class Ledger:
         return any(reset.reset_id == reset_id for reset in self.resets)
 
     @property
+    def complete_through(self) -> dict[TopicPartition, int]:
+        """Per partition, the time (ms) its data is complete through: its newest committed record's
+        timestamp, or when a batch last read all Kafka held of it, whichever is later."""
+        through = dict(self.timestamps)
+        for tp, when in self.caught_up.items():
+            through[tp] = max(through.get(tp, when), when)
+        return through
+
+    @property
     def valid_through(self) -> int | None:
-        """Min over partitions of the newest committed record timestamp: all data up to it is in."""
-        return min(self.timestamps.values()) if self.timestamps else None
+        """Min over partitions of :attr:`complete_through`: all data up to it is in. A partition
+        that gets no records does not hold it back once a batch has read it to its end."""
+        through = self.complete_through
+        return min(through.values()) if through else None
+
+
+@dataclass(frozen=True)
+class Detail:
+    """What a ledger's ``detail`` key holds."""
+
+    starts: dict[TopicPartition, int]
+    timestamps: dict[TopicPartition, int]
+    origin: dict[TopicPartition, int]
+    topic_ids: dict[str, str]
+    caught_up: dict[TopicPartition, int]
 
 
 @dataclass(frozen=True)
@@ -168,36 +201,42 @@ def _offsets_of(nested: Mapping[str, list[int] | Mapping[str, int]]) -> dict[Top
 
 
 def _encode_detail(ledger: Ledger) -> str:
-    """Start offsets, timestamps and origin in one compressed key (format 2): at 1,000 partitions
-    they were ~50 KB of a snapshot's summary, which every snapshot kept in the table metadata repeats.
+    """Start offsets, timestamps, origin, topic ids and caught-up times in one compressed key
+    (formats 2 and 3): at 1,000 partitions they were ~50 KB of a snapshot's summary, which every
+    snapshot kept in the table metadata repeats.
 
     zlib over JSON, base64: each start as its distance below the partition's offset (the batch's
-    size), the timestamps after their minimum; decompressed, it reads as plain JSON."""
+    size), the timestamps and caught-up times after their minimum; decompressed, it reads as plain JSON."""
     reads = {tp: ledger.offsets[tp] - start for tp, start in ledger.start_offsets.items() if tp in ledger.offsets}
     starts = {tp: start for tp, start in ledger.start_offsets.items() if tp not in ledger.offsets}
     base = min(ledger.timestamps.values(), default=0)
+    caught_base = min(ledger.caught_up.values(), default=0)
     detail = {
         "read": _nested(reads),
         "start": _nested(starts),
         "time-base": base,
         "times": _nested({tp: ts - base for tp, ts in ledger.timestamps.items()}),
         "origin": _nested(ledger.origin),
+        "topic-ids": dict(sorted(ledger.topic_ids.items())),
+        "caught-up-base": caught_base,
+        "caught-up": _nested({tp: when - caught_base for tp, when in ledger.caught_up.items()}),
     }
     text = json.dumps(detail, separators=(",", ":"), sort_keys=True).encode()
     return base64.b64encode(zlib.compress(text, 9)).decode("ascii")
 
 
-def _decode_detail(
-    pipeline: str, text: str, offsets: Mapping[TopicPartition, int]
-) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """Start offsets, timestamps and origin of a format-2 ledger."""
+def _decode_detail(pipeline: str, text: str, offsets: Mapping[TopicPartition, int]) -> Detail:
+    """The detail of a format-2 or -3 ledger (format 2 has no topic ids nor caught-up times)."""
     try:
         detail = json.loads(zlib.decompress(base64.b64decode(text, validate=True)))
         starts = {tp: offsets[tp] - read for tp, read in _offsets_of(detail["read"]).items()}
         starts |= _offsets_of(detail["start"])
         base = int(detail["time-base"])
         timestamps = {tp: base + delta for tp, delta in _offsets_of(detail["times"]).items()}
-        return starts, timestamps, _offsets_of(detail["origin"])
+        topic_ids = {str(topic): str(topic_id) for topic, topic_id in detail.get("topic-ids", {}).items()}
+        caught_base = int(detail.get("caught-up-base", 0))
+        caught_up = {tp: caught_base + delta for tp, delta in _offsets_of(detail.get("caught-up", {})).items()}
+        return Detail(starts, timestamps, _offsets_of(detail["origin"]), topic_ids, caught_up)
     except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as error:
         raise LedgerFormatError(
             f"'ingest.{pipeline}.detail' is not the zlib-compressed JSON this version writes: corrupted ledger "
@@ -228,8 +267,9 @@ def encode(
         props[_key(pipeline, "unknown-fields")] = str(counts.unknown_fields)
     if ledger.cluster_id is not None:
         props[_key(pipeline, "kafka-cluster")] = ledger.cluster_id
-    if ledger.valid_through is not None:
-        props[_key(pipeline, "valid-through")] = str(ledger.valid_through)
+    valid_through = ledger.valid_through
+    if valid_through is not None:
+        props[_key(pipeline, "valid-through")] = str(valid_through)
     if ledger.lost:
         props[_key(pipeline, "lost-ranges")] = json.dumps(
             [[r.tp.topic, r.tp.partition, r.start, r.end] for r in ledger.lost], separators=(",", ":")
@@ -341,22 +381,28 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
     next_offsets = _decode_offsets(offsets)
     detail = summary.get(_key(pipeline, "detail"))
     if detail is not None:
-        starts, timestamps, origin = _decode_detail(pipeline, detail, next_offsets)
+        kept = _decode_detail(pipeline, detail, next_offsets)
     else:  # format 1
-        starts = _decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}"))
-        timestamps = _decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}"))
-        origin = _decode_offsets(summary.get(_key(pipeline, "origin"), "{}"))
+        kept = Detail(
+            _decode_offsets(summary.get(_key(pipeline, "start-offsets"), "{}")),
+            _decode_offsets(summary.get(_key(pipeline, "timestamps"), "{}")),
+            _decode_offsets(summary.get(_key(pipeline, "origin"), "{}")),
+            {},
+            {},
+        )
     return Ledger(
         batch=int(summary[_key(pipeline, "batch")]),
         offsets=next_offsets,
-        start_offsets=starts,
+        start_offsets=kept.starts,
         cluster_id=summary.get(_key(pipeline, "kafka-cluster")),
-        timestamps=timestamps,
+        timestamps=kept.timestamps,
         lost=lost,
         reset_id=summary.get(_key(pipeline, "reset-id")),
         resets=_decode_resets(summary.get(_key(pipeline, "resets"), "[]")),
         sync=decode_sync(summary.get(_key(pipeline, "dead-letter-sync"))),
-        origin=origin,
+        origin=kept.origin,
+        topic_ids=kept.topic_ids,
+        caught_up=kept.caught_up,
     )
 
 

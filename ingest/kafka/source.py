@@ -8,6 +8,7 @@ range's end, never when a count of records is reached.
 
 from __future__ import annotations
 
+import base64
 import collections
 import logging
 import operator
@@ -16,12 +17,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    Uuid,
+)
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
@@ -264,8 +274,9 @@ class KafkaSource:
         return found
 
     def describe(self) -> KafkaView:
-        """Cluster id, partitions and low/high (last stable) offsets of the configured topics (those
-        that match the pattern now, with ``topics_pattern:``)."""
+        """Cluster id, topic ids, partitions and their offsets (low, last stable, end of all records,
+        and when the ends were read) of the configured topics (those that match the pattern now,
+        with ``topics_pattern:``)."""
         metadata = self._metadata()
         tps: list[TopicPartition] = []
         topics = self.topics
@@ -292,12 +303,51 @@ class KafkaSource:
                     f"topic {topic!r} does not exist on {self._props['bootstrap.servers']}; create it or fix `topics:`"
                 )
             tps.extend(TopicPartition(topic, p) for p in sorted(info.partitions))
-        low = self._list_offsets(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
-        high = self._list_offsets(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        # the four requests go out together: a plan waits for one round trip, not four
+        ids = self._ask_topic_ids(topics)
+        low = self._ask_offsets(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        # every record written before this moment lies below the ends read next
+        read_at_ms = time.time_ns() // 1_000_000
+        written = self._ask_offsets(tps, OffsetSpec.latest(), committed=False)  # type: ignore[no-untyped-call]
+        high = self._ask_offsets(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        lows, ends, highs = self._offsets(low), self._offsets(written), self._offsets(high)
         return KafkaView(
             cluster_id=metadata.cluster_id,
-            partitions={tp: Watermarks(low[tp], max(low[tp], high[tp])) for tp in tps},
+            partitions={tp: Watermarks(lows[tp], max(lows[tp], highs[tp]), ends[tp]) for tp in tps},
+            topic_ids=self._topic_ids(topics, ids),
+            read_at_ms=read_at_ms,
         )
+
+    def _ask_topic_ids(self, topics: Sequence[str]) -> dict[str, Future[Any]]:
+        """The request for :meth:`_topic_ids`, sent."""
+        if not topics:
+            return {}
+        try:
+            return self._admin.describe_topics(TopicCollection(list(topics)), request_timeout=self.timeout_s)
+        except KafkaException as error:
+            raise self._failed(f"describing topics failed on {self._props['bootstrap.servers']}", error) from None
+
+    def _topic_ids(self, topics: Sequence[str], asked: Mapping[str, Future[Any]]) -> dict[str, str]:
+        """Each topic's id, in Kafka's printable form (what ``kafka-topics.sh --describe`` shows). The
+        metadata librdkafka's ``list_topics`` returns has no ids; ``describe_topics`` has them. A
+        broker too old to give ids answers the zero id: that topic is left out."""
+        try:
+            found = {name: _printable(future.result().topic_id) for name, future in asked.items()}
+        except KafkaException as error:
+            cause = error.args[0] if error.args else None
+            code = cause.code() if isinstance(cause, KafkaError) else None
+            where = self._props["bootstrap.servers"]
+            if code in TOPIC_REFUSALS:
+                raise KafkaRefused(
+                    f"Kafka at {where} does not let this client describe the topics: {error}. " + REFUSED_HINT
+                ) from None
+            if code == KafkaError.UNKNOWN_TOPIC_OR_PART:  # deleted since the metadata was read
+                raise BrokerUnavailable(
+                    f"a topic of {', '.join(topics)} was deleted while the batch was planned ({error}). "
+                    "Nothing was committed; run again."
+                ) from None
+            raise self._failed(f"describing topics failed on {where}", error) from None
+        return {name: topic_id for name, topic_id in found.items() if topic_id is not None}
 
     def _metadata(self) -> Any:
         """The cluster's metadata: waits ``timeout_s`` for a broker that answers slowly, but gives up
@@ -340,17 +390,26 @@ class KafkaSource:
             marks.high - min(max(stored.get(tp, -1), marks.low), marks.high) for tp, marks in view.partitions.items()
         )
 
-    def _list_offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[TopicPartition, int]:
+    def _ask_offsets(
+        self, tps: list[TopicPartition], spec: OffsetSpec, committed: bool = True
+    ) -> dict[KafkaTP, Future[Any]]:
+        """The request for offsets by ``spec`` (:meth:`_offsets`), sent: as a read_committed reader
+        sees them (``committed=False``: counting records of open transactions too)."""
         from confluent_kafka import IsolationLevel
 
         if not tps:
             return {}
         request = {KafkaTP(tp.topic, tp.partition): spec for tp in tps}
+        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         try:
-            futures = self._admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
-            )
-            found = {TopicPartition(k.topic, k.partition): f.result().offset for k, f in futures.items()}
+            return self._admin.list_offsets(request, isolation_level=isolation, request_timeout=self.timeout_s)
+        except KafkaException as error:
+            raise self._failed(f"listing offsets failed on {self._props['bootstrap.servers']}", error) from None
+
+    def _offsets(self, asked: Mapping[KafkaTP, Future[Any]]) -> dict[TopicPartition, int]:
+        """The offsets :meth:`_ask_offsets` asked for."""
+        try:
+            found = {TopicPartition(k.topic, k.partition): f.result().offset for k, f in asked.items()}
         except KafkaException as error:
             raise self._failed(f"listing offsets failed on {self._props['bootstrap.servers']}", error) from None
         # a partition without a reachable leader can come back as OFFSET_INVALID (-1001) rather than
@@ -520,6 +579,20 @@ def _positions(
     found = consumer.position([KafkaTP(tp.topic, tp.partition) for tp in tps])
     at = {TopicPartition(p.topic, p.partition): p.offset for p in found}
     return {tp: at[tp] if at.get(tp, -1) >= 0 else known[tp] for tp in tps}
+
+
+def _printable(topic_id: Uuid | None) -> str | None:
+    """A topic id as Kafka prints it (its 16 bytes in URL-safe base64, unpadded: Java's
+    ``Uuid.toString``; librdkafka's ``str()`` uses the other base64 alphabet); None for the zero id."""
+    if topic_id is None:
+        return None
+    # (confluent-kafka's type stubs leave these two methods out)
+    high = topic_id.get_most_significant_bits()  # type: ignore[attr-defined]
+    low = topic_id.get_least_significant_bits()  # type: ignore[attr-defined]
+    if high == low == 0:
+        return None
+    raw = high.to_bytes(8, "big", signed=True) + low.to_bytes(8, "big", signed=True)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
 _SECOND = operator.itemgetter(1)

@@ -18,10 +18,11 @@ from ingest import records
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.ledger import RESET_MEMORY, Found, SnapshotView, TopicPartition, decode, decode_counts, read_extra
-from ingest.core.plan import KafkaView, Watermarks
+from ingest.core.plan import KafkaView, Watermarks, check_topic_ids
 from ingest.core.ranges import Range
+from ingest.errors import TopicIdChanged
 from ingest.kafka.source import KafkaSource
-from ingest.pipeline import Pipeline
+from ingest.pipeline import Pipeline, for_table
 
 #: how many offsets of each kind a verification report lists per partition
 SAMPLE = 20
@@ -501,13 +502,18 @@ def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
 def verify(pipeline: Pipeline) -> Verification:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
     letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
-    outside them."""
+    outside them. Refuses (:class:`~ingest.errors.TopicIdChanged`) a topic Kafka knows by another id
+    than the ledger: it cannot tell the new topic's records from the old one's."""
     name = pipeline.config.pipeline
     found = pipeline.ledger()
     if found is None:
         return Verification(name, None, None, (), (), (), note="nothing committed yet")
     claims = coverage(name, pipeline.rows.ancestry())
     view = pipeline.source.describe()
+    try:  # a recreated topic's records at the ledger's offsets are not the ones the table holds
+        check_topic_ids(found.ledger, view)
+    except TopicIdChanged as error:
+        raise for_table(pipeline.config, error) from None
     # per partition: the offsets to check (the ledger's range, and above it what a backward reset
     # left to be read again) and the ledger's end
     spans: list[tuple[Range, int]] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -43,7 +43,7 @@ from ingest.core.ledger import (
     read_extra,
     remembering,
 )
-from ingest.core.plan import Batch, KafkaView
+from ingest.core.plan import Batch, KafkaView, changed_topics
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.dead_letters import settle, unadded
 from ingest.errors import CommitGaveUp, ConfigError, FatalError
@@ -237,10 +237,12 @@ def move_ledger(
     before_commit(found.ledger if found else None)
     view = source.describe()
     current = dict(found.ledger.offsets) if found else {}
-    new = _target_offsets(command, source, view, current, lost)
+    recreated = {topic for topic, _, _ in changed_topics(found.ledger if found else None, view)}
+    new = _target_offsets(command, source, view, current, lost, recreated)
     _check_retained(view, new)
     timestamps = found.ledger.timestamps if found else {}
-    snapshot_id, number = _commit(command, rows, found, new, view, timestamps, lost)
+    renewed = recreated & _sets(command.target, view)
+    snapshot_id, number = _commit(command, rows, found, new, view, timestamps, lost, renewed=renewed)
     return command.report(
         "applied",
         snapshot_id,
@@ -270,7 +272,10 @@ def _target_offsets(
     view: KafkaView,
     current: dict[TopicPartition, int],
     lost: bool,
+    recreated: set[str],
 ) -> dict[TopicPartition, int]:
+    """The offsets the reset moves the ledger to. ``recreated``: the topics whose Kafka id is not the
+    ledger's (a reset that names one of them records its new id)."""
     target = command.target
     if target.kind == "offsets":
         assert target.offsets is not None
@@ -284,7 +289,16 @@ def _target_offsets(
                 f"the ledger of {command.pipeline!r} is lost, so --to-offsets must name every partition; "
                 f"missing: {', '.join(map(str, unnamed))}. Or rebuild the ledger exactly with --from-table."
             )
-        new = {**current, **target.offsets}
+        # a recreated topic the reset names is a new topic: none of the ledger's offsets of it applies
+        renewed = recreated & _sets(target, view)
+        partial = [tp for tp in unnamed if tp.topic in renewed]
+        if partial:
+            raise ConfigError(
+                f"topic(s) {', '.join(sorted(renewed))} were deleted and created again (Kafka's topic ids are not "
+                "the ledger's), so --to-offsets must name every partition of them; missing: "
+                f"{', '.join(map(str, partial))}"
+            )
+        new = {tp: o for tp, o in current.items() if tp.topic not in renewed} | target.offsets
         for tp in view.partitions:
             new.setdefault(tp, view.partitions[tp].low)
         return new
@@ -316,19 +330,32 @@ def _commit(
     timestamps: Mapping[TopicPartition, int],
     recovering: bool,
     files: Sequence[DataFile] = (),
+    renewed: Collection[str] = (),
 ) -> tuple[int | None, int]:
     """Commit ledger ``new`` to ``table`` in a snapshot without data (but for ``files``, dead
-    letters a rebuilt floor adds): (snapshot id, batch number)."""
+    letters a rebuilt floor adds): (snapshot id, batch number). ``renewed``: recreated topics the
+    reset sets (their record times were the deleted topics')."""
     name = command.pipeline
     number = found.ledger.batch + 1 if found else 1
     start = dict(found.ledger.offsets) if found else dict(new)
     base = found.ledger if found else None
-    batch = Batch(number=number, base=base, start=start, end=new, cluster_id=view.cluster_id, reset_id=command.reset_id)
+    batch = Batch(
+        number=number,
+        base=base,
+        start=start,
+        end=new,
+        cluster_id=view.cluster_id,
+        reset_id=command.reset_id,
+        topic_ids=_topic_ids(command.target, base, view),
+    )
+    carried_over = batch.ledger({tp: ts for tp, ts in timestamps.items() if tp in new})
     ledger = replace(
-        batch.ledger(timestamps),
+        carried_over,
         start_offsets=new,
         resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
         origin=carried_origin(base, new),
+        timestamps={tp: ts for tp, ts in carried_over.timestamps.items() if tp.topic not in renewed},
+        caught_up={tp: when for tp, when in carried_over.caught_up.items() if tp.topic not in renewed},
     )
     request = RowsCommit(
         name,
@@ -350,6 +377,21 @@ def _commit(
             "Stop the scheduled runs of this pipeline and run the reset again."
         )
     return outcome.snapshot_id, number
+
+
+def _sets(target: ResetTarget, view: KafkaView) -> set[str]:
+    """The topics whose offsets ``target`` states: those ``--to-offsets`` names, else every topic."""
+    if target.kind == "offsets":
+        assert target.offsets is not None
+        return {tp.topic for tp in target.offsets}
+    return {tp.topic for tp in view.partitions}
+
+
+def _topic_ids(target: ResetTarget, base: Ledger | None, view: KafkaView) -> dict[str, str]:
+    """The topic ids the reset's ledger records: Kafka's of the topics it sets (a recreated topic's
+    new id, once the operator has said where to read it from), the ledger's of the others."""
+    sets = _sets(target, view) if base is not None else set(view.topic_ids)
+    return {**(base.topic_ids if base is not None else {}), **{t: i for t, i in view.topic_ids.items() if t in sets}}
 
 
 def _moves(base: Ledger | None, new: Mapping[TopicPartition, int]) -> tuple[tuple[TopicPartition, int, int], ...]:

@@ -166,33 +166,51 @@ def test_retryable_error_is_retried(make_env, airflow: Airflow, capfd) -> None:
     assert "retryable CatalogUnavailable" in out and "cannot open Iceberg catalog" in out
 
 
-def _produce_with_timestamp(env: Env, count: int, when: datetime) -> None:
+def _produce_with_timestamp(env: Env, count: int, when: datetime, partition: int | None = None) -> None:
+    """``count`` records stamped ``when``, spread over the partitions or all to ``partition``."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": env.bootstrap})
     for i in range(env.produced, env.produced + count):
-        partition, key, value, headers = record(i, env.partitions, None)
+        spread, key, value, headers = record(i, env.partitions, None)
         ts = int(when.timestamp() * 1000)
-        producer.produce(env.topic, value=value, key=key, partition=partition, headers=headers, timestamp=ts)
+        to = spread if partition is None else partition
+        producer.produce(env.topic, value=value, key=key, partition=to, headers=headers, timestamp=ts)
         producer.flush()  # one record per request: the broker's end offsets are only right that way
     env.produced += count
 
 
 def test_freshness_fails_on_a_stalled_pipeline(make_env, airflow: Airflow, capfd) -> None:
-    """The newest committed data is two hours old: ingest succeeds (nothing newer), freshness fails."""
-    env = make_env()
+    """The pipeline stopped two hours ago with records left to read (its ingest task has not run
+    since): the committed data is complete only through then, and freshness fails."""
+    env = make_env(batch={"max_records": 8, "read_timeout_s": 20})
     stalled_at = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
-    _produce_with_timestamp(env, 8, stalled_at)
+    _produce_with_timestamp(env, 16, stalled_at)
+    assert env.cli("run", "--max-batches", "1").returncode == 0  # 8 of 16: every partition behind
 
-    outcome = airflow.test(quick_retries(airflow.dag(env)))
+    outcome = airflow.test(quick_retries(airflow.dag(env)), mark_success_pattern="ingest")
 
-    assert outcome.state_of("ingest") == "success"
     assert env.counts() == (8, 0)
     assert outcome.state_of("freshness") == "failed"
     assert outcome.tries_of("freshness") == 1  # not retried: the next run checks again
     out = capfd.readouterr().out
     assert f"complete through {stalled_at.isoformat(timespec='seconds')}" in out
     assert "older than the bound of 0:30:00" in out and "the pipeline is stalled" in out
+
+
+def test_a_partition_without_new_records_does_not_make_the_data_stale(make_env, airflow: Airflow) -> None:
+    """Partition 1's last record is two hours old, partition 0's are new: once ingest has read both
+    to their end, the data is complete through then, and freshness passes."""
+    env = make_env(partitions=2)
+    _produce_with_timestamp(env, 6, datetime.now(UTC) - timedelta(hours=2), partition=1)
+    _produce_with_timestamp(env, 6, datetime.now(UTC), partition=0)
+    dag = airflow.dag(env)
+
+    outcome = airflow.test(dag)
+
+    assert outcome.state_of("ingest") == outcome.state_of("freshness") == "success"
+    assert env.counts() == (12, 0)
+    assert airflow.xcom(dag.dag_id, outcome.run_id, "freshness")["age_s"] < 600  # not two hours
 
 
 def test_freshness_fails_when_nothing_was_ever_committed(make_env, airflow: Airflow, capfd) -> None:

@@ -307,3 +307,53 @@ def test_run_help_says_a_bare_every_is_seconds() -> None:
 
     assert shown.returncode == 0, shown.stderr
     assert "one catch-up every DURATION, such as 30s, 5m or 1h (a bare number is seconds)" in shown.stdout
+
+
+def _to_partition(env, partition: int, first: int, count: int, timestamp_ms: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Records ``first..first+count`` to one partition, stamped ``timestamp_ms`` (None: now)."""
+    from confluent_kafka import Producer
+
+    from tests.integration.conftest import record
+
+    producer = Producer({"bootstrap.servers": env.bootstrap})
+    for i in range(first, first + count):
+        _, key, value, headers = record(i, 1, None)
+        stamp = {"timestamp": timestamp_ms} if timestamp_ms is not None else {}
+        if i == first + count - 1:  # the last in a request of its own: tansu reports the end right then
+            producer.flush(30)
+        producer.produce(env.topic, value=value, key=key, partition=partition, headers=headers, **stamp)
+    producer.flush(30)
+
+
+def test_an_idle_partition_does_not_hold_data_complete_through_back(make_env) -> None:
+    import time
+
+    from ingest.pipeline import Pipeline
+
+    env = make_env(partitions=2, batch={"max_records": 50, "read_timeout_s": 20})
+    idle_last = int(time.time() * 1000) - 3_600_000  # partition 1's records are an hour old
+    _to_partition(env, 1, 0, 20, idle_last)
+    _to_partition(env, 0, 100, 20)
+    before = int(time.time() * 1000)
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert status["lag"] == 0
+    # both partitions read to their end: complete through when the run read their ends
+    assert before <= status["valid_through_ms"] <= int(time.time() * 1000)
+
+    # partition 0 gets more records than a batch takes, partition 1 none
+    _to_partition(env, 0, 200, 80)
+    assert env.cli("run", "--max-batches", "1").returncode == 0
+
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert [(p["partition"], p["lag"]) for p in status["partitions"]] == [(0, 30), (1, 0)]
+    rows = Pipeline.open(env.config).rows.scan_columns(["_kafka_partition", "_kafka_timestamp"]).to_pylist()
+    busy_last = max(int(r["_kafka_timestamp"].timestamp() * 1000) for r in rows if r["_kafka_partition"] == 0)
+    # the busy partition, behind, is complete through its newest committed record; the idle one,
+    # read to its end again, no longer holds the table at its last record an hour ago
+    assert status["valid_through_ms"] == busy_last > idle_last
+    history = json.loads(env.cli("history", "--json").stdout)
+    assert history[0]["valid_through_ms"] == busy_last
+    env.verify()

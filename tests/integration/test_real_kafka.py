@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import uuid
 from datetime import UTC, datetime
 
@@ -27,6 +28,7 @@ from confluent_kafka.admin import (
 )
 
 from ingest.errors import ExitCode
+from ingest.kafka.admin import create_topic, produce
 from tests.integration.conftest import Env, broker_choice, record
 
 pytestmark = [
@@ -89,6 +91,41 @@ def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_
     producer.commit_transaction(30)
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (151, 0)  # the transaction and the record behind it, once
+    env.verify()
+
+
+def test_a_partition_held_by_an_open_transaction_is_complete_only_through_its_last_read_to_the_end(
+    make_env,
+) -> None:
+    import time
+
+    env = make_env(partitions=2)
+    env.produce(20)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    first = json.loads(env.cli("status", "--json").stdout)["valid_through_ms"]
+    transactional = _transactional(env)
+    transactional.begin_transaction()  # left open on partition 1 across the next run
+    for i in range(100, 105):
+        _, key, value, _ = record(i, 1, None)
+        transactional.produce(env.topic, value, key, partition=1)
+    transactional.flush(30)
+    plain = Producer({"bootstrap.servers": env.bootstrap})
+    for i in range(200, 210):
+        _, key, value, _ = record(i, 1, None)
+        plain.produce(env.topic, value, key, partition=0)
+    plain.flush(30)
+    before = int(time.time() * 1000)
+
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    status = json.loads(env.cli("status", "--json").stdout)
+    assert status["batch"] == 2 and [p["committed"] for p in status["partitions"]] == [20, 10]
+    # partition 1 was read to its readable end, but records written before the run wait behind the
+    # open transaction: it is complete only through the first run's read of its end
+    assert status["valid_through_ms"] == first < before
+    transactional.commit_transaction(30)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert json.loads(env.cli("status", "--json").stdout)["valid_through_ms"] >= before
     env.verify()
 
 
@@ -197,6 +234,84 @@ def test_a_topic_deleted_and_recreated_with_the_same_name_stops_the_pipeline(mak
     assert result.returncode == 65, result.stderr
     assert "deleted and recreated" in result.stderr
     assert env.counts() == (100, 0)  # nothing of the new topic was taken for the old one's offsets
+
+
+def _topic_id(env: Env, topic: str) -> str:
+    """The topic's id as Kafka prints it (librdkafka's str() uses the other base64 alphabet)."""
+    from confluent_kafka import TopicCollection
+
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    (future,) = admin.describe_topics(TopicCollection([topic]), request_timeout=10).values()
+    return str(future.result().topic_id).replace("+", "-").replace("/", "_")
+
+
+def _wait_gone(env: Env, topic: str, timeout_s: float = 60.0) -> None:
+    import time
+
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    for future in admin.delete_topics([topic], operation_timeout=30).values():
+        future.result(30)
+    deadline = time.monotonic() + timeout_s
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} is still listed after its deletion"
+        time.sleep(0.2)
+
+
+def _numbered(env: Env, topic: str, first: int, count: int) -> None:
+    """Records ``first..first+count`` (order ids too) to ``topic``."""
+    produce(env.bootstrap, topic, [record(i, env.partitions, None) for i in range(first, first + count)])
+
+
+@pytest.mark.parametrize("subscription", ["topics", "topics_pattern"])
+def test_a_recreated_topic_holding_more_records_is_refused_until_reset_then_read_whole(
+    make_env, subscription: str
+) -> None:
+    env = make_env(partitions=2)
+    other = f"{env.topic}-b"  # with the pattern: a second topic that keeps the pipeline committing
+    if subscription == "topics_pattern":
+        create_topic(env.bootstrap, other, 2)
+        data = yaml.safe_load(env.config_path.read_text())
+        del data["topics"]
+        data["topics_pattern"] = f"{env.topic}(-b)?"
+        env.config_path.write_text(yaml.safe_dump(data))
+        _numbered(env, other, 10_000, 20)
+    _numbered(env, env.topic, 0, 300)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    old_id = _topic_id(env, env.topic)
+    _wait_gone(env, env.topic)
+    if subscription == "topics_pattern":  # a batch while the topic is gone: its offsets and id are kept
+        _numbered(env, other, 10_020, 10)
+        assert env.cli("run", "--until-caught-up").returncode == 0
+    assert _wait_recreated(env), "the topic could not be created again"
+    new_id = _topic_id(env, env.topic)
+    assert new_id != old_id
+    # more records than the ledger read of the old topic: its offsets alone would look fine
+    _numbered(env, env.topic, 300, 450)
+    before = env.counts()
+
+    refused = env.cli("run", "--until-caught-up")
+
+    assert refused.returncode == 65, refused.stderr
+    message = refused.stderr
+    assert f"topic '{env.topic}' was deleted and recreated under the same name" in message
+    assert f"'{env.topic}': the ledger has {old_id}, Kafka has {new_id}" in message
+    assert env.counts() == before  # nothing committed
+    assert env.cli("verify").returncode == 65  # the old topic's rows cannot stand in for the new one's
+
+    # the command the message names, as an operator runs it
+    command = message[message.index("ingest reset -c <config> ") : message.index(" (or name the offsets")]
+    assert f"--to-offsets {env.topic}:0=0,{env.topic}:1=0 " in command
+    reset = env.cli(*shlex.split(command.removeprefix("ingest ").replace("-c <config> ", "")))
+    assert reset.returncode == 0, reset.stderr
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    assert env.counts() == (before[0] + 450, 0)  # exactly the new topic's records, each once
+    from ingest.pipeline import Pipeline
+
+    rows = Pipeline.open(env.config).rows.scan_columns(["order_id", "_kafka_topic"]).to_pylist()
+    ids = [row["order_id"] for row in rows if row["_kafka_topic"] == env.topic]
+    assert sorted(ids) == list(range(750))  # the old topic's 300 and the new one's 450
+    env.verify()
 
 
 def _wait_recreated(env: Env, timeout_s: float = 60.0) -> bool:

@@ -47,6 +47,8 @@ def full_ledger() -> Ledger:
         cluster_id="kafka-cluster-xyz",
         timestamps={A0: 1_700_000_300_000, A1: 1_700_000_100_000, B0: 1_700_000_200_000},
         lost=(LostRange(A0, 40, 60), LostRange(B0, 0, 3)),
+        topic_ids={"orders": "GCRqv5ExRvmLGBc9uuOoNQ", "payments": "uNtjX0cYT6K1pW3v_9Bfsw"},
+        caught_up={A1: 1_700_000_250_000, B0: 1_700_000_250_000},
     )
 
 
@@ -73,6 +75,9 @@ def test_summary_layout_matches_the_protocol() -> None:
         "time-base": 1_700_000_100_000,
         "times": {"orders": [200_000, 0], "payments": [100_000]},
         "origin": {},
+        "topic-ids": {"orders": "GCRqv5ExRvmLGBc9uuOoNQ", "payments": "uNtjX0cYT6K1pW3v_9Bfsw"},
+        "caught-up-base": 1_700_000_250_000,
+        "caught-up": {"orders": {"1": 0}, "payments": [0]},
     }
     assert "ingest.orders.start-offsets" not in summary and "ingest.orders.timestamps" not in summary
     assert summary["ingest.orders.batch"] == "7"
@@ -107,7 +112,35 @@ def test_a_format_1_ledger_is_still_read() -> None:
         "ingest.orders.lost-ranges": '[["orders",0,40,60],["payments",0,0,3]]',
     }
 
-    assert decode("orders", summary) == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0})
+    assert decode("orders", summary) == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={})
+
+
+def test_a_format_2_ledger_is_read_without_topic_ids_or_caught_up_times() -> None:
+    # what lakehouse-ingest wrote before topic ids were kept: the same keys, a detail without them
+    detail = {
+        "read": {"orders": [20, 0], "payments": [5]},
+        "start": {},
+        "time-base": 1_700_000_100_000,
+        "times": {"orders": [200_000, 0], "payments": [100_000]},
+        "origin": {"orders": [0, 0], "payments": [0]},
+    }
+    summary = encode("orders", full_ledger(), BatchCounts())
+    summary["ingest.orders.format"] = "2"
+    summary["ingest.orders.detail"] = base64.b64encode(zlib.compress(json.dumps(detail).encode())).decode()
+
+    decoded = decode("orders", summary)
+
+    assert decoded == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={})
+    assert decoded is not None and decoded.valid_through == 1_700_000_100_000  # the newest records' alone
+
+
+def test_topic_ids_make_format_3_which_a_version_reading_formats_1_and_2_refuses() -> None:
+    summary = encode("orders", full_ledger(), BatchCounts())
+
+    # an older version checks the format first: it stops ("Upgrade lakehouse-ingest") rather than
+    # commit ledgers without the ids it cannot read, and so let a recreated topic through
+    assert summary["ingest.orders.format"] == "3" == str(FORMAT_VERSION)
+    assert decode("orders", summary) == full_ledger()
 
 
 def test_a_corrupted_detail_key_is_a_ledger_format_error() -> None:
@@ -128,6 +161,11 @@ def test_a_ledger_of_1000_partitions_is_a_fraction_of_format_1() -> None:
         start_offsets={tp: o - rng.randint(300, 700) for tp, o in offsets.items()},
         timestamps={tp: 1_764_900_000_000 - rng.randint(0, 300_000) for tp in tps},
         origin={tp: 0 for tp in tps},
+        topic_ids={
+            f"events_{t:03d}": base64.urlsafe_b64encode(rng.randbytes(16)).decode().rstrip("=") for t in range(200)
+        },
+        # most read to their end by this batch's plan, the busiest by earlier ones
+        caught_up={tp: 1_764_900_300_000 - (60_000 if rng.random() < 0.1 else 0) for tp in tps},
     )
     summary = encode("p", ledger, BatchCounts())
     assert decode("p", summary) == ledger
@@ -138,17 +176,31 @@ def test_a_ledger_of_1000_partitions_is_a_fraction_of_format_1() -> None:
         for tp, value in values.items():
             nested.setdefault(tp.topic, {})[str(tp.partition)] = value
         format_1 += len(json.dumps(nested, separators=(",", ":")))
-    # format 1 wrote ~61 KB for this ledger; the offsets alone, readable, are ~11 KB of it
+    # format 1 wrote ~61 KB for this ledger without the topic ids; the offsets alone, readable, are
+    # ~11 KB of it, the 200 topic ids (random: they do not compress) ~6.5 KB of this format's 29 KB
     assert format_1 > 55_000
-    assert size < format_1 / 2.5, (size, format_1)
+    assert size < format_1 / 2, (size, format_1)
 
 
-def test_valid_through_is_the_oldest_partition_timestamp() -> None:
-    ledger = full_ledger()
+def test_valid_through_is_the_oldest_partition_timestamp_without_caught_up_times() -> None:
+    ledger = replace(full_ledger(), caught_up={})
     summary = encode("orders", ledger, BatchCounts())
 
     assert ledger.valid_through == 1_700_000_100_000
     assert summary["ingest.orders.valid-through"] == "1700000100000"
+
+
+def test_a_partition_read_to_its_end_is_complete_through_then_however_old_its_newest_record() -> None:
+    ledger = full_ledger()  # orders[1]'s newest record is the oldest, but it was read to its end later
+    summary = encode("orders", ledger, BatchCounts())
+
+    assert ledger.complete_through == {A0: 1_700_000_300_000, A1: 1_700_000_250_000, B0: 1_700_000_250_000}
+    assert ledger.valid_through == 1_700_000_250_000
+    assert summary["ingest.orders.valid-through"] == "1700000250000"
+    # a newest record later than when the partition was last read to its end counts as before
+    assert replace(ledger, caught_up={A0: 1_700_000_000_000}).complete_through[A0] == 1_700_000_300_000
+    # a partition that never had a record counts once read to its end
+    assert Ledger(batch=1, offsets={A0: 0}, caught_up={A0: 5}).valid_through == 5
 
 
 def test_minimal_ledger_omits_optional_keys_and_round_trips() -> None:
@@ -183,9 +235,11 @@ offset_maps = st.dictionaries(tps, st.integers(0, 2**62), max_size=6)
     timestamps=st.dictionaries(tps, st.integers(0, 2**45), max_size=6),
     cluster=st.none() | st.text(min_size=1, max_size=20),
     lost=st.lists(st.builds(LostRange, tps, st.integers(0, 100), st.integers(100, 200)), max_size=3),
+    topic_ids=st.dictionaries(st.sampled_from(["a", "b.c", "d-e_f"]), st.text(min_size=1, max_size=24)),
+    caught_up=st.dictionaries(tps, st.integers(0, 2**45), max_size=6),
 )
-def test_round_trip_property(batch, offsets, starts, timestamps, cluster, lost) -> None:
-    ledger = Ledger(batch, offsets, starts, cluster, timestamps, tuple(lost))
+def test_round_trip_property(batch, offsets, starts, timestamps, cluster, lost, topic_ids, caught_up) -> None:
+    ledger = Ledger(batch, offsets, starts, cluster, timestamps, tuple(lost), topic_ids=topic_ids, caught_up=caught_up)
 
     assert decode("pipe-1", encode("pipe-1", ledger, BatchCounts())) == ledger
 

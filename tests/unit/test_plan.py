@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from ingest.core.ledger import Ledger, LostRange, TopicPartition
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, fair_caps, plan_batch
-from ingest.errors import DataLoss, FatalError, TopicRecreated
+from ingest.errors import DataLoss, ExitCode, FatalError, TopicIdChanged, TopicRecreated
 
 P0 = TopicPartition("orders", 0)
 P1 = TopicPartition("orders", 1)
@@ -266,6 +267,95 @@ def test_a_changed_cluster_id_means_the_cluster_was_recreated() -> None:
         plan_batch(ledger(p0=3), view(cluster="cluster-B", p0=(0, 10)), PlanPolicy())
 
 
+OLD_ID, NEW_ID, PAYMENTS_ID = "GCRqv5ExRvmLGBc9uuOoNQ", "uNtjX0cYT6K1pW3v_9Bfsw", "Zm9vYmFyYmF6cXV4MTIzNA"
+
+
+def ids_in(base: Ledger, **ids: str) -> Ledger:
+    return dataclasses.replace(base, topic_ids=ids)
+
+
+def ids_of(now: KafkaView, **ids: str) -> KafkaView:
+    return dataclasses.replace(now, topic_ids=ids)
+
+
+def test_a_topic_with_another_id_was_recreated_even_when_it_holds_more_than_the_ledger_read() -> None:
+    # the new topic holds 450 records, the ledger read 300 of the old one: the offsets alone look fine
+    old = ids_in(ledger(p0=150, p1=150, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 225), p1=(0, 225), q0=(0, 9)), orders=NEW_ID, payments=PAYMENTS_ID)
+
+    with pytest.raises(TopicIdChanged) as caught:
+        plan_batch(old, now, PlanPolicy())
+
+    error = caught.value
+    assert error.exit_code == ExitCode.FATAL and isinstance(error, TopicRecreated)
+    assert error.changed == (("orders", OLD_ID, NEW_ID),)
+    message = str(error)
+    assert "topic 'orders' was deleted and recreated" in message
+    assert f"the ledger has {OLD_ID}, Kafka has {NEW_ID}" in message
+    assert 'ingest reset -c <config> --to-offsets orders:0=0,orders:1=0 --reason "recreated orders"' in message
+    assert "--table" not in message
+    assert "--table analytics.orders --to-offsets" in str(error.on_table("analytics.orders"))
+
+
+def test_the_reset_a_recreated_topic_names_starts_at_its_earliest_retained_offsets() -> None:
+    old = ids_in(ledger(p0=150, p1=150), orders=OLD_ID)
+    now = ids_of(view(p0=(40, 225), p1=(0, 225)), orders=NEW_ID)
+
+    with pytest.raises(TopicIdChanged, match="--to-offsets orders:0=40,orders:1=0 "):
+        plan_batch(old, now, PlanPolicy())
+
+
+def test_the_same_topic_id_plans_as_usual_and_the_ledger_keeps_the_ids() -> None:
+    old = ids_in(ledger(p0=150, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 225), q0=(0, 9)), orders=OLD_ID, payments=PAYMENTS_ID)
+
+    batch = plan_batch(old, now, PlanPolicy())
+
+    assert batch.ranges() == [(P0, 150, 225), (Q0, 7, 9)]
+    assert batch.ledger().topic_ids == {"orders": OLD_ID, "payments": PAYMENTS_ID}
+
+
+def test_a_topic_no_longer_read_keeps_its_id_and_a_new_one_records_its_own() -> None:
+    old = ids_in(ledger(q0=7), payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 5)), orders=NEW_ID)  # payments no longer configured (or deleted)
+
+    batch = plan_batch(old, now, PlanPolicy())
+
+    assert batch.ledger().topic_ids == {"orders": NEW_ID, "payments": PAYMENTS_ID}
+    # deleted meanwhile and created again: refused when it is read again
+    again = ids_of(view(q0=(0, 50)), payments=NEW_ID)
+    with pytest.raises(TopicIdChanged, match="'payments'"):
+        plan_batch(batch.ledger(), again, PlanPolicy())
+
+
+def test_several_recreated_topics_are_named_in_one_error_with_one_reset() -> None:
+    old = ids_in(ledger(p0=3, q0=7), orders=OLD_ID, payments=PAYMENTS_ID)
+    now = ids_of(view(p0=(0, 5), q0=(0, 9)), orders=NEW_ID, payments=OLD_ID)
+
+    with pytest.raises(TopicIdChanged) as caught:
+        plan_batch(old, now, PlanPolicy())
+
+    assert caught.value.changed == (("orders", OLD_ID, NEW_ID), ("payments", PAYMENTS_ID, OLD_ID))
+    assert "topics 'orders', 'payments' were deleted" in str(caught.value)
+    assert "--to-offsets orders:0=0,payments:0=0 " in str(caught.value)
+
+
+@pytest.mark.parametrize("side", ["ledger", "kafka"])
+def test_without_an_id_on_either_side_the_offsets_are_checked_as_before(side: str) -> None:
+    # a ledger written before ids were kept (format 1 or 2), or a broker that gives none
+    old = ledger(p0=150) if side == "ledger" else ids_in(ledger(p0=150), orders=OLD_ID)
+    now = view(p0=(0, 225)) if side == "kafka" else ids_of(view(p0=(0, 225)), orders=NEW_ID)
+
+    assert plan_batch(old, now, PlanPolicy()).ranges() == [(P0, 150, 225)]
+    shorter = dataclasses.replace(now, partitions={P0: Watermarks(0, 100)})
+    with pytest.raises(TopicRecreated, match="deleted and recreated"):
+        plan_batch(old, shorter, PlanPolicy())
+    # and the ledger a batch of it commits records the id Kafka gives, from then on
+    assert plan_batch(old, now, PlanPolicy()).ledger().topic_ids == (
+        {"orders": NEW_ID} if side == "ledger" else {"orders": OLD_ID}
+    )
+
+
 def test_an_unknown_cluster_id_on_either_side_is_not_a_change() -> None:
     assert plan_batch(ledger(p0=3, cluster=None), view(p0=(0, 10)), PlanPolicy()).start == {P0: 3}
     assert plan_batch(ledger(p0=3), view(cluster=None, p0=(0, 10)), PlanPolicy()).start == {P0: 3}
@@ -347,3 +437,63 @@ def test_a_batch_does_not_end_early_where_that_cuts_nothing_or_leaves_nothing_to
     assert batch.ending_before({P0: 9, P1: 60}) is None  # before the range, at its end: nothing cut
     assert batch.ending_before({P0: 10, P1: 20}) is None  # each range's first record: nothing left
     assert batch.ending_before({P0: 10}) == Batch(4, batch.base, batch.start, {P0: 10, P1: 60}, CLUSTER)
+
+
+# --- complete through: partitions read to their end --------------------------------------------
+
+READ_AT = 1_764_900_000_000
+
+
+def at(now: KafkaView, read_at: int = READ_AT) -> KafkaView:
+    return dataclasses.replace(now, read_at_ms=read_at)
+
+
+def test_a_partition_the_batch_reads_to_its_end_is_complete_through_when_that_end_was_read() -> None:
+    batch = plan_batch(ledger(p0=0, p1=0), at(view(p0=(0, 100), p1=(0, 10))), PlanPolicy(max_records=30))
+
+    assert batch.end == {P0: 20, P1: 10}
+    assert batch.caught_up == {P1: READ_AT}  # p0 has 80 more to read
+    committed = batch.ledger({P0: 1_700_000_000_000, P1: 1_600_000_000_000})
+    assert committed.caught_up == {P1: READ_AT}
+    # p1's newest record is the oldest, yet all it held is in: p0's newest record is the limit
+    assert committed.valid_through == 1_700_000_000_000
+
+
+def test_an_idle_partition_does_not_hold_valid_through_back_while_a_busy_one_moves_on() -> None:
+    idle_last, busy_last = 1_600_000_000_000, READ_AT + 50_000
+    first = plan_batch(ledger(p0=0, p1=0), at(view(p0=(0, 10), p1=(0, 10))), PlanPolicy())
+    after_first = first.ledger({P0: READ_AT - 1_000, P1: idle_last})
+    assert after_first.valid_through == READ_AT  # both read to their end: complete through then
+
+    # an hour later the busy partition got 100 records, more than a batch takes; the idle one none
+    later = at(view(p0=(0, 110), p1=(0, 10)), READ_AT + 3_600_000)
+    second = plan_batch(after_first, later, PlanPolicy(max_records=50))
+    after_second = second.ledger({P0: busy_last, P1: idle_last})
+
+    assert after_second.caught_up == {P0: READ_AT, P1: READ_AT + 3_600_000}
+    assert after_second.complete_through == {P0: busy_last, P1: READ_AT + 3_600_000}
+    assert after_second.valid_through == busy_last  # not the idle partition's last record, long past
+
+
+def test_a_partition_behind_an_open_transaction_is_not_read_to_its_end() -> None:
+    # its readable end (last stable offset) is 10, but records of an open transaction lie past it:
+    # written before the end was read, they become readable later, below newer records
+    open_transaction = KafkaView(CLUSTER, {P0: Watermarks(0, 10, 14), P1: Watermarks(0, 10, 10)}, read_at_ms=READ_AT)
+
+    batch = plan_batch(ledger(p0=0, p1=0), open_transaction, PlanPolicy())
+
+    assert batch.end == {P0: 10, P1: 10}
+    assert batch.caught_up == {P1: READ_AT}
+
+
+def test_without_the_time_the_end_was_read_no_partition_counts_as_read_to_its_end() -> None:
+    assert plan_batch(ledger(p0=0), view(p0=(0, 10)), PlanPolicy()).caught_up == {}
+
+
+def test_a_partition_behind_or_no_longer_read_keeps_when_it_was_last_read_to_its_end() -> None:
+    base = dataclasses.replace(ledger(p0=10, q0=7), caught_up={P0: READ_AT - 5, Q0: READ_AT - 9})
+    batch = plan_batch(base, at(view(p0=(0, 20))), PlanPolicy(max_records=5))
+
+    # p0 is behind now, and payments is no longer read: each keeps the time it was last at its end
+    assert batch.caught_up == {}
+    assert batch.ledger().caught_up == {P0: READ_AT - 5, Q0: READ_AT - 9}
