@@ -135,17 +135,27 @@ class MemoryCatalog:
         """A commit by another writer that removes the rows ``doomed`` picks (a mask over a file's data)."""
         head = self._state.refs.get(branch)
         files = []
+        rewritten = False  # rows removed from a file that keeps others: Iceberg rewrites it, an overwrite
         for f in self._state.snapshots[head].files if head is not None else ():
             data = f.data.filter(pc.invert(doomed(f.data)))
-            files.append(f if data.num_rows == f.record_count else replace(f, record_count=data.num_rows, data=data))
+            if data.num_rows == f.record_count:
+                files.append(f)
+            elif data.num_rows:
+                files.append(replace(f, record_count=data.num_rows, data=data))
+                rewritten = True
+        operation = "overwrite" if rewritten else "delete"
         snapshot_id = next(self._ids)
         snapshot = MemorySnapshot(
-            snapshot_id, head, dict(summary), next(self._clock), tuple(files), "delete", self._state.schema
+            snapshot_id, head, dict(summary), next(self._clock), tuple(files), operation, self._state.schema
         )
         self._state.snapshots[snapshot_id] = snapshot
         self.log.append((branch, snapshot))
         self._state.refs[branch] = snapshot_id
         return snapshot_id
+
+    def set_ref(self, branch: str, snapshot_id: int) -> None:
+        """Another tool (or ``ingest replay``) makes branch ``branch`` at ``snapshot_id``."""
+        self._state.refs[branch] = snapshot_id
 
     def alter_schema(self, *columns: str) -> None:
         """Another tool's ``ALTER TABLE … ADD COLUMN``: a new schema, and no snapshot."""

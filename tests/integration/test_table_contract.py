@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.types import StringType
 
 from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, find_ledger
 from ingest.core.plan import Batch
-from ingest.errors import CommitConflict, SchemaMoved
+from ingest.errors import CommitConflict, SchemaMoved, WrittenFilesGone
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
@@ -33,19 +35,39 @@ Handles = Callable[[], LedgerTable]
 
 @dataclass
 class Table:
-    """The table under test: new handles on it (new writers), its columns as a reader sees them,
-    and another tool's ``ALTER TABLE … ADD COLUMN``."""
+    """The table under test: new handles on it (new writers, on main or on a branch), its columns
+    and offsets as a reader sees them, and what other tools do: ``ALTER TABLE … ADD COLUMN``, a
+    ``DELETE``, snapshot expiry (``ingest maintain``'s, requiring the refs it saw), a branch."""
 
     handles: Handles
     columns: Callable[[], list[str]]
     alter: Callable[[str], None]
+    on_branch: Callable[[str], LedgerTable]
+    offsets: Callable[[str], list[int]]
+    delete: Callable[[int, int], None]
+    expire: Callable[[list[int]], None]
+    branch: Callable[[str, int], None]
 
 
 @pytest.fixture(params=["memory", "iceberg"])
 def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Table]:
     if request.param == "memory":
         memory = MemoryCatalog("contract.orders")
-        yield Table(memory.table, lambda: list(memory.schema), lambda name: memory.alter_schema(name))
+
+        def memory_offsets(branch: str) -> list[int]:
+            data = memory.scan(branch)
+            return sorted(data["_kafka_offset"].to_pylist()) if data is not None else []
+
+        yield Table(
+            memory.table,
+            lambda: list(memory.schema),
+            lambda name: memory.alter_schema(name),
+            memory.table,
+            memory_offsets,
+            lambda lo, hi: memory.delete({}, lambda data: _between(data["_kafka_offset"], lo, hi)),
+            memory.expire,
+            memory.set_ref,
+        )
         return
     catalog = connect(
         {"name": "contract", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
@@ -57,17 +79,38 @@ def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         with catalog.load_table("contract.orders").update_schema() as update:
             update.add_column(name, StringType())
 
-    yield Table(
-        lambda: IcebergTable.open(catalog, "contract.orders", schema),
-        lambda: [f.name for f in catalog.load_table("contract.orders").schema().fields],
-        alter,
-    )
+    def opened() -> IcebergTable:
+        return IcebergTable.open(catalog, "contract.orders", schema)
+
+    def iceberg_offsets(branch: str) -> list[int]:
+        table = opened()
+        head = table.branch_head(branch)
+        if head is None:
+            return []
+        return sorted(table.scan_columns(["_kafka_offset"], head)["_kafka_offset"].to_pylist())
+
+    def delete(lo: int, hi: int) -> None:
+        doomed = And(GreaterThanOrEqual("_kafka_offset", lo), LessThan("_kafka_offset", hi))
+        catalog.load_table("contract.orders").delete(doomed)
+
+    def expire(snapshot_ids: list[int]) -> None:
+        opened().expire(snapshot_ids)
+
+    def branch(name: str, snapshot_id: int) -> None:
+        opened().set_ref(name, snapshot_id, expected=None)
+
+    yield Table(opened, lambda: [f.name for f in catalog.load_table("contract.orders").schema().fields], alter,
+                lambda name: opened().on_branch(name), iceberg_offsets, delete, expire, branch)  # fmt: skip
 
 
 @pytest.fixture
 def handles(table_under_test: Table) -> Handles:
     """A factory of new handles (new writers) on one empty table."""
     return table_under_test.handles
+
+
+def _between(values: pa.ChunkedArray, lo: int, hi: int) -> pa.ChunkedArray:
+    return pc.and_(pc.greater_equal(values, lo), pc.less(values, hi))
 
 
 def rows(start: int, end: int) -> pa.Table:
@@ -208,3 +251,73 @@ def test_files_written_for_an_evolution_another_tool_overtook_are_never_committe
     reader = table_under_test.handles()
     assert reader.refresh().snapshot_id is None
     assert "note" not in table_under_test.columns() and "other" in table_under_test.columns()
+
+
+# --- what the state machines rely on beyond a commit: expiry, deletes, branches, files adopted --------
+
+
+def _three_commits(table: LedgerTable) -> list[int]:
+    table.refresh()
+    return [table.try_commit(table.write(rows(lo, lo + 5)), {"n": str(lo)}, {}) for lo in (0, 5, 10)]
+
+
+def test_after_expiry_the_walk_back_stops_at_the_expired_parent_and_later_snapshots_keep_their_rows(
+    table_under_test: Table,
+) -> None:
+    first, second, third = _three_commits(table_under_test.handles())
+
+    table_under_test.expire([second])
+
+    reader = table_under_test.handles()
+    reader.refresh()
+    assert [s.snapshot_id for s in reader.ancestry()] == [third]  # its parent is gone: the chain ends
+    assert [s.snapshot_id for s in reader.ancestry(first)] == [first]
+    assert table_under_test.offsets("main") == list(range(15))  # the files of an expired snapshot stay
+
+
+def test_another_writers_delete_is_a_snapshot_without_the_ledger_over_fewer_rows(table_under_test: Table) -> None:
+    table = table_under_test.handles()
+    table.refresh()
+    batch = _batch(1, 0, 10)
+    commit_rows(table, RowsCommit("orders", batch, batch.ledger(), table.write(rows(0, 10)), BatchCounts(), 3))
+
+    table_under_test.delete(2, 4)  # rows of a file that keeps others: Iceberg rewrites the file
+    table_under_test.delete(0, 100)  # every row left: the file goes whole
+
+    reader = table_under_test.handles()
+    reader.refresh()
+    walk = list(reader.ancestry())
+    assert [s.operation for s in walk] == ["delete", "overwrite", "append"]
+    found = find_ledger("orders", walk)
+    assert found is not None and found.snapshot_id == walk[2].snapshot_id
+    assert table_under_test.offsets("main") == []
+
+
+def test_a_branch_moves_apart_from_main_from_where_it_was_made(table_under_test: Table) -> None:
+    first, _, third = _three_commits(table_under_test.handles())
+    table_under_test.branch("replay-1", first)
+
+    on_branch = table_under_test.on_branch("replay-1")
+    on_branch.refresh()
+    assert on_branch.head().snapshot_id == first
+    landed = on_branch.try_commit(on_branch.write(rows(100, 102)), {"n": "branch"}, {})
+
+    assert [s.snapshot_id for s in on_branch.ancestry()] == [landed, first]
+    assert table_under_test.offsets("replay-1") == [0, 1, 2, 3, 4, 100, 101]
+    main = table_under_test.handles()
+    assert main.refresh().snapshot_id == third and table_under_test.offsets("main") == list(range(15))
+
+
+def test_files_written_earlier_are_adopted_by_path_and_a_file_gone_is_said(table_under_test: Table) -> None:
+    writer = table_under_test.handles()
+    writer.refresh()
+    paths = [f.file_path for f in writer.write(rows(0, 4))]
+
+    later = table_under_test.handles()  # another process, which knows only the paths
+    later.refresh()
+    adopted = later.adopt(paths)
+    assert [f.record_count for f in adopted] == [4]
+    later.try_commit(adopted, {}, {})
+    assert table_under_test.offsets("main") == [0, 1, 2, 3]
+    with pytest.raises(WrittenFilesGone):
+        later.adopt([paths[0].replace(".parquet", "-gone.parquet")])
