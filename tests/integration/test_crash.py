@@ -42,18 +42,34 @@ def test_sigkill_at_each_step_then_rerun(make_env, point: str) -> None:
     env.verify()
 
 
+def _committed(env) -> int:  # type: ignore[no-untyped-def]
+    """Offsets the rows table's ledger has passed, summed over partitions (0: none yet)."""
+    from ingest.pipeline import Pipeline
+
+    found = Pipeline.open(env.config).ledger()
+    return sum(found.ledger.offsets.values()) if found is not None else 0
+
+
 def test_sigkill_at_random_moments(make_env) -> None:
+    """Six runs, each SIGKILLed at a random moment after it reported its first batch: so each kill
+    lands while the run is busy with a later batch (reading, writing or committing it), and each
+    run is shown to have committed something and to have had more to do when it died."""
     env = make_env(batch={"max_records": 700, "chunk_records": 300})
-    env.produce(6_000, bad_every=13)
     rng = random.Random(20261202)
-    for _ in range(6):
-        process = env.popen("run", "--until-caught-up")
-        time.sleep(rng.uniform(0.5, 4.0))
+    for kill in range(6):
+        env.produce(2_000, bad_every=13)
+        before = _committed(env)
+        process = env.popen("run", "--until-caught-up", "--json")
+        first = process.stdout.readline() if process.stdout is not None else ""
+        assert first, process.communicate()[1]
+        time.sleep(rng.uniform(0.0, max(0.05, json.loads(first)["seconds"])))  # inside the next batch or two
         process.send_signal(signal.SIGKILL)
-        process.communicate()
+        _, stderr = process.communicate()
+        assert process.returncode == -signal.SIGKILL, f"kill {kill}: the run ended before it: {stderr}"
+        assert before < _committed(env) < env.produced, f"kill {kill} did not land mid-run"
     final = env.cli("run", "--until-caught-up")
     assert final.returncode == 0, final.stderr
-    assert env.counts() == (6_000 - env.bad, env.bad)
+    assert env.counts() == (env.produced - env.bad, env.bad)
     env.verify()
 
 
