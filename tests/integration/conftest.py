@@ -80,7 +80,7 @@ def broker_choice() -> tuple[BrokerKind, str]:
     if error is None:
         return "kafka", kafka_service.describe()
     if strict.strict():
-        return "missing", f"NONE: Apache Kafka cannot run here, and a strict run does not fall back to tansu ({error})"
+        return "missing", f"no broker: Apache Kafka cannot run here, and a strict run takes no fallback ({error})"
     return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
 
 
@@ -93,7 +93,7 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with kafka_service.KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
             yield cluster.bootstrap_servers
     elif kind == "missing":
-        pytest.fail(f"no Kafka broker: {why}", pytrace=False)
+        pytest.fail(why, pytrace=False)
     else:
         if "FALLBACK" in why:
             warnings.warn(why, stacklevel=1)
