@@ -94,7 +94,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A strict run with a skip that is not allowed fails (pytest-xdist's workers leave it to the controller)."""
     if hasattr(session.config, "workerinput"):
         return
-    if strict.strict() and _refused() and session.exitstatus == pytest.ExitCode.OK:
+    passing = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)  # the latter: every module skipped whole
+    if strict.strict() and _refused() and session.exitstatus in passing:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
