@@ -40,7 +40,8 @@ else
 endif
 
 # `make test` runs pytest on TEST_WORKERS processes (pytest-xdist), each module whole on one of them with
-# its own session broker and servers; TEST_WORKERS=0 runs it in one process
+# its own session broker and servers; TEST_WORKERS=0 runs it in one process. With CI=true (as .ci/run
+# sets it) or INGEST_TEST_STRICT=1 a component the tests cannot start fails the run (tests/strict.py)
 TEST_WORKERS ?= 2
 test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with the REST catalog)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile

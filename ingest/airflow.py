@@ -268,15 +268,16 @@ class SparkExitCodePolicy(RetryPolicy):
 def spark_ingest_operator(*, task_id: str, config_path: str | Path, application: str | Path, **kwargs: Any) -> Any:
     """A SparkSubmitOperator running ``jobs/spark_ingest.py -c CONFIG --until-caught-up`` (the Spark engine).
 
-    Needs ``apache-airflow-providers-apache-spark`` and a ``spark_default`` connection (or ``conn_id=``);
-    other keyword arguments go to SparkSubmitOperator. Use client deploy mode, where spark-submit
-    exits with the driver's exit code, so :class:`SparkExitCodePolicy` can tell fatal from retryable.
+    Needs ``apache-airflow-providers-apache-spark`` (``pip install 'lakehouse-ingest[airflow-spark]'``)
+    and a ``spark_default`` connection (or ``conn_id=``); other keyword arguments go to
+    SparkSubmitOperator. Use client deploy mode, where spark-submit exits with the driver's exit
+    code, so :class:`SparkExitCodePolicy` can tell fatal from retryable.
     """
     try:
         from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
     except ImportError as error:
         raise ImportError(
-            "the Spark path needs the Spark provider: pip install apache-airflow-providers-apache-spark"
+            "the Spark path needs the Spark provider: pip install 'lakehouse-ingest[airflow-spark]'"
         ) from error
     kwargs.setdefault("retry_policy", SparkExitCodePolicy())
     kwargs.setdefault("name", f"ingest-{Path(config_path).stem}")

@@ -46,6 +46,7 @@ os.environ.update(
 )
 #: every test module starts with this (a skip in a conftest would be a collection error)
 NEEDS_AIRFLOW = "the Airflow tests need pip install 'lakehouse-ingest[airflow]'"
+NEEDS_PROVIDER = "the Spark path needs pip install 'lakehouse-ingest[airflow-spark]'"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DAG_FILE, NEEDS_AIRFLOW, REPO
+from .conftest import DAG_FILE, NEEDS_AIRFLOW, NEEDS_PROVIDER, REPO
 
 pytestmark = pytest.mark.airflow
 pytest.importorskip("airflow.sdk", reason=NEEDS_AIRFLOW)
@@ -55,7 +55,7 @@ def test_default_pipelines_folder_is_the_repos_conf(monkeypatch: pytest.MonkeyPa
 
 
 def test_spark_engine_submits_the_spark_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("airflow.providers.apache.spark", reason="pip install apache-airflow-providers-apache-spark")
+    pytest.importorskip("airflow.providers.apache.spark", reason=NEEDS_PROVIDER)
     from ingest.airflow import SparkExitCodePolicy
 
     shutil.copy(REPO / "conf" / "orders.yaml", tmp_path / "orders.yaml")

@@ -6,7 +6,6 @@ operator and hook report its exit code, and Airflow's retry decision follows it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -15,17 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingest import cli
 from ingest.kafka.embedded import free_port
 
-from .conftest import NEEDS_AIRFLOW, Airflow, Env, quick_retries
+from .conftest import NEEDS_AIRFLOW, NEEDS_PROVIDER, Airflow, Env, quick_retries
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 pytest.importorskip("airflow.sdk", reason=NEEDS_AIRFLOW)
-pytest.importorskip("airflow.providers.apache.spark", reason="pip install apache-airflow-providers-apache-spark")
+pytest.importorskip("airflow.providers.apache.spark", reason=NEEDS_PROVIDER)
 pyspark = pytest.importorskip("pyspark", reason="pip install 'lakehouse-ingest[spark]'")
-if "engine" not in inspect.signature(cli.run).parameters:
-    pytest.skip("jobs/spark_ingest.py needs `ingest run --engine spark` (not in the CLI yet)", allow_module_level=True)
 
 
 @pytest.fixture
@@ -67,3 +63,31 @@ def test_spark_exit_code_decides_the_retry(make_env, spark: Airflow, capfd, brea
     assert outcome.state_of("ingest") == "failed"
     assert outcome.tries_of("ingest") == tries
     assert ("exited 78 (fatal" if breakage == "config" else "exited 75 (retryable") in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("code", "action"),
+    [(75, "retry"), (65, "fail"), (78, "fail"), (2, "fail"), (1, "default"), (137, "default")],
+)
+def test_the_policy_reads_the_exit_code_from_the_providers_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, action: str
+) -> None:
+    """The provider's hook raises one exception type for every exit; the policy finds the code in its
+    message (README: 75 retried, 65, 78 and a usage error not, anything else the task's retries)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from ingest.airflow import SparkExitCodePolicy
+
+    stub = tmp_path / "spark-submit"
+    stub.write_text(f"#!/bin/sh\nexit {code}\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+
+    with pytest.raises(Exception, match=f"Error code is: {code}") as failure:
+        SparkSubmitHook(conn_id="spark_default").submit(str(tmp_path / "job.py"))
+    decision = SparkExitCodePolicy().evaluate(failure.value, try_number=1, max_tries=5)
+
+    assert decision.action.value == action
+    if action != "default":
+        assert f"exited {code}" in decision.reason

@@ -3,7 +3,8 @@ an S3 server (moto) for the warehouse.
 
 The broker is Apache Kafka (from Maven Central, KRaft, one node) started on free ports for the
 session, an external Kafka when ``KAFKA_BOOTSTRAP_SERVERS`` is set, or the embedded tansu with
-``INGEST_TEST_BROKER=tansu`` (and as a fallback, with a warning, where Java or Maven is missing).
+``INGEST_TEST_BROKER=tansu`` (and as a fallback, with a warning, where Apache Kafka cannot run; a
+strict run, as in CI, fails instead: tests/strict.py).
 Every test gets its own topic, namespace and warehouse. ``catalog_kind`` names the catalog and,
 after a ``+``, the warehouse's storage: ``sqlite`` and ``postgres`` keep files on the local disk,
 ``sqlite+s3`` keeps data and metadata in a bucket of the session's S3 server; ``rest`` and
@@ -15,6 +16,7 @@ without it, on ``sqlite``, and on ``sqlite,postgres`` when marked ``catalog_race
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -26,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -35,6 +37,7 @@ from ingest import config as config_module
 from ingest.config import PipelineConfig
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
+from tests import strict
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
 from tests.services.iceberg_rest import RestCatalog, RestUnavailable
@@ -51,19 +54,34 @@ SCHEMA = [
 ]
 
 
-def broker_choice() -> tuple[str, str]:
+BrokerKind = Literal["external", "kafka", "tansu", "missing"]
+
+
+@functools.cache
+def _kafka_unavailable() -> str | None:
+    """Why Apache Kafka cannot run here (None: it can), resolving it once per process."""
+    try:
+        kafka_service.resolve()
+    except kafka_service.KafkaUnavailable as error:
+        return str(error)
+    return None
+
+
+def broker_choice() -> tuple[BrokerKind, str]:
     """Which broker the integration suite runs on, and why: an external cluster
     (``KAFKA_BOOTSTRAP_SERVERS``), Apache Kafka from Maven Central (the default wherever Java and
-    Maven are available), or the embedded tansu (``INGEST_TEST_BROKER=tansu``, or the fallback)."""
+    Maven are available), the embedded tansu (``INGEST_TEST_BROKER=tansu``, or the fallback where
+    Apache Kafka cannot run), or, in a strict run where it cannot, none (``missing``)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return "external", f"external Kafka at {os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
     if os.environ.get("INGEST_TEST_BROKER", "kafka") == "tansu":
         return "tansu", "embedded tansu (INGEST_TEST_BROKER=tansu)"
-    try:
-        kafka_service.resolve()
-    except kafka_service.KafkaUnavailable as error:
-        return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
-    return "kafka", kafka_service.describe()
+    error = _kafka_unavailable()
+    if error is None:
+        return "kafka", kafka_service.describe()
+    if strict.strict():
+        return "missing", f"no broker: Apache Kafka cannot run here, and a strict run takes no fallback ({error})"
+    return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +92,8 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif kind == "kafka":
         with kafka_service.KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
             yield cluster.bootstrap_servers
+    elif kind == "missing":
+        pytest.fail(why, pytrace=False)
     else:
         if "FALLBACK" in why:
             warnings.warn(why, stacklevel=1)
@@ -109,10 +129,10 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 def _rest_catalog(directory: Path, warehouse: str, s3: dict[str, str] | None = None) -> RestCatalog:
     """The server started, or the test skipped where Java or Maven is missing (as the Spark interop
-    tests do) and failed where they are and the server still would not run."""
-    missing = rest_unavailable()
-    if missing:
-        pytest.skip(f"Iceberg's REST catalog server cannot run here: {missing}")
+    tests do; failed in a strict run) and failed where they are and the server still would not run."""
+    why = rest_unavailable()
+    if why:
+        strict.missing(f"Iceberg's REST catalog server cannot run here: {why}")
     try:
         return RestCatalog(directory, warehouse, s3).start()
     except RestUnavailable as error:

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.kafka.embedded import free_port
+from tests import strict
 
 from .conftest import Env
 
@@ -42,7 +43,7 @@ def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 def pushgateway(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("prometheus-pushgateway")
     if binary is None:
-        pytest.skip("prometheus-pushgateway is not installed: `make services` installs Debian's")
+        strict.missing("prometheus-pushgateway is not installed: `make services` installs Debian's")
     port = free_port()
     server = subprocess.Popen(
         [binary, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={tmp_path / 'push.db'}"],

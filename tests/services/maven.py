@@ -11,9 +11,14 @@ resolves at a time (a lock file beside ``lib``): `make test` runs the suite on t
 from __future__ import annotations
 
 import fcntl
+import re
 import shutil
 import subprocess
 from pathlib import Path
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Maven's closing advice, the same after every failure
+_BOILERPLATE = ("To see the full stack trace", "Re-run Maven", "For more information", "[Help ")
 
 
 class MavenUnavailable(Exception):
@@ -58,8 +63,16 @@ def _resolve(pom: Path, lib: Path, what: str, *, unpack: bool) -> Path:
     command = ["mvn", "-q", "-B", "-f", str(pom), *goal]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise MavenUnavailable(f"mvn could not resolve {what}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise MavenUnavailable(f"mvn could not resolve {what} ({pom}): {_errors(done.stdout + done.stderr)}")
     shutil.rmtree(lib, ignore_errors=True)
     staging.rename(lib)
     _complete(lib).touch()
     return lib
+
+
+def _errors(output: str) -> str:
+    """Maven's own error lines, on one line (its output's tail where it printed none)."""
+    lines = [_ANSI.sub("", line).strip() for line in output.splitlines()]
+    errors = [line.removeprefix("[ERROR]").strip() for line in lines if line.startswith("[ERROR]")]
+    found = [line for line in errors if line and not line.startswith(_BOILERPLATE)]
+    return " / ".join(found)[:2000] if found else output[-2000:]

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests import strict
 from tests.integration.conftest import POSTGRES_URI, REPO
 from tests.spark.conftest import TEST_CONF, spark_submit_binary
 from tests.spark.iceberg_runtime import Unavailable, build, postgres_jdbc
@@ -31,11 +32,12 @@ EXTENSIONS = {"spark.sql.extensions": "org.apache.iceberg.spark.extensions.Icebe
 
 @pytest.fixture(scope="session", name="iceberg_jars")
 def iceberg_jars_fixture() -> list[Path]:
-    """Iceberg's Spark runtime (from Maven Central, once: ``make iceberg-spark``)."""
+    """Iceberg's Spark runtime (from Maven Central, once: ``make iceberg-spark``); skipped without it,
+    failed in a strict run."""
     try:
         return build()
     except Unavailable as error:
-        pytest.skip(f"the Iceberg Spark runtime cannot be resolved here: {error}")
+        strict.missing(f"the Iceberg Spark runtime cannot be resolved here: {error}")
 
 
 def jdbc_catalog(catalog: Mapping[str, str]) -> dict[str, str]:

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.pipeline import Pipeline
+from tests import strict
 from tests.integration.conftest import REPO
 from tests.services.spark_standalone import SparkStandalone, SparkUnavailable
 from tests.spark.conftest import spark_submit, spark_submit_command
@@ -48,7 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalon
         with SparkStandalone(tmp_path_factory.mktemp("spark-standalone"), workers=2) as started:
             yield started
     except SparkUnavailable as error:
-        pytest.skip(f"no Spark standalone cluster here: {error}")
+        strict.missing(f"no Spark standalone cluster here: {error}")
 
 
 def _executor_logs(cluster: SparkStandalone) -> dict[str, int]:
