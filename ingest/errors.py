@@ -95,6 +95,11 @@ class MainMoved(RetryableError):
     """Main moved while a rollback or publish was deciding; nothing was changed."""
 
 
+class BranchGone(RetryableError):
+    """The branch a command works on was removed meanwhile (a concurrent ``ingest replay --publish``
+    published it, or someone dropped it); nothing this command committed is on main."""
+
+
 class WorkerLost(RetryableError):
     """A worker process died or stopped answering during a batch; nothing was committed."""
 

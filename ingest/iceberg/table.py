@@ -16,6 +16,7 @@ which any other writer may change. So each commit is built on metadata whose pro
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -73,6 +74,7 @@ from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run
 from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import (
+    BranchGone,
     CatalogUnavailable,
     CommitConflict,
     CommitUnknown,
@@ -397,6 +399,12 @@ class IcebergTable:
         except Exception as error:
             raise CatalogUnavailable(f"cannot refresh table {self.identifier}: {error}") from None
         self._loaded_at = time.monotonic()
+        if self.branch != MAIN and self.branch not in self._table.metadata.refs:
+            raise BranchGone(
+                f"branch {self.branch} of {self.identifier} no longer exists: another `ingest replay --publish` "
+                "published it meanwhile, or it was dropped. Nothing of this command reached main; run it again "
+                "to replay anew (or see `ingest history` for what main holds now)."
+            )
         return self.head()
 
     def head(self) -> Head:
@@ -486,7 +494,7 @@ class IcebergTable:
         Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
         :class:`CommitUnknown` for any failure that leaves the outcome open.
         """
-        with nogc.paused():  # the catalog loads, deep-copies and writes the whole metadata
+        with nogc.paused(), _refused_as_conflict():  # the catalog loads, deep-copies and writes the whole metadata
             transaction = self._transaction(self._head_only())
             self._same_spec(files, transaction)
             if properties:
@@ -695,6 +703,16 @@ class IcebergTable:
             if snapshot_id is None:
                 return self._table.schema().as_arrow().empty_table().select(list(columns))
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
+
+
+@contextlib.contextmanager
+def _refused_as_conflict() -> Iterator[None]:
+    """A requirement pyiceberg checks against the held metadata while it builds a commit (the
+    branch's head, its existence) fails as the catalog's would: a conflict, to be observed again."""
+    try:
+        yield
+    except CommitFailedException as error:
+        raise CommitConflict(str(error)) from None
 
 
 def _is(predicate: type[BooleanExpression], column: str, value: object) -> BooleanExpression:

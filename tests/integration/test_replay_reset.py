@@ -8,8 +8,9 @@ import json
 import pytest
 
 from ingest.core.plan import KafkaView, Watermarks
-from ingest.errors import ReplayImpossible
+from ingest.errors import BranchGone, ReplayImpossible
 from ingest.pipeline import Pipeline
+from ingest.runner import engine_for
 from tests.runs import catch_up, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
@@ -110,6 +111,32 @@ def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
     assert env.counts() == rows_at_s
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (1_200 - env.bad, env.bad)
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env) -> None:
+    """Two copies of ``ingest replay --from-snapshot S --publish``: the first publishes the branch
+    (and removes it) while the second still works on it. The second stops with a retryable error
+    naming the branch, not a crash, and main holds every record once."""
+    env = make_env(partitions=2)
+    env.produce(400, bad_every=20)
+    pipeline = Pipeline.open(env.config)
+    one_batch(pipeline)
+    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    env.produce(400, bad_every=20)
+    one_batch(pipeline)
+    assert env.cli("replay", "--from-snapshot", str(snapshot_s)).returncode == 0  # the branch, caught up
+    with engine_for(Pipeline.open(env.config)) as second:
+        on_branch = second.on_branch(f"replay-{snapshot_s}")  # the second copy, mid-replay
+        env.produce(50)
+        published = env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish")
+        assert published.returncode == 0, published.stderr
+
+        with pytest.raises(BranchGone, match=f"branch replay-{snapshot_s} of .* no longer exists"):
+            list(on_branch.batches(until_caught_up=True))
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (850 - env.bad, env.bad)
     env.verify()
 
 
