@@ -45,13 +45,13 @@ def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[Snapsh
     )
 
 
-def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
-    """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
-    returns how many were applied now. Raises :class:`PublishRefused` (changing nothing) if main
-    holds anything else the branch did not redo. Each re-applied commit requires the branch head."""
+def carryable(table: IcebergTable, pipeline: str, branch: str) -> list[SnapshotView]:
+    """Every other writer's append on main since ``branch`` forked, oldest last; raises
+    :class:`PublishRefused` if main holds anything else the branch did not redo (a delete, an
+    overwrite, another pipeline's rollback of its dead letters). Changes nothing: a publish asks
+    this of the dead-letter table before it moves the rows table's main."""
     branch_line = list(table.ancestry(table.branch_head(branch)))
     on_branch = {snap.snapshot_id for snap in branch_line}
-    reapplied = {snap.summary[REAPPLIED_FROM_KEY] for snap in branch_line if REAPPLIED_FROM_KEY in snap.summary}
     gained = [
         snap
         for snap in _since(table, table.branch_head(MAIN), on_branch)
@@ -65,6 +65,19 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
             f"cannot be carried over onto it: {listed}. Nothing was changed and the branch is kept. Re-apply those "
             "changes to the branch yourself and publish again, or roll main back instead (--rollback)."
         )
+    return gained
+
+
+def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
+    """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
+    returns how many were applied now. Raises :class:`PublishRefused` (changing nothing) if main
+    holds anything else the branch did not redo. Each re-applied commit requires the branch head."""
+    gained = carryable(table, pipeline, branch)
+    reapplied = {
+        snap.summary[REAPPLIED_FROM_KEY]
+        for snap in table.ancestry(table.branch_head(branch))
+        if REAPPLIED_FROM_KEY in snap.summary
+    }
     target = table.on_branch(branch)
     count = 0
     for snap in reversed(gained):  # oldest first, so each pipeline's newest ledger ends on top

@@ -48,11 +48,12 @@ from ingest.errors import (
     CommitUnknown,
     ConfigError,
     MainMoved,
+    PublishRefused,
     ReplayImpossible,
     RollbackRefused,
 )
 from ingest.iceberg.table import MAIN, IcebergTable
-from ingest.lineage import carry_over, remove_branch
+from ingest.lineage import carry_over, carryable, remove_branch
 from ingest.pipeline import BatchResult, Pipeline
 from ingest.retry import Again, settled
 from ingest.runner import Run
@@ -290,7 +291,7 @@ def _continue(run: Run, target: int, publish: bool) -> ReplayResult:
     batches = tuple(replaying.batches(until_caught_up=True))
     name = pipeline.config.pipeline
     if publish:
-        head, reapplied = _publish(pipeline, replaying, branch)
+        head, reapplied = _publish(pipeline, replaying, branch, target)
         return ReplayResult(
             name, target, "published", branch=branch, batches=batches, published=head, reapplied=reapplied
         )
@@ -348,7 +349,22 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None
     return rows.branch_head(MAIN), discarded
 
 
-def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | None, int]:
+def _forked_from_main(rows: IcebergTable, branch: str, target: int) -> None:
+    """Refuse to publish ``branch`` unless main still holds the snapshot it forked at (``target``):
+    a rollback since then (this pipeline's or another's) took main back past it, or another
+    replay's publish replaced main's line. The branch holds rows main no longer has, under ledgers
+    main no longer has; publishing it would bring them back beside the records read again since."""
+    if any(snap.snapshot_id == target for snap in rows.ancestry(rows.branch_head(MAIN))):
+        return
+    raise PublishRefused(
+        f"publish of {branch} on {rows.identifier} refused: main no longer holds snapshot {target}, where the "
+        "replay began (a rollback took main back past it, or another replay was published, since). Publishing "
+        "would bring back rows main has dropped. Nothing was changed and the branch is kept for audit; replay "
+        "again from a snapshot main holds now (ingest history lists them)."
+    )
+
+
+def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tuple[int | None, int]:
     """Fast-forward main to the branch once the branch holds everything main holds, then the
     dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
@@ -369,6 +385,11 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str) -> tuple[int | Non
             for _result in replaying.batches(until_caught_up=True):
                 pass
             raise Again(f"branch {branch} was behind main; caught up")
+        _forked_from_main(rows, branch, target)
+        dead = pipeline.dead
+        dead.refresh()
+        if dead.branch_head(branch) is not None:  # its publish must be possible before the rows' is made
+            carryable(dead, name, branch)
         # the branch head's own step (its batch's dead letters) before the publish marker replaces it
         on_dead_branch = replaying.pipeline
         settle(on_dead_branch.dead, on_dead_branch.rows, pipeline.config, replayed.ledger, _attempts(pipeline))

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
+from ingest import config as config_module
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.errors import BranchGone, ReplayImpossible
+from ingest.kafka.admin import create_topic
 from ingest.pipeline import Pipeline
 from ingest.runner import engine_for
+from tests.integration.conftest import REPO, produce_numbered
 from tests.runs import catch_up, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
@@ -138,6 +145,72 @@ def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (850 - env.bad, env.bad)
     env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+@pytest.mark.parametrize("rolled_back", ["past-the-fork", "since-the-fork"])
+def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(make_env, rolled_back: str) -> None:
+    """Two pipelines on one table (and one dead-letter table). ``refunds`` replays from S into a
+    branch; meanwhile ``orders`` rolls main back: past S (the branch holds orders' rows main has
+    dropped, which orders reads again) or to a snapshot since S (its dead letters were rewound on
+    the dead-letter table's main, which the publish cannot carry over). Either way the publish is
+    refused before anything changes (before, the first stored orders' rows twice, the second moved
+    the rows table and then refused the dead letters at every run), and both pipelines go on
+    exactly once."""
+    env = make_env(partitions=1)
+    refunds_topic = f"{env.topic}_refunds"
+    create_topic(env.bootstrap, refunds_topic, 1)
+    data = yaml.safe_load(env.config_path.read_text())
+    refunds_path = env.config_path.with_name("refunds.yaml")
+    refunds_path.write_text(yaml.safe_dump({**data, "pipeline": "refunds", "topics": [refunds_topic]}))
+    refunds = {"first": 0, "bad": 0}
+
+    def refund(count: int) -> None:
+        refunds["bad"] += produce_numbered(env, refunds_topic, 1, refunds["first"], count, 25)
+        refunds["first"] += count
+
+    def ingest(*args: str, path: Path | None = None) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ingest", *args, "-c", str(path or env.config_path)]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+
+    def ledger_snapshot(path: Path) -> int:
+        return Pipeline.open(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
+
+    refund(100)
+    assert ingest("run", path=refunds_path).returncode == 0
+    env.produce(100, bad_every=25)
+    assert ingest("run").returncode == 0
+    before_fork = ledger_snapshot(env.config_path)
+    env.produce(100, bad_every=25)
+    assert ingest("run").returncode == 0  # in the branch below; gone from main after a rollback past it
+    refund(100)
+    assert ingest("run", path=refunds_path).returncode == 0
+    s_refunds = ledger_snapshot(refunds_path)
+    env.produce(100, bad_every=25)
+    assert ingest("run").returncode == 0
+    since_fork = ledger_snapshot(env.config_path)
+    env.produce(100, bad_every=25)
+    assert ingest("run").returncode == 0  # its dead letters are rewound by a rollback to since_fork
+    assert ingest("replay", "--from-snapshot", str(s_refunds), path=refunds_path).returncode == 0
+    target = before_fork if rolled_back == "past-the-fork" else since_fork
+    assert ingest("replay", "--from-snapshot", str(target), "--rollback").returncode == 0
+    pipeline = Pipeline.open(env.config)
+    heads = (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main"))
+
+    published = ingest("replay", "--from-snapshot", str(s_refunds), "--publish", path=refunds_path)
+
+    assert published.returncode == 65, published.stderr
+    said = " ".join(published.stderr.split())
+    assert "Nothing was changed" in said and f"publish of replay-{s_refunds}" in said
+    pipeline = Pipeline.open(env.config)
+    assert (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main")) == heads
+    assert ingest("run", "--until-caught-up").returncode == 0
+    assert ingest("run", "--until-caught-up", path=refunds_path).returncode == 0
+    for path in (env.config_path, refunds_path):
+        checked = ingest("verify", path=path)
+        assert checked.returncode == 0, checked.stdout
+    rows, dead = env.counts()
+    assert (rows, dead) == (env.produced - env.bad + 200 - refunds["bad"], env.bad + refunds["bad"])
 
 
 def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env, monkeypatch) -> None:
