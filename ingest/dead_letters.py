@@ -48,7 +48,7 @@ from ingest.core.ledger import (
 )
 from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import MAIN, IcebergTable
-from ingest.lineage import carry_over, remove_branch
+from ingest.lineage import carry_over, main_ledgers, remove_branch
 from ingest.ports import LedgerTable
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
 from ingest.retry import settled
@@ -123,7 +123,7 @@ def publish_branch(
         carry_over(dead, pipeline, branch)
         on_branch = dead.on_branch(branch)
         found = observe(on_branch, pipeline, recovering=True)
-        _stamp(on_branch, pipeline, found.ledger if found else None, sync_id)
+        _stamp(on_branch, pipeline, found.ledger if found else None, sync_id, main_ledgers(dead, pipeline, branch))
         # requires the main head carry_over looked at: a commit since then makes it look again
         dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
         remove_branch(dead, branch)
@@ -177,11 +177,15 @@ def remove_redriven(
     )
 
 
-def _stamp(table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str) -> None:
-    """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``."""
+def _stamp(
+    table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str, others: Mapping[str, str] | None = None
+) -> None:
+    """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``
+    (and which carries ``others``: other pipelines' ledgers re-stamped)."""
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
     stamped = replace(base, resets=remembering(base, sync_id), reset_id=None, sync=None)
-    table.try_commit([], encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id}), {})
+    summary = encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id})
+    table.try_commit([], {**(others or {}), **summary}, {})
 
 
 def settle(dead: IcebergTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:

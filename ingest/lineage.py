@@ -19,7 +19,17 @@ from __future__ import annotations
 
 import logging
 
-from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, REAPPLIED_FROM_KEY, SnapshotView, find_ledger, ours
+from ingest.core.ledger import (
+    COMPACTION,
+    MAINTENANCE_KEY,
+    REAPPLIED_FROM_KEY,
+    BatchCounts,
+    SnapshotView,
+    encode,
+    find_ledger,
+    ours,
+    registered_pipelines,
+)
 from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
 from ingest.iceberg.files import added_data_files
 from ingest.iceberg.table import MAIN, IcebergTable
@@ -89,6 +99,24 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
         count += 1
     table.refresh()
     return count
+
+
+def main_ledgers(table: IcebergTable, pipeline: str, branch: str) -> dict[str, str]:
+    """The summary keys that re-stamp, on the branch a publish makes main, the ledger main holds for
+    every other pipeline registered on ``table`` where the branch's line lacks it: a compaction may
+    be the only snapshot left that carries it (expiry removed the pipeline's own, and the branch
+    forked where its parents were gone), and compactions are not carried over. Call it after
+    :func:`carry_over`: the branch then holds every other pipeline's rows that main holds."""
+    keys: dict[str, str] = {}
+    main_line, branch_line = table.ancestry(table.branch_head(MAIN)), table.ancestry(table.branch_head(branch))
+    main_snaps, branch_snaps = list(main_line), list(branch_line)
+    for other in registered_pipelines(table.head().properties):
+        if other == pipeline:
+            continue
+        on_main, on_branch = find_ledger(other, main_snaps), find_ledger(other, branch_snaps)
+        if on_main is not None and (on_branch is None or on_branch.ledger != on_main.ledger):
+            keys |= encode(other, on_main.ledger, BatchCounts(), extra={"restamped-by": "publish"})
+    return keys
 
 
 def remove_branch(table: IcebergTable, branch: str) -> None:

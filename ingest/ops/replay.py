@@ -53,7 +53,7 @@ from ingest.errors import (
     RollbackRefused,
 )
 from ingest.iceberg.table import MAIN, IcebergTable
-from ingest.lineage import carry_over, carryable, remove_branch
+from ingest.lineage import carry_over, carryable, main_ledgers, remove_branch
 from ingest.pipeline import BatchResult, Pipeline
 from ingest.retry import Again, settled
 from ingest.runner import Run
@@ -396,11 +396,11 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tu
         main_head = rows.branch_head(MAIN)
         try:
             reapplied += carry_over(rows, name, branch)
-            # the snapshot main moves to says what the dead-letter table owes it
+            # the snapshot main moves to says what the dead-letter table owes it, and keeps every
+            # other pipeline's ledger main holds
             on_branch = rows.on_branch(branch)
-            on_branch.try_commit(
-                [], encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"}), {}
-            )
+            stamp = encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"})
+            on_branch.try_commit([], {**main_ledgers(rows, name, branch), **stamp}, {})
             head = on_branch.branch_head(branch)
             assert head is not None
             rows.set_ref(MAIN, head, expected=main_head)

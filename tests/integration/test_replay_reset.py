@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from ingest.errors import BranchGone, ReplayImpossible
 from ingest.kafka.admin import create_topic
 from ingest.pipeline import Pipeline
 from ingest.runner import engine_for
-from tests.integration.conftest import REPO, produce_numbered
+from tests.integration.conftest import REPO, Env, produce_numbered
 from tests.runs import catch_up, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
@@ -147,6 +148,51 @@ def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env
     env.verify()
 
 
+@dataclasses.dataclass
+class _TwoPipelines:
+    """``orders`` (the test's env) and ``refunds`` (a topic of its own) into one table and one
+    dead-letter table, each driven through the CLI."""
+
+    env: Env
+    refunds_path: Path
+    refunds_topic: str
+    refunds_produced: int = 0
+    refunds_bad: int = 0
+
+    @classmethod
+    def make(cls, env: Env, **config: Any) -> _TwoPipelines:
+        topic = f"{env.topic}_refunds"
+        create_topic(env.bootstrap, topic, 1)
+        data = {**yaml.safe_load(env.config_path.read_text()), **config}
+        env.config_path.write_text(yaml.safe_dump(data))
+        path = env.config_path.with_name("refunds.yaml")
+        path.write_text(yaml.safe_dump({**data, "pipeline": "refunds", "topics": [topic]}))
+        return cls(env, path, topic)
+
+    def refund(self, count: int) -> None:
+        self.refunds_bad += produce_numbered(self.env, self.refunds_topic, 1, self.refunds_produced, count, 25)
+        self.refunds_produced += count
+
+    def ingest(self, *args: str, refunds: bool = False) -> subprocess.CompletedProcess[str]:
+        path = self.refunds_path if refunds else self.env.config_path
+        command = [sys.executable, "-m", "ingest", *args, "-c", str(path)]
+        return subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+
+    def ledger_snapshot(self, refunds: bool = False) -> int:
+        path = self.refunds_path if refunds else self.env.config_path
+        return Pipeline.open(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
+
+    def exact(self) -> None:
+        for refunds in (False, True):
+            assert self.ingest("run", "--until-caught-up", refunds=refunds).returncode == 0
+            checked = self.ingest("verify", refunds=refunds)
+            assert checked.returncode == 0, checked.stdout
+        env = self.env
+        rows, dead = env.counts()
+        expected_rows = env.produced - env.bad + self.refunds_produced - self.refunds_bad
+        assert (rows, dead) == (expected_rows, env.bad + self.refunds_bad)
+
+
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize("rolled_back", ["past-the-fork", "since-the-fork"])
 def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(make_env, rolled_back: str) -> None:
@@ -158,59 +204,61 @@ def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(
     the rows table and then refused the dead letters at every run), and both pipelines go on
     exactly once."""
     env = make_env(partitions=1)
-    refunds_topic = f"{env.topic}_refunds"
-    create_topic(env.bootstrap, refunds_topic, 1)
-    data = yaml.safe_load(env.config_path.read_text())
-    refunds_path = env.config_path.with_name("refunds.yaml")
-    refunds_path.write_text(yaml.safe_dump({**data, "pipeline": "refunds", "topics": [refunds_topic]}))
-    refunds = {"first": 0, "bad": 0}
-
-    def refund(count: int) -> None:
-        refunds["bad"] += produce_numbered(env, refunds_topic, 1, refunds["first"], count, 25)
-        refunds["first"] += count
-
-    def ingest(*args: str, path: Path | None = None) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "ingest", *args, "-c", str(path or env.config_path)]
-        return subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-
-    def ledger_snapshot(path: Path) -> int:
-        return Pipeline.open(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
-
-    refund(100)
-    assert ingest("run", path=refunds_path).returncode == 0
+    two = _TwoPipelines.make(env)
+    two.refund(100)
+    assert two.ingest("run", refunds=True).returncode == 0
     env.produce(100, bad_every=25)
-    assert ingest("run").returncode == 0
-    before_fork = ledger_snapshot(env.config_path)
+    assert two.ingest("run").returncode == 0
+    before_fork = two.ledger_snapshot()
     env.produce(100, bad_every=25)
-    assert ingest("run").returncode == 0  # in the branch below; gone from main after a rollback past it
-    refund(100)
-    assert ingest("run", path=refunds_path).returncode == 0
-    s_refunds = ledger_snapshot(refunds_path)
+    assert two.ingest("run").returncode == 0  # in the branch below; gone from main after a rollback past it
+    two.refund(100)
+    assert two.ingest("run", refunds=True).returncode == 0
+    s_refunds = two.ledger_snapshot(refunds=True)
     env.produce(100, bad_every=25)
-    assert ingest("run").returncode == 0
-    since_fork = ledger_snapshot(env.config_path)
+    assert two.ingest("run").returncode == 0
+    since_fork = two.ledger_snapshot()
     env.produce(100, bad_every=25)
-    assert ingest("run").returncode == 0  # its dead letters are rewound by a rollback to since_fork
-    assert ingest("replay", "--from-snapshot", str(s_refunds), path=refunds_path).returncode == 0
+    assert two.ingest("run").returncode == 0  # its dead letters are rewound by a rollback to since_fork
+    assert two.ingest("replay", "--from-snapshot", str(s_refunds), refunds=True).returncode == 0
     target = before_fork if rolled_back == "past-the-fork" else since_fork
-    assert ingest("replay", "--from-snapshot", str(target), "--rollback").returncode == 0
+    assert two.ingest("replay", "--from-snapshot", str(target), "--rollback").returncode == 0
     pipeline = Pipeline.open(env.config)
     heads = (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main"))
 
-    published = ingest("replay", "--from-snapshot", str(s_refunds), "--publish", path=refunds_path)
+    published = two.ingest("replay", "--from-snapshot", str(s_refunds), "--publish", refunds=True)
 
     assert published.returncode == 65, published.stderr
     said = " ".join(published.stderr.split())
     assert "Nothing was changed" in said and f"publish of replay-{s_refunds}" in said
     pipeline = Pipeline.open(env.config)
     assert (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main")) == heads
-    assert ingest("run", "--until-caught-up").returncode == 0
-    assert ingest("run", "--until-caught-up", path=refunds_path).returncode == 0
-    for path in (env.config_path, refunds_path):
-        checked = ingest("verify", path=path)
-        assert checked.returncode == 0, checked.stdout
-    rows, dead = env.counts()
-    assert (rows, dead) == (env.produced - env.bad + 200 - refunds["bad"], env.bad + refunds["bad"])
+    two.exact()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make_env) -> None:
+    """``ingest maintain`` compacted the table (its snapshot re-stamps both pipelines' ledgers) and
+    expired ``refunds``' own snapshots; ``orders`` then replays from a snapshot below the compaction
+    whose parents are gone too, and publishes. Compactions are not carried over, so main lost the
+    only ledger of ``refunds`` (its runs failed closed, LedgerLost); the publish re-stamps it."""
+    env = make_env(partitions=1)
+    two = _TwoPipelines.make(env, maintenance={"keep_last_snapshots": 2, "snapshot_retention_hours": 0})
+    two.refund(100)
+    assert two.ingest("run", refunds=True).returncode == 0
+    env.produce(100, bad_every=25)
+    assert two.ingest("run").returncode == 0
+    s_orders = two.ledger_snapshot()
+    assert two.ingest("maintain").returncode == 0
+    rows = Pipeline.open(env.config).rows
+    assert [s.snapshot_id for s in rows.ancestry()][1:] == [s_orders]  # the compaction, then S: its parent expired
+    env.produce(100, bad_every=25)
+    two.refund(50)
+
+    published = two.ingest("replay", "--from-snapshot", str(s_orders), "--publish")
+
+    assert published.returncode == 0, published.stderr
+    two.exact()
 
 
 def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env, monkeypatch) -> None:
