@@ -24,6 +24,16 @@ if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of t
     from ingest.pipeline import BatchResult
 
 
+#: each problem ``verify`` finds, as people read it (``--json`` has the names)
+PROBLEM_WORDS = {
+    "missing": "missing",
+    "duplicated": "duplicated rows",
+    "unexpected": "unexpected",
+    "duplicated_dead_letters": "duplicated dead letters",
+    "in_both_tables": "both a row and a dead letter",
+}
+
+
 def moment(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -104,7 +114,7 @@ def verification(result: Verification, out: Console) -> None:
     for column in ("partition", "range", "in kafka", "rows", "dead letters", "result"):
         table.add_column(column)
     for p in result.partitions:
-        problems = [f"{kind} {found}" for kind, found in p.problems() if found]
+        problems = [f"{PROBLEM_WORDS[kind]} {found}" for kind, found in p.problems() if found]
         table.add_row(
             f"{p.tp.topic}[{p.tp.partition}]",
             f"[{p.start}, {p.end})"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -236,6 +236,13 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[BatchEntry]:
     return entries
 
 
+#: what verify can find wrong with an offset, as ``--json`` names it: no row or dead letter where the
+#: ledger read the record; more rows than reads; a row where no read put one; a dead letter more
+#: than once; a record both a row and a dead letter although the ledger read it once
+Problem = Literal["missing", "duplicated", "unexpected", "duplicated_dead_letters", "in_both_tables"]
+PROBLEMS: tuple[Problem, ...] = get_args(Problem)
+
+
 @dataclass
 class PartitionCheck:
     tp: TopicPartition
@@ -246,17 +253,16 @@ class PartitionCheck:
     in_kafka: int = 0
     rows: int = 0
     dead_letters: int = 0
-    missing: list[int] = field(default_factory=list)
-    duplicated: list[int] = field(default_factory=list)
-    unexpected: list[int] = field(default_factory=list)
+    #: the offsets of each problem found (a sample of at most :data:`SAMPLE`)
+    found: dict[Problem, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected)
+        return not any(self.found.values())
 
-    def problems(self) -> list[tuple[str, list[int]]]:
+    def problems(self) -> list[tuple[Problem, list[int]]]:
         """Each kind of problem with the offsets found (a sample of at most :data:`SAMPLE`)."""
-        return [("missing", self.missing), ("duplicated", self.duplicated), ("unexpected", self.unexpected)]
+        return [(kind, self.found.get(kind, [])) for kind in PROBLEMS]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -268,9 +274,7 @@ class PartitionCheck:
             "in_kafka": self.in_kafka,
             "rows": self.rows,
             "dead_letters": self.dead_letters,
-            "missing": self.missing,
-            "duplicated": self.duplicated,
-            "unexpected": self.unexpected,
+            **dict(self.problems()),
             "ok": self.ok,
         }
 
@@ -388,6 +392,15 @@ def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition, end: int) 
     return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 
+def _counts(values: pa.Array, of: pa.Array) -> pa.Array:
+    """How many times each of ``values`` is in ``of``."""
+    if not len(of):
+        return pa.array([0] * len(values), pa.int64())
+    counts = pc.value_counts(of)
+    found = pc.take(counts.field("counts"), pc.index_in(values, counts.field("values")))
+    return pc.fill_null(pc.cast(found, pa.int64()), 0)
+
+
 def _check(
     span: Range,
     end: int,
@@ -398,7 +411,8 @@ def _check(
 ) -> PartitionCheck:
     """Check one partition: ``kafka`` holds the offsets Kafka has in ``span`` (from the lowest
     offset the history accounts for to the ledger's ``end``, or past it to the top of what a
-    backward reset left to be read again)."""
+    backward reset left to be read again); ``rows`` and ``dead`` are the offsets of the rows and
+    dead letters (each as many times as stored)."""
     tp, start, top = span
     check = PartitionCheck(tp, start, end, top)
     # dead letters past that are normal after a crash between the two commits
@@ -407,30 +421,36 @@ def _check(
     if len(kafka):
         kafka = kafka.filter(pc.greater(_expected(kafka, claims, tp, end), 0))
     check.in_kafka, check.rows, check.dead_letters = len(kafka), len(rows), len(dead)
+    found: dict[Problem, set[int]] = {kind: set() for kind in PROBLEMS}
     landed = pa.concat_arrays([rows, dead])
     if len(landed):
-        counts = pc.value_counts(landed)
-        values, seen = counts.field("values"), counts.field("counts")
-        # a good record is in the rows as many times as the ledger read it; a dead letter is in the
-        # dead letters once (their ledger deduplicates re-reads), also where a forward reset skipped
-        # what a batch it fenced had already dead-lettered; a record a backward reset had read again
-        # may be a dead letter once and a row for the other reads (a decoding fixed in between)
-        is_dead = pc.is_in(values, dead) if len(dead) else pa.array([False] * len(values))
+        values = pc.unique(landed)
+        in_rows, in_dead = _counts(values, rows), _counts(values, dead)
         expected = _expected(values, claims, tp, end)
         # below the range checked (before a lost or expired ledger history) a row may be there once
         expected = pc.if_else(pc.less(values, start), pc.max_element_wise(expected, 1), expected)
-        at_least = pc.if_else(is_dead, 1, expected)
-        at_most = pc.if_else(is_dead, pc.max_element_wise(expected, 1), expected)
-        nowhere = pc.less_equal(at_most, 0)
-        check.duplicated = _sample(values.filter(pc.and_(pc.greater(seen, at_most), pc.invert(nowhere))))
-        short = values.filter(pc.and_(pc.less(seen, at_least), pc.greater_equal(values, start)))
-        check.missing = _sample(short)
+        # a good record is in the rows as many times as the ledger read it; a poison record is a
+        # dead letter once (their ledger deduplicates re-reads), also where a forward reset skipped
+        # what a batch it fenced had already dead-lettered; a record a backward reset had read again
+        # may be a dead letter once and a row for the other reads (a decoding fixed in between)
+        is_dead = pc.greater(in_dead, 0)
+        once = pc.less_equal(expected, 1)
+        rows_allowed = pc.if_else(is_dead, pc.max_element_wise(pc.subtract(expected, 1), 1), expected)
+        nowhere = pc.and_(pc.invert(is_dead), pc.less_equal(expected, 0))
+        found["duplicated_dead_letters"].update(_sample(values.filter(pc.greater(in_dead, 1))))
+        in_both = pc.and_(pc.and_(is_dead, pc.greater(in_rows, 0)), once)
+        found["in_both_tables"].update(_sample(values.filter(in_both)))
+        too_many = pc.and_(pc.greater(in_rows, rows_allowed), pc.invert(nowhere))
+        found["duplicated"].update(_sample(values.filter(too_many)))
+        too_few = pc.and_(pc.invert(is_dead), pc.less(in_rows, expected))
+        found["missing"].update(_sample(values.filter(pc.and_(too_few, pc.greater_equal(values, start)))))
         in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, top)))
         strays = in_range.filter(pc.invert(pc.is_in(in_range, held))) if len(held) else in_range
-        check.unexpected = sorted(set(_sample(values.filter(nowhere))) | set(_sample(strays)))[:SAMPLE]
+        found["unexpected"].update(_sample(values.filter(nowhere)) + _sample(strays))
     if len(kafka):
         absent = kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka
-        check.missing = sorted(set(check.missing) | set(_sample(absent)))[:SAMPLE]
+        found["missing"].update(_sample(absent))
+    check.found = {kind: sorted(offsets)[:SAMPLE] for kind, offsets in found.items() if offsets}
     return check
 
 
