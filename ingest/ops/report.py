@@ -21,7 +21,9 @@ from ingest.core.ledger import RESET_MEMORY, Found, SnapshotView, TopicPartition
 from ingest.core.plan import KafkaView, Watermarks, check_topic_ids
 from ingest.core.ranges import Range
 from ingest.errors import TopicIdChanged
+from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import KafkaSource
+from ingest.ops.blame import Change, blame
 from ingest.pipeline import Pipeline, for_table
 
 #: how many offsets of each kind a verification report lists per partition
@@ -468,6 +470,10 @@ class Verification:
     reread: tuple[Span, ...]
     partitions: tuple[PartitionCheck, ...]
     note: str | None = None
+    #: the rows table's snapshot judged: its head (``snapshot_id`` is the pipeline's last commit)
+    head_snapshot_id: int | None = None
+    #: other writers' snapshots after the pipeline's last commit that changed offsets found wrong
+    changes: tuple[Change, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -480,10 +486,12 @@ class Verification:
             "pipeline": self.pipeline,
             "ok": self.ok,
             "snapshot_id": self.snapshot_id,
+            "head_snapshot_id": self.head_snapshot_id,
             "batch": self.batch,
             "excluded_ranges": [r.as_dict() for r in self.excluded],
             "reread_ranges": [r.as_dict() for r in self.reread],
             "partitions": [c.as_dict() for c in self.partitions],
+            "changed_by_other_writers": [c.as_dict() for c in self.changes],
         }
 
 
@@ -494,16 +502,22 @@ def nothing_to_verify(config: PipelineConfig) -> Verification:
     )
 
 
-def _rows_coordinates(pipeline: Pipeline, found: Found) -> pa.Table:
-    """The coordinates of the rows the pipeline stored: in the rows table at the ledger's snapshot,
-    or (``route_by``) in every routed table as it is now."""
+def _rows_tables(pipeline: Pipeline) -> list[tuple[IcebergTable, int | None]]:
+    """The tables the pipeline's rows are in, each with its head as read now: the rows table (at the
+    head the ledger was just found on), or (``route_by``) every routed table."""
+    tables = [(pipeline.rows, pipeline.rows.head().snapshot_id)]  # (route_by: the ledger's table has none)
+    for table in pipeline.routes.handles.values() if pipeline.routes is not None else []:
+        tables.append((table, table.refresh().snapshot_id))
+    return tables
+
+
+def _rows_coordinates(tables: list[tuple[IcebergTable, int | None]]) -> pa.Table:
+    """The coordinates of every row of ``tables`` at the heads given (only these columns are read)."""
     r = records.ROWS
     columns = [r.topic, r.partition, r.offset]
-    scans = [pipeline.rows.scan_columns(columns, found.snapshot_id)]  # the ledger's table has none
-    for table in pipeline.routes.handles.values() if pipeline.routes is not None else []:
-        table.refresh()
-        scans.append(table.scan_columns(columns))
-    return pa.concat_tables(scans, promote_options="permissive")
+    empty = pa.schema(r.fields()[:3]).empty_table()
+    scans = [table.scan_columns(columns, head) for table, head in tables if head is not None]
+    return pa.concat_tables([empty, *scans], promote_options="permissive")
 
 
 def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
@@ -522,12 +536,15 @@ def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
 def verify(pipeline: Pipeline) -> Verification:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
     letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
-    outside them. Refuses (:class:`~ingest.errors.TopicIdChanged`) a topic Kafka knows by another id
-    than the ledger: it cannot tell the new topic's records from the old one's."""
+    outside them. Each table is judged at its head, as its readers see it: where offsets are wrong,
+    the snapshots other writers committed after the pipeline's last commit that changed them are
+    named. Refuses (:class:`~ingest.errors.TopicIdChanged`) a topic Kafka knows by another id than
+    the ledger: it cannot tell the new topic's records from the old one's."""
     name = pipeline.config.pipeline
     found = pipeline.ledger()
     if found is None:
         return Verification(name, None, None, (), (), (), note="nothing committed yet")
+    rows_tables = _rows_tables(pipeline)
     claims = coverage(name, pipeline.rows.ancestry())
     view = pipeline.source.describe()
     try:  # a recreated topic's records at the ledger's offsets are not the ones the table holds
@@ -547,10 +564,11 @@ def verify(pipeline: Pipeline) -> Verification:
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
     r, d = records.ROWS, records.DEAD_LETTERS
-    rows = _rows_coordinates(pipeline, found)
+    rows = _rows_coordinates(rows_tables)
     rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics_in(found.ledger.topics), pa.string())))
     pipeline.dead.refresh()
-    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset])
+    dead_head = pipeline.dead.head().snapshot_id
+    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset], dead_head)
     owed = _owed_dead_letters(pipeline, found)
     if owed is not None:  # the batch's rows landed a moment ago, its dead letters are still in files
         dead = pa.concat_tables([dead, owed])
@@ -565,6 +583,12 @@ def verify(pipeline: Pipeline) -> Verification:
         if pipeline.routes is not None and len(mine):  # rows past the ledger: a crash between the tables' commits
             mine = mine.filter(pc.less(mine, span[2]))
         checks.append(_check(span, end, kafka, mine, dead_offsets.get(tp, empty), claims))
+    changes: list[Change] = []
+    wrong = [c for c in checks if not c.ok][:SAMPLE]
+    if wrong:  # who changed the offsets found wrong since the pipeline's last commit
+        for table, head in rows_tables:
+            changes += blame(table, name, r, _suspects(wrong, ROW_PROBLEMS), head)
+        changes += blame(pipeline.dead, name, d, _suspects(wrong, DEAD_LETTER_PROBLEMS), dead_head)
     return Verification(
         name,
         found.snapshot_id,
@@ -572,4 +596,15 @@ def verify(pipeline: Pipeline) -> Verification:
         tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.excluded),
         tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.reread),
         tuple(checks),
+        head_snapshot_id=rows_tables[0][1],
+        changes=tuple(changes),
     )
+
+
+#: the problems a change to the rows table can cause, and a change to the dead-letter table
+ROW_PROBLEMS: tuple[Problem, ...] = ("missing", "duplicated", "unexpected", "in_both_tables")
+DEAD_LETTER_PROBLEMS: tuple[Problem, ...] = ("missing", "duplicated_dead_letters", "in_both_tables")
+
+
+def _suspects(checks: Iterable[PartitionCheck], kinds: tuple[Problem, ...]) -> dict[TopicPartition, list[int]]:
+    return {c.tp: sorted({o for kind in kinds for o in c.found.get(kind, [])}) for c in checks}
