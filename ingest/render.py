@@ -134,18 +134,19 @@ def verification(result: Verification, out: Console) -> None:
             out.print(f"{what}: {listed}", highlight=False)
     if result.head_snapshot_id != result.snapshot_id:
         out.print(
-            f"rows checked as readers see them, at the table's head (snapshot {result.head_snapshot_id}): other "
-            f"writers committed after the pipeline's last commit (snapshot {result.snapshot_id})",
+            f"checked at the rows table's head, snapshot {result.head_snapshot_id}, as readers see it; other writers "
+            f"committed since the pipeline's last commit, snapshot {result.snapshot_id}",
             highlight=False,
         )
     for change in result.changes:
-        done = [f"removed {list(change.removed)}"] if change.removed else []
-        done += [f"added {list(change.added)}"] if change.added else []
-        out.print(
-            f"{change.topic}[{change.partition}]: {change.what} at offsets {' and '.join(done)} by snapshot "
-            f"{change.snapshot_id} ({change.operation or 'unknown operation'}) of {change.table}, another writer's",
-            highlight=False,
-        )
+        for verb, offsets in (("removed", change.removed), ("added", change.added)):
+            if offsets:
+                operation = change.operation or "operation unknown"
+                out.print(
+                    f"{change.topic}[{change.partition}]: {change.what} at offsets {list(offsets)} {verb} by another "
+                    f"writer's snapshot {change.snapshot_id} ({operation}) of {change.table}",
+                    highlight=False,
+                )
     if result.ok:
         out.print(
             "[bold green]ok[/]: every offset is in the table or the dead letters as many times as the ledger read it "
