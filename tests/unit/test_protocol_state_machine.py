@@ -25,8 +25,8 @@ What the machine varies:
   observation and every commit.
 * Writers also crash between steps.
 * Another tool corrupts a table after the pipeline's last commit (deletes a row, appends a row past
-  the ledger, copies a dead letter, or stores a record as both a row and a dead letter) and later
-  undoes it. While the corruption stands no batch, reset or expiry runs: they would change how
+  the ledger, copies a row or a dead letter, or stores a record as both a row and a dead letter) and
+  later undoes it. While the corruption stands no batch, reset or expiry runs: they would change how
   many times verify expects the record.
 * An operator runs ``ingest reset`` (the real :func:`ingest.ops.reset.move_ledger`) to earliest,
   latest or chosen offsets, while writers may be mid-batch; its commit meets the same faults, and
@@ -502,7 +502,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.corruption is None)
     @rule(
         data=st.data(),
-        how=st.sampled_from(["delete a row", "append a row past the ledger", "copy a dead letter", "both"]),
+        how=st.sampled_from(
+            ["delete a row", "append a row past the ledger", "copy a row", "copy a dead letter", "both"]
+        ),
     )
     def another_tool_corrupts_a_table(self, data: st.DataObject, how: str) -> None:
         """Another tool changes a table after the pipeline's last commit so that it is wrong: the
@@ -534,6 +536,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             tp = data.draw(st.sampled_from(sorted(checked)), label="partition")
             past = (tp, checked[tp][1] + data.draw(st.integers(0, 3), label="past the ledger by"))
             corruptions = [Corruption("unexpected", past, rows=1)]
+        elif how == "copy a row":
+            corruptions = [Corruption("duplicated", r, rows=1) for r in rows if within(r) and not dead[r] + owed[r]]
         elif how == "copy a dead letter":
             corruptions = [
                 Corruption("duplicated_dead_letters", d, dead=1)
