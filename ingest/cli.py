@@ -505,8 +505,8 @@ def verify(
             out.print(f"{ok} of {len(routes)} tables verified" + ("" if ok < len(routes) else ": ok"))
         if not all(result.ok for result in results):
             failed = VerificationFailed(
-                "verification failed: offsets are missing, duplicated or unexpected (listed above, "
-                f"at most {report.SAMPLE} per kind and partition)"
+                "verification failed: offsets are missing, duplicated (as rows or dead letters), unexpected, or both "
+                f"a row and a dead letter (listed above, at most {report.SAMPLE} per kind and partition)"
             )
             _fail(failed, json_output=False)  # with --json, the result above is the one document
 

@@ -24,6 +24,16 @@ if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of t
     from ingest.pipeline import BatchResult
 
 
+#: each problem ``verify`` finds, as people read it (``--json`` has the names)
+PROBLEM_WORDS = {
+    "missing": "missing",
+    "duplicated": "duplicated rows",
+    "unexpected": "unexpected",
+    "duplicated_dead_letters": "duplicated dead letters",
+    "in_both_tables": "both a row and a dead letter",
+}
+
+
 def moment(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -104,7 +114,7 @@ def verification(result: Verification, out: Console) -> None:
     for column in ("partition", "range", "in kafka", "rows", "dead letters", "result"):
         table.add_column(column)
     for p in result.partitions:
-        problems = [f"{kind} {found}" for kind, found in p.problems() if found]
+        problems = [f"{PROBLEM_WORDS[kind]} {found}" for kind, found in p.problems() if found]
         table.add_row(
             f"{p.tp.topic}[{p.tp.partition}]",
             f"[{p.start}, {p.end})"
@@ -122,6 +132,21 @@ def verification(result: Verification, out: Console) -> None:
         if spans:
             listed = ", ".join(f"{s.topic}[{s.partition}] [{s.start}, {s.end})" for s in spans)
             out.print(f"{what}: {listed}", highlight=False)
+    if result.head_snapshot_id != result.snapshot_id:
+        out.print(
+            f"checked at the rows table's head, snapshot {result.head_snapshot_id}, as readers see it; other writers "
+            f"committed since the pipeline's last commit, snapshot {result.snapshot_id}",
+            highlight=False,
+        )
+    for change in result.changes:
+        for verb, offsets in (("removed", change.removed), ("added", change.added)):
+            if offsets:
+                operation = change.operation or "operation unknown"
+                out.print(
+                    f"{change.topic}[{change.partition}]: {change.what} at offsets {list(offsets)} {verb} by another "
+                    f"writer's snapshot {change.snapshot_id} ({operation}) of {change.table}",
+                    highlight=False,
+                )
     if result.ok:
         out.print(
             "[bold green]ok[/]: every offset is in the table or the dead letters as many times as the ledger read it "

@@ -39,7 +39,7 @@ from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition, find_ledger
 from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
 from ingest.ports import DataFile, Head
-from ingest.records import DEAD_LETTERS, Declared
+from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Declared
 
 #: a table's schema: its columns' names, in the order of their field ids
 Columns = tuple[str, ...]
@@ -303,11 +303,14 @@ class MemoryTable:
         return [self.catalog.stored[path] for path in paths]
 
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
-        head = self._held.refs.get(self._branch)
-        files = self._held.snapshots[head].files if head is not None else ()
-        c = DEAD_LETTERS
-        schema = pa.schema([(c.topic, pa.string()), (c.partition, pa.int32()), (c.offset, pa.int64())])
-        data = pa.concat_tables([schema.empty_table(), *(f.data.select(schema.names).cast(schema) for f in files)])
+        return self.coordinates_in(DEAD_LETTERS, spans, self._held.refs.get(self._branch))
+
+    def coordinates_in(
+        self, columns: Coordinates, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], snapshot_id: int | None
+    ) -> pa.Table:
+        """The coordinates (named as ``columns`` says) of the records in ``spans`` at ``snapshot_id``."""
+        c = columns
+        data = self._coordinates(c, snapshot_id)
         keep = pa.array([False] * data.num_rows, pa.bool_())
         for tp, ranges in spans.items():
             mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
@@ -315,6 +318,23 @@ class MemoryTable:
                 inside = pc.and_(pc.greater_equal(data[c.offset], start), pc.less(data[c.offset], end))
                 keep = pc.or_(keep, pc.and_(mine, inside))
         return data.filter(keep)
+
+    def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
+        """The coordinate ``columns`` (the rows table's or the dead-letter table's) of every record at
+        ``snapshot_id`` (default: the branch head)."""
+        c = ROWS if columns[0] == ROWS.topic else DEAD_LETTERS
+        at = snapshot_id if snapshot_id is not None else self._held.refs.get(self._branch)
+        return self._coordinates(c, at).select(list(columns))
+
+    def _coordinates(self, c: Coordinates, snapshot_id: int | None) -> pa.Table:
+        files = self._held.snapshots[snapshot_id].files if snapshot_id is not None else ()
+        schema = pa.schema(c.fields()[:3])
+        return pa.concat_tables([schema.empty_table(), *(f.data.select(schema.names).cast(schema) for f in files)])
+
+    def read_written(self, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
+        """``columns`` of data files written and not committed yet."""
+        data = [_memory_file(f).data.select(list(columns)) for f in self.adopt(paths)]
+        return pa.concat_tables(data) if data else pa.table({c: [] for c in columns})
 
     def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
         fault = self.catalog.on_commit(self)  # may let other writers commit first

@@ -676,12 +676,22 @@ class IcebergTable:
 
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
         """The coordinates (topic, partition, offset) of the dead letters in ``spans`` on the branch head."""
-        c = records.DEAD_LETTERS
-        head = self.branch_head(self.branch)
-        if head is None or not spans:
-            return self._table.schema().as_arrow().empty_table().select([c.topic, c.partition, c.offset])
+        return self.coordinates_in(records.DEAD_LETTERS, spans, self.branch_head(self.branch))
+
+    def coordinates_in(
+        self,
+        columns: records.Coordinates,
+        spans: Mapping[TopicPartition, Sequence[tuple[int, int]]],
+        snapshot_id: int | None,
+    ) -> pa.Table:
+        """The coordinates (topic, partition, offset, named as ``columns`` says) of the records in
+        ``spans`` (``[start, end)`` offset ranges per partition) at ``snapshot_id``: files whose
+        column statistics rule the spans out are not read."""
+        names = [columns.topic, columns.partition, columns.offset]
+        if snapshot_id is None or not spans:
+            return self._table.schema().as_arrow().empty_table().select(names)
         return self._table.scan(
-            row_filter=_spans(spans), snapshot_id=head, selected_fields=(c.topic, c.partition, c.offset)
+            row_filter=_spans(spans, columns), snapshot_id=snapshot_id, selected_fields=tuple(names)
         ).to_arrow()
 
     def remove_dead_letters(
@@ -721,9 +731,11 @@ def _is(predicate: type[BooleanExpression], column: str, value: object) -> Boole
     return predicate(column, value)  # type: ignore[call-arg]
 
 
-def _spans(spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> BooleanExpression:
-    """Dead letters in ``[start, end)`` offset ranges per partition, as an Iceberg row filter."""
-    c = records.DEAD_LETTERS
+def _spans(
+    spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], c: records.Coordinates = records.DEAD_LETTERS
+) -> BooleanExpression:
+    """Records in ``[start, end)`` offset ranges per partition (dead letters unless ``c`` names
+    other coordinate columns), as an Iceberg row filter."""
     per_partition: list[BooleanExpression] = []
     for tp, ranges in sorted(spans.items()):
         singles = {lo for lo, hi in ranges if hi == lo + 1}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +21,9 @@ from ingest.core.ledger import RESET_MEMORY, Found, SnapshotView, TopicPartition
 from ingest.core.plan import KafkaView, Watermarks, check_topic_ids
 from ingest.core.ranges import Range
 from ingest.errors import TopicIdChanged
+from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import KafkaSource
+from ingest.ops.blame import Change, blame
 from ingest.pipeline import Pipeline, for_table
 
 #: how many offsets of each kind a verification report lists per partition
@@ -236,6 +238,13 @@ def history(pipeline: Pipeline, limit: int | None = None) -> list[BatchEntry]:
     return entries
 
 
+#: what verify can find wrong with an offset, as ``--json`` names it: no row or dead letter where the
+#: ledger read the record; more rows than reads; a row where no read put one; a dead letter more
+#: than once; a record both a row and a dead letter although the ledger read it once
+Problem = Literal["missing", "duplicated", "unexpected", "duplicated_dead_letters", "in_both_tables"]
+PROBLEMS: tuple[Problem, ...] = get_args(Problem)
+
+
 @dataclass
 class PartitionCheck:
     tp: TopicPartition
@@ -246,17 +255,16 @@ class PartitionCheck:
     in_kafka: int = 0
     rows: int = 0
     dead_letters: int = 0
-    missing: list[int] = field(default_factory=list)
-    duplicated: list[int] = field(default_factory=list)
-    unexpected: list[int] = field(default_factory=list)
+    #: the offsets of each problem found (a sample of at most :data:`SAMPLE`)
+    found: dict[Problem, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected)
+        return not any(self.found.values())
 
-    def problems(self) -> list[tuple[str, list[int]]]:
+    def problems(self) -> list[tuple[Problem, list[int]]]:
         """Each kind of problem with the offsets found (a sample of at most :data:`SAMPLE`)."""
-        return [("missing", self.missing), ("duplicated", self.duplicated), ("unexpected", self.unexpected)]
+        return [(kind, self.found.get(kind, [])) for kind in PROBLEMS]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -268,9 +276,7 @@ class PartitionCheck:
             "in_kafka": self.in_kafka,
             "rows": self.rows,
             "dead_letters": self.dead_letters,
-            "missing": self.missing,
-            "duplicated": self.duplicated,
-            "unexpected": self.unexpected,
+            **dict(self.problems()),
             "ok": self.ok,
         }
 
@@ -388,6 +394,15 @@ def _expected(values: pa.Array, claims: Coverage, tp: TopicPartition, end: int) 
     return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 
+def _counts(values: pa.Array, of: pa.Array) -> pa.Array:
+    """How many times each of ``values`` is in ``of``."""
+    if not len(of):
+        return pa.array([0] * len(values), pa.int64())
+    counts = pc.value_counts(of)
+    found = pc.take(counts.field("counts"), pc.index_in(values, counts.field("values")))
+    return pc.fill_null(pc.cast(found, pa.int64()), 0)
+
+
 def _check(
     span: Range,
     end: int,
@@ -398,7 +413,8 @@ def _check(
 ) -> PartitionCheck:
     """Check one partition: ``kafka`` holds the offsets Kafka has in ``span`` (from the lowest
     offset the history accounts for to the ledger's ``end``, or past it to the top of what a
-    backward reset left to be read again)."""
+    backward reset left to be read again); ``rows`` and ``dead`` are the offsets of the rows and
+    dead letters (each as many times as stored)."""
     tp, start, top = span
     check = PartitionCheck(tp, start, end, top)
     # dead letters past that are normal after a crash between the two commits
@@ -407,30 +423,36 @@ def _check(
     if len(kafka):
         kafka = kafka.filter(pc.greater(_expected(kafka, claims, tp, end), 0))
     check.in_kafka, check.rows, check.dead_letters = len(kafka), len(rows), len(dead)
+    found: dict[Problem, set[int]] = {kind: set() for kind in PROBLEMS}
     landed = pa.concat_arrays([rows, dead])
     if len(landed):
-        counts = pc.value_counts(landed)
-        values, seen = counts.field("values"), counts.field("counts")
-        # a good record is in the rows as many times as the ledger read it; a dead letter is in the
-        # dead letters once (their ledger deduplicates re-reads), also where a forward reset skipped
-        # what a batch it fenced had already dead-lettered; a record a backward reset had read again
-        # may be a dead letter once and a row for the other reads (a decoding fixed in between)
-        is_dead = pc.is_in(values, dead) if len(dead) else pa.array([False] * len(values))
+        values = pc.unique(landed)
+        in_rows, in_dead = _counts(values, rows), _counts(values, dead)
         expected = _expected(values, claims, tp, end)
         # below the range checked (before a lost or expired ledger history) a row may be there once
         expected = pc.if_else(pc.less(values, start), pc.max_element_wise(expected, 1), expected)
-        at_least = pc.if_else(is_dead, 1, expected)
-        at_most = pc.if_else(is_dead, pc.max_element_wise(expected, 1), expected)
-        nowhere = pc.less_equal(at_most, 0)
-        check.duplicated = _sample(values.filter(pc.and_(pc.greater(seen, at_most), pc.invert(nowhere))))
-        short = values.filter(pc.and_(pc.less(seen, at_least), pc.greater_equal(values, start)))
-        check.missing = _sample(short)
+        # a good record is in the rows as many times as the ledger read it; a poison record is a
+        # dead letter once (their ledger deduplicates re-reads), also where a forward reset skipped
+        # what a batch it fenced had already dead-lettered; a record a backward reset had read again
+        # may be a dead letter once and a row for the other reads (a decoding fixed in between)
+        is_dead = pc.greater(in_dead, 0)
+        once = pc.less_equal(expected, 1)
+        rows_allowed = pc.if_else(is_dead, pc.max_element_wise(pc.subtract(expected, 1), 1), expected)
+        nowhere = pc.and_(pc.invert(is_dead), pc.less_equal(expected, 0))
+        found["duplicated_dead_letters"].update(_sample(values.filter(pc.greater(in_dead, 1))))
+        in_both = pc.and_(pc.and_(is_dead, pc.greater(in_rows, 0)), once)
+        found["in_both_tables"].update(_sample(values.filter(in_both)))
+        too_many = pc.and_(pc.greater(in_rows, rows_allowed), pc.invert(nowhere))
+        found["duplicated"].update(_sample(values.filter(too_many)))
+        too_few = pc.and_(pc.invert(is_dead), pc.less(in_rows, expected))
+        found["missing"].update(_sample(values.filter(pc.and_(too_few, pc.greater_equal(values, start)))))
         in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, top)))
         strays = in_range.filter(pc.invert(pc.is_in(in_range, held))) if len(held) else in_range
-        check.unexpected = sorted(set(_sample(values.filter(nowhere))) | set(_sample(strays)))[:SAMPLE]
+        found["unexpected"].update(_sample(values.filter(nowhere)) + _sample(strays))
     if len(kafka):
         absent = kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka
-        check.missing = sorted(set(check.missing) | set(_sample(absent)))[:SAMPLE]
+        found["missing"].update(_sample(absent))
+    check.found = {kind: sorted(offsets)[:SAMPLE] for kind, offsets in found.items() if offsets}
     return check
 
 
@@ -448,6 +470,10 @@ class Verification:
     reread: tuple[Span, ...]
     partitions: tuple[PartitionCheck, ...]
     note: str | None = None
+    #: the rows table's snapshot judged: its head (``snapshot_id`` is the pipeline's last commit)
+    head_snapshot_id: int | None = None
+    #: other writers' snapshots after the pipeline's last commit that changed offsets found wrong
+    changes: tuple[Change, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -460,10 +486,12 @@ class Verification:
             "pipeline": self.pipeline,
             "ok": self.ok,
             "snapshot_id": self.snapshot_id,
+            "head_snapshot_id": self.head_snapshot_id,
             "batch": self.batch,
             "excluded_ranges": [r.as_dict() for r in self.excluded],
             "reread_ranges": [r.as_dict() for r in self.reread],
             "partitions": [c.as_dict() for c in self.partitions],
+            "changed_by_other_writers": [c.as_dict() for c in self.changes],
         }
 
 
@@ -474,16 +502,22 @@ def nothing_to_verify(config: PipelineConfig) -> Verification:
     )
 
 
-def _rows_coordinates(pipeline: Pipeline, found: Found) -> pa.Table:
-    """The coordinates of the rows the pipeline stored: in the rows table at the ledger's snapshot,
-    or (``route_by``) in every routed table as it is now."""
+def _rows_tables(pipeline: Pipeline) -> list[tuple[IcebergTable, int | None]]:
+    """The tables the pipeline's rows are in, each with its head as read now: the rows table (at the
+    head the ledger was just found on), or (``route_by``) every routed table."""
+    tables = [(pipeline.rows, pipeline.rows.head().snapshot_id)]  # (route_by: the ledger's table has none)
+    for table in pipeline.routes.handles.values() if pipeline.routes is not None else []:
+        tables.append((table, table.refresh().snapshot_id))
+    return tables
+
+
+def _rows_coordinates(tables: list[tuple[IcebergTable, int | None]]) -> pa.Table:
+    """The coordinates of every row of ``tables`` at the heads given (only these columns are read)."""
     r = records.ROWS
     columns = [r.topic, r.partition, r.offset]
-    scans = [pipeline.rows.scan_columns(columns, found.snapshot_id)]  # the ledger's table has none
-    for table in pipeline.routes.handles.values() if pipeline.routes is not None else []:
-        table.refresh()
-        scans.append(table.scan_columns(columns))
-    return pa.concat_tables(scans, promote_options="permissive")
+    empty = pa.schema(r.fields()[:3]).empty_table()
+    scans = [table.scan_columns(columns, head) for table, head in tables if head is not None]
+    return pa.concat_tables([empty, *scans], promote_options="permissive")
 
 
 def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
@@ -502,12 +536,15 @@ def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
 def verify(pipeline: Pipeline) -> Verification:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
     letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
-    outside them. Refuses (:class:`~ingest.errors.TopicIdChanged`) a topic Kafka knows by another id
-    than the ledger: it cannot tell the new topic's records from the old one's."""
+    outside them. Each table is judged at its head, as its readers see it: where offsets are wrong,
+    the snapshots other writers committed after the pipeline's last commit that changed them are
+    named. Refuses (:class:`~ingest.errors.TopicIdChanged`) a topic Kafka knows by another id than
+    the ledger: it cannot tell the new topic's records from the old one's."""
     name = pipeline.config.pipeline
     found = pipeline.ledger()
     if found is None:
         return Verification(name, None, None, (), (), (), note="nothing committed yet")
+    rows_tables = _rows_tables(pipeline)
     claims = coverage(name, pipeline.rows.ancestry())
     view = pipeline.source.describe()
     try:  # a recreated topic's records at the ledger's offsets are not the ones the table holds
@@ -527,10 +564,11 @@ def verify(pipeline: Pipeline) -> Verification:
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
     r, d = records.ROWS, records.DEAD_LETTERS
-    rows = _rows_coordinates(pipeline, found)
+    rows = _rows_coordinates(rows_tables)
     rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics_in(found.ledger.topics), pa.string())))
     pipeline.dead.refresh()
-    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset])
+    dead_head = pipeline.dead.head().snapshot_id
+    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset], dead_head)
     owed = _owed_dead_letters(pipeline, found)
     if owed is not None:  # the batch's rows landed a moment ago, its dead letters are still in files
         dead = pa.concat_tables([dead, owed])
@@ -545,6 +583,12 @@ def verify(pipeline: Pipeline) -> Verification:
         if pipeline.routes is not None and len(mine):  # rows past the ledger: a crash between the tables' commits
             mine = mine.filter(pc.less(mine, span[2]))
         checks.append(_check(span, end, kafka, mine, dead_offsets.get(tp, empty), claims))
+    changes: list[Change] = []
+    wrong = [c for c in checks if not c.ok][:SAMPLE]
+    if wrong:  # who changed the offsets found wrong since the pipeline's last commit
+        for table, head in rows_tables:
+            changes += blame(table, name, r, _suspects(wrong, ROW_PROBLEMS), head)
+        changes += blame(pipeline.dead, name, d, _suspects(wrong, DEAD_LETTER_PROBLEMS), dead_head)
     return Verification(
         name,
         found.snapshot_id,
@@ -552,4 +596,15 @@ def verify(pipeline: Pipeline) -> Verification:
         tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.excluded),
         tuple(Span.of(tp, lo, hi) for tp, lo, hi in claims.reread),
         tuple(checks),
+        head_snapshot_id=rows_tables[0][1],
+        changes=tuple(changes),
     )
+
+
+#: the problems a change to the rows table can cause, and a change to the dead-letter table
+ROW_PROBLEMS: tuple[Problem, ...] = ("missing", "duplicated", "unexpected", "in_both_tables")
+DEAD_LETTER_PROBLEMS: tuple[Problem, ...] = ("missing", "duplicated_dead_letters", "in_both_tables")
+
+
+def _suspects(checks: Iterable[PartitionCheck], kinds: tuple[Problem, ...]) -> dict[TopicPartition, list[int]]:
+    return {c.tp: sorted({o for kind in kinds for o in c.found.get(kind, [])}) for c in checks}

@@ -332,14 +332,16 @@ def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(
         in " ".join(said.stdout.split())
     )
     rows = Pipeline.open(env.config).rows.table
-    rows.append(rows.scan(limit=1).to_arrow())  # a copy of a row: a duplicate no ledger accounts for
+    copy = rows.scan(row_filter="_kafka_offset < 10", limit=1).to_arrow()  # a record the ledger read once
+    rows.append(copy)  # a copy of its row: a duplicate no ledger accounts for
     env.produce(5)
     assert env.cli("run").returncode == 0  # the next ledger's snapshot holds the copy
     failed = env.cli("verify", "--json")
     assert failed.returncode == 65, failed.stderr
     (document,) = failed.stdout.splitlines()
     data = json.loads(document)
-    assert data["ok"] is False and data["partitions"][0]["duplicated"]
+    assert data["ok"] is False and data["partitions"][0]["duplicated"] == copy["_kafka_offset"].to_pylist()
+    assert data["changed_by_other_writers"] == []  # before the pipeline's last commit: no other writer's since
     assert "verification failed" in failed.stderr
 
 

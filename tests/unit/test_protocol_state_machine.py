@@ -24,6 +24,10 @@ What the machine varies:
   runs (planned by the real :mod:`ingest.core.expiry`). So another writer slips in between every
   observation and every commit.
 * Writers also crash between steps.
+* Another tool corrupts a table after the pipeline's last commit (deletes a row, appends a row past
+  the ledger, copies a row or a dead letter, or stores a record as both a row and a dead letter) and
+  later undoes it. While the corruption stands no batch, reset or expiry runs: they would change how
+  many times verify expects the record.
 * An operator runs ``ingest reset`` (the real :func:`ingest.ops.reset.move_ledger`) to earliest,
   latest or chosen offsets, while writers may be mid-batch; its commit meets the same faults, and
   the same command may be run again (an orchestrator's retry).
@@ -41,9 +45,10 @@ times as landed batches read it as a row under their decoding (once, unless a ba
 it read again; never, if a forward reset skipped it), nothing else is; a record a landed batch
 read as poison is in the dead-letter table exactly once (or, right after a crash between a batch's
 two commits, in the files its marker names), none other is, none is duplicated and the
-dead-letter floor holds; ``ingest verify``'s reasoning (the real
+dead-letter floor holds (a corruption taken out); ``ingest verify``'s reasoning (the real
 :func:`ingest.ops.report.coverage` and its check, from the ledger history alone) finds every
-partition correct, whatever the sequence of resets; every snapshot's schema has the columns of
+partition correct, whatever the sequence of resets, exactly while no table is corrupted, and while
+one is, finds the corrupted record and what is wrong with it, nothing else; every snapshot's schema has the columns of
 every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
 a fault-free writer drains Kafka and the ledger reaches every high watermark: nothing stalls.
 """
@@ -52,10 +57,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -78,7 +84,7 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import CommitGaveUp, FatalError, SchemaMoved
-from ingest.ops.report import _check, coverage
+from ingest.ops.report import Coverage, Problem, _check, _expected, coverage
 from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
 from ingest.records import Field
 from ingest.retry import without_backoff
@@ -157,6 +163,39 @@ def contents(catalog: MemoryCatalog, columns: tuple[str, str, str]) -> Counter[R
     return Counter((TopicPartition(t, p), o) for t, p, o in zip(topic, partition, offset, strict=True))
 
 
+#: the extra column of what a corruption added (so undoing it removes exactly that)
+CORRUPT = "_corrupt"
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """Another tool's change to the tables after the pipeline's last commit, not undone yet."""
+
+    #: what verify must find wrong, at which record
+    kind: Problem
+    record: Record
+    #: copies of the record it added to (positive) or removed from (negative) each table
+    rows: int = 0
+    dead: int = 0
+
+
+def _is(record: Record, columns: tuple[str, str, str]) -> Callable[[pa.Table], pa.Array]:
+    """Which rows of a file hold ``record`` (its coordinates in ``columns``)."""
+    tp, offset = record
+
+    def at(data: pa.Table) -> pa.Array:
+        where = pc.and_(pc.equal(data[columns[0]], tp.topic), pc.equal(data[columns[1]], tp.partition))
+        return pc.and_(where, pc.equal(data[columns[2]], offset))
+
+    return at
+
+
+def _added_by_a_corruption(data: pa.Table) -> pa.Array:
+    if CORRUPT in data.column_names:
+        return pc.fill_null(data[CORRUPT], False)
+    return pa.array([False] * data.num_rows, pa.bool_())
+
+
 @dataclass(eq=False)  # writers are told apart by identity
 class Writer:
     """One running copy of the pipeline; everything here is lost when it crashes."""
@@ -189,6 +228,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.depth = 0
         self.resets = 0
         self.last_reset: ResetCommand | None = None
+        self.corruption: Corruption | None = None
 
     # --- the writers: the real pipeline code ---------------------------------------------------
 
@@ -392,6 +432,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.high[tp] = n
         self.deployed[tp] = [(0, self.version)]
 
+    @precondition(lambda self: self.corruption is None)
     @rule(data=st.data(), writer=st.integers(0, WRITERS - 1), held=st.booleans())
     def advance(self, data: st.DataObject, writer: int, held: bool) -> None:
         """The next step of a writer, every commit attempt in it meeting what Hypothesis draws."""
@@ -401,6 +442,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         finally:
             self.data = None
 
+    @precondition(lambda self: self.corruption is None)
     @rule(data=st.data(), kind=st.sampled_from(["earliest", "latest", "offsets", "offsets"]))
     def reset(self, data: st.DataObject, kind: str) -> None:
         """An operator moves the ledger, backwards or forwards, while writers may be mid-batch."""
@@ -417,7 +459,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         finally:
             self.data = None
 
-    @precondition(lambda self: self.last_reset is not None)
+    @precondition(lambda self: self.last_reset is not None and self.corruption is None)
     @rule(data=st.data())
     def run_the_last_reset_again(self, data: st.DataObject) -> None:
         """The same command again (a retry after a crash, or of one that did apply): it applies once."""
@@ -428,6 +470,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         finally:
             self.data = None
 
+    @precondition(lambda self: self.corruption is None)
     @rule(data=st.data(), writer=st.integers(0, WRITERS - 1))
     def a_whole_batch(self, data: st.DataObject, writer: int) -> None:
         """A writer's steps up to the end of its batch (a scheduled run), commits meeting what is drawn."""
@@ -451,9 +494,106 @@ class ProtocolMachine(RuleBasedStateMachine):
     def foreign_commit(self, table: str, compaction: bool) -> None:
         self.foreign_commit_on(self.rows if table == "rows" else self.dead, compaction)
 
+    @precondition(lambda self: self.corruption is None)
     @rule(table=st.sampled_from(["rows", "dead"]), keep_last=st.integers(1, 3))
     def expire(self, table: str, keep_last: int) -> None:
         self.expire_on(self.rows if table == "rows" else self.dead, keep_last)
+
+    @precondition(lambda self: self.corruption is None)
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(
+            ["delete a row", "append a row past the ledger", "copy a row", "copy a dead letter", "both"]
+        ),
+    )
+    def another_tool_corrupts_a_table(self, data: st.DataObject, how: str) -> None:
+        """Another tool changes a table after the pipeline's last commit so that it is wrong: the
+        record picked is one whose wrongness verify can tell (it is in the range verify checks, and
+        a row deleted or added is no dead letter that a reset had read again)."""
+        found = find_ledger(PIPELINE, self.rows.table().ancestry())
+        if found is None:
+            return
+        claims = coverage(PIPELINE, self.rows.table().ancestry())
+        checked = self.checked(found.ledger.offsets, claims)
+        if not checked:
+            return
+        rows, dead, owed = contents(self.rows, ROW_COLUMNS), contents(self.dead, DEAD_COLUMNS), self.owed()
+
+        def within(record: Record) -> bool:
+            tp, offset = record
+            return tp in checked and checked[tp][0] <= offset < checked[tp][1]
+
+        def reads(record: Record) -> int:
+            tp, offset = record
+            return int(_expected(pa.array([offset], pa.int64()), claims, tp, found.ledger.offsets[tp])[0].as_py())
+
+        corruptions: list[Corruption] = []
+        if how == "delete a row":
+            corruptions = [
+                Corruption("missing", r, rows=-n) for r, n in rows.items() if within(r) and not dead[r] + owed[r]
+            ]
+        elif how == "append a row past the ledger":
+            tp = data.draw(st.sampled_from(sorted(checked)), label="partition")
+            past = (tp, checked[tp][1] + data.draw(st.integers(0, 3), label="past the ledger by"))
+            corruptions = [Corruption("unexpected", past, rows=1)]
+        elif how == "copy a row":
+            corruptions = [Corruption("duplicated", r, rows=1) for r in rows if within(r) and not dead[r] + owed[r]]
+        elif how == "copy a dead letter":
+            corruptions = [
+                Corruption("duplicated_dead_letters", d, dead=1)
+                for d in dead
+                if d[0] in checked and d[1] < checked[d[0]][1]
+            ]
+        else:
+            corruptions = [
+                Corruption("in_both_tables", r, dead=1)
+                for r, n in rows.items()
+                if within(r) and n == 1 and not dead[r] + owed[r] and reads(r) == 1
+            ] + [
+                Corruption("in_both_tables", d, rows=1)
+                for d in dead + owed
+                if within(d) and not rows[d] and reads(d) <= 1
+            ]
+        corruptions = [c for c in corruptions if c.record[0].topic == TOPIC]
+        event(f"corruption: {how}{'' if corruptions else ', nothing to corrupt'}")
+        if not corruptions:
+            return
+        self.corruption = corruption = data.draw(st.sampled_from(sorted(corruptions, key=repr)), label="corruption")
+        for catalog, delta, columns in self.changed_by(corruption):
+            if delta > 0:
+                added = _coordinates([corruption.record] * delta, columns).append_column(
+                    CORRUPT, pa.array([True] * delta)
+                )
+                catalog.append({}, catalog.table().write(added))  # type: ignore[arg-type]
+            elif delta < 0:
+                catalog.delete({}, _is(corruption.record, columns))
+
+    @precondition(lambda self: self.corruption is not None)
+    @rule()
+    def the_corruption_is_undone(self) -> None:
+        self.undo_corruption()
+
+    def undo_corruption(self) -> None:
+        """Another tool puts back what the corruption removed, and removes what it added."""
+        corruption = self.corruption
+        assert corruption is not None
+        for catalog, delta, columns in self.changed_by(corruption):
+            if delta > 0:
+                catalog.delete({}, _added_by_a_corruption)
+            elif delta < 0:
+                catalog.append({}, catalog.table().write(_coordinates([corruption.record] * -delta, columns)))  # type: ignore[arg-type]
+        self.corruption = None
+
+    def changed_by(self, corruption: Corruption) -> list[tuple[MemoryCatalog, int, tuple[str, str, str]]]:
+        """Each table, with how many copies of the record ``corruption`` added to it (or removed)."""
+        return [(self.rows, corruption.rows, ROW_COLUMNS), (self.dead, corruption.dead, DEAD_COLUMNS)]
+
+    def checked(self, ledger: Mapping[TopicPartition, int], claims: Coverage) -> dict[TopicPartition, tuple[int, int]]:
+        """Per partition of the ledger, the offsets verify checks: ``[start, top)``."""
+        return {
+            tp: (claims.lowest(tp, end), max(end, min(claims.top(tp, end), self.high[tp])))
+            for tp, end in ledger.items()
+        }
 
     # --- invariants ----------------------------------------------------------------------------
 
@@ -500,8 +640,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         ledger = dict(found.ledger.offsets) if found else {}
         floor_found = find_ledger(PIPELINE, self.dead.table().ancestry())
         floor = dict(floor_found.ledger.offsets) if floor_found else {}
-        rows = contents(self.rows, ROW_COLUMNS)
-        dead = contents(self.dead, DEAD_COLUMNS)
+        rows, dead = self.as_the_pipeline_left_them()
         owed = self.owed()
         reads, skipped, as_row, as_poison = self.history()
 
@@ -533,6 +672,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         if found is not None:
             assert PIPELINE in registered_pipelines(self.rows.properties)
 
+    def as_the_pipeline_left_them(self) -> tuple[Counter[Record], Counter[Record]]:
+        """The records in the rows and the dead-letter table, the corruption (if any) taken out."""
+        rows, dead = contents(self.rows, ROW_COLUMNS), contents(self.dead, DEAD_COLUMNS)
+        if self.corruption is not None:
+            rows[self.corruption.record] -= self.corruption.rows
+            dead[self.corruption.record] -= self.corruption.dead
+        return +rows, +dead
+
     def owed(self) -> Counter[Record]:
         """The dead letters a crash between a batch's two commits left in files, for the next run."""
         owed = owed_dead_letters(self.rows, self.dead, PIPELINE)
@@ -543,11 +690,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         )
 
     @invariant()
-    def verify_finds_every_partition_correct(self) -> None:
+    def verify_finds_the_tables_wrong_exactly_while_they_are(self) -> None:
         """``ingest verify`` reasons from the ledger history the tables keep (expiry included): it
-        must expect what the batches did, whatever resets came between them."""
+        must expect what the batches did, whatever resets came between them, and find the tables
+        as they are: correct, or the corrupted record wrong, in the way it is."""
         found = find_ledger(PIPELINE, self.rows.table().ancestry())
         if found is None:
+            assert self.corruption is None
             return
         claims = coverage(PIPELINE, self.rows.table().ancestry())
         rows = contents(self.rows, ROW_COLUMNS)
@@ -556,11 +705,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         def offsets(tp: TopicPartition, landed: Counter[Record]) -> pa.Array:
             return pa.array([o for (t, o), n in sorted(landed.items()) if t == tp for _ in range(n)], pa.int64())
 
-        for tp, end in found.ledger.offsets.items():
-            start, top = claims.lowest(tp, end), max(end, min(claims.top(tp, end), self.high[tp]))
+        for tp, (start, top) in self.checked(found.ledger.offsets, claims).items():
             kafka = pa.array([o for o in range(start, top) if kind(tp, o) != "marker"], pa.int64())
+            end = found.ledger.offsets[tp]
             check = _check((tp, start, top), end, kafka, offsets(tp, rows), offsets(tp, dead), claims)
-            assert check.ok, f"verify: {check}"
+            corrupted = self.corruption is not None and self.corruption.record[0] == tp
+            wrong = {self.corruption.kind: [self.corruption.record[1]]} if self.corruption and corrupted else {}
+            assert check.found == wrong, f"verify: {check}; the corruption: {self.corruption}"
 
     @invariant()
     def schema_and_data_land_together(self) -> None:
@@ -599,6 +750,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """With the faults gone, one writer catches up with Kafka: the protocol never stalls."""
         self.data = None
+        if self.corruption is not None:
+            self.undo_corruption()
         self.writers = [self.new_writer(i) for i in range(WRITERS)]
         for _ in range(1000):
             if not self.run_batch(0):
@@ -608,7 +761,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         found = find_ledger(PIPELINE, self.rows.table().ancestry())
         assert found is not None and dict(found.ledger.offsets) == self.high
         self.every_offset_is_where_the_ledger_history_put_it()
-        self.verify_finds_every_partition_correct()
+        self.verify_finds_the_tables_wrong_exactly_while_they_are()
 
 
 @pytest.fixture(autouse=True)
