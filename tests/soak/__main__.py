@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -280,7 +281,8 @@ def main() -> int:
     seed = int(os.environ.get("SOAK_SEED", str(random.randrange(2**32))))
     rng = random.Random(seed)
     print(f"soak: {seconds:.0f} s, seed {seed} (SOAK_SEED={seed} repeats the choices)", flush=True)
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp, kafka_service.KafkaCluster(Path(tmp) / "kafka") as kafka:
+    tmp = tempfile.mkdtemp(prefix="soak-")
+    with kafka_service.KafkaCluster(Path(tmp) / "kafka") as kafka:
         directory = Path(tmp)
         os.environ["SOAK_BOOTSTRAP"] = kafka.bootstrap_servers
         name = f"soak{uuid.uuid4().hex[:8]}"
@@ -323,6 +325,10 @@ def main() -> int:
             print(f"soak: {pipeline}: {checked}", flush=True)
     for failure in tally.failures:
         print(f"FAILED {failure}", flush=True)
+    if tally.failures:
+        print(f"soak: the warehouse and configs are kept in {tmp} (the catalog: {uri})", flush=True)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"soak: {'FAILED' if tally.failures else 'ok'} (seed {seed})", flush=True)
     return 1 if tally.failures else 0
 

@@ -70,7 +70,7 @@ def test_driver_killed_at_each_step_then_rerun(make_env, spark_process_env, poin
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     _wait_until_no_process_has(marker)
     # what a reader sees right after the crash
-    assert _snapshots(env) == (int(point == "after-commit"), int(point in ("between-commits", "after-commit")))
+    assert _snapshots(env) == (int(point in ("between-commits", "after-commit")), int(point == "after-commit"))
     on_disk = _data_files_on_disk(env)
     if point == "before-read":
         assert on_disk == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from tests.runs import one_batch
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.config import BatchSpec, FieldSpec
+from ingest.core.ledger import decode_counts, find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 from ingest.errors import ConfigError
@@ -46,10 +48,21 @@ def _partitions(pipeline: Pipeline) -> set[tuple[int, str]]:
     return {(task.file.spec_id, repr(task.file.partition)) for task in table.scan().plan_files()}
 
 
-def _ledger_summary(pipeline: Pipeline) -> dict[str, str]:
+def _ledger_summary(pipeline: Pipeline) -> dict[str, object]:
+    """What the head's ledger says of the batch: offsets, record times, counts, bytes, topic ids
+    (not when each partition was read to its end, nor the marker's id and file names: each run's own)."""
     pipeline.rows.refresh()
     head = next(iter(pipeline.rows.ancestry()))
-    return {k: v for k, v in head.summary.items() if k.startswith("ingest.")}
+    name = pipeline.config.pipeline
+    found = find_ledger(name, [head])
+    assert found is not None
+    ledger = found.ledger
+    return {
+        "ledger": replace(ledger, caught_up={}, sync=None),
+        "dead letters owed": ledger.sync.count if ledger.sync is not None else None,
+        "counts": decode_counts(name, head.summary),
+        "format": head.summary.get(f"ingest.{name}.format"),
+    }
 
 
 # the SQL catalogs on a local disk, and a REST catalog on S3: the executors write to S3, the driver commits through REST
