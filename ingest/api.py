@@ -17,7 +17,7 @@ Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a Y
 
 * **Results** are frozen dataclasses: :class:`~ingest.pipeline.BatchResult`,
   :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
-  :class:`~ingest.ops.report.Verification`, :class:`~ingest.ops.check.CheckResult`,
+  :class:`~ingest.ops.verify.Verification`, :class:`~ingest.ops.check.CheckResult`,
   :class:`~ingest.ops.reset.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
   :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`,
   :class:`~ingest.ops.partitioning.Repartitioned`; each
@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from ingest.ops.partitioning import Repartitioned
     from ingest.ops.redrive import Redrive
     from ingest.ops.replay import ReplayResult
-    from ingest.ops.report import BatchEntry, Status, Verification
+    from ingest.ops.report import BatchEntry, Status
     from ingest.ops.reset import ResetResult, ResetTarget
+    from ingest.ops.verify import Verification
     from ingest.pipeline import Pipeline
     from ingest.runner import EngineChoice, Run
 
@@ -142,11 +143,11 @@ def history(config: Config, limit: int | None = 50) -> list[BatchEntry]:
 def verify(config: Config) -> Verification:
     """Whether every offset of the ledger's ranges Kafka still holds is in the table or the dead
     letters as many times as the ledger read it (``.ok``), per partition, with what is not."""
-    from ingest.ops import report
+    from ingest.ops import verify as verifying
 
     loaded = _config(config)
     pipeline = _existing(loaded)
-    return report.verify(pipeline) if pipeline is not None else report.nothing_to_verify(loaded)
+    return verifying.verify(pipeline) if pipeline is not None else verifying.nothing_to_verify(loaded)
 
 
 def not_routed(config: PipelineConfig, command: str) -> PipelineConfig:

@@ -493,7 +493,7 @@ def verify(
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Exit 0 only if every ledger offset still in Kafka is in the table or dead letters exactly once."""
-    from ingest.ops import report
+    from ingest.ops import verify as verifying
 
     def body() -> None:
         from ingest import render
@@ -506,7 +506,7 @@ def verify(
         if not all(result.ok for result in results):
             failed = VerificationFailed(
                 "verification failed: offsets are missing, duplicated (as rows or dead letters), unexpected, or both "
-                f"a row and a dead letter (listed above, at most {report.SAMPLE} per kind and partition)"
+                f"a row and a dead letter (listed above, at most {verifying.SAMPLE} per kind and partition)"
             )
             _fail(failed, json_output=False)  # with --json, the result above is the one document
 

@@ -19,7 +19,7 @@ from ingest import records
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from ingest.kafka.registry import avro_serializer
-from ingest.ops import report
+from ingest.ops import report, verify
 from ingest.pipeline import Pipeline
 from ingest.runner import opened
 
@@ -219,7 +219,7 @@ def _show(pipeline: Pipeline, console: Console) -> None:
     for p in report.status(pipeline).partitions:
         lag.add_row(f"{p.topic}[{p.partition}]", str(p.committed), str(p.end), str(p.lag))
     console.print(lag)
-    check = report.verify(pipeline)
+    check = verify.verify(pipeline)
     in_kafka = sum(p.in_kafka for p in check.partitions)
     landed = sum(p.rows + p.dead_letters for p in check.partitions)
     verdict = "[bold green]ok[/]" if check.ok else "[bold red]FAILED[/]"

@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of t
     from ingest.ops.partitioning import Repartitioned
     from ingest.ops.redrive import Redrive
     from ingest.ops.replay import ReplayResult
-    from ingest.ops.report import BatchEntry, Status, Verification
+    from ingest.ops.report import BatchEntry, Status
     from ingest.ops.reset import ResetResult
+    from ingest.ops.verify import Verification
     from ingest.pipeline import BatchResult
 
 

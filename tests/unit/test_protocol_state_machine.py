@@ -46,7 +46,7 @@ it read again; never, if a forward reset skipped it), nothing else is; a record 
 read as poison is in the dead-letter table exactly once (or, right after a crash between a batch's
 two commits, in the files its marker names), none other is, none is duplicated and the
 dead-letter floor holds (a corruption taken out); ``ingest verify``'s reasoning (the real
-:func:`ingest.ops.report.coverage` and its check, from the ledger history alone) finds every
+:func:`ingest.core.coverage.coverage` and its check, from the ledger history alone) finds every
 partition correct, whatever the sequence of resets, exactly while no table is corrupted, and while
 one is, finds the corrupted record and what is wrong with it, nothing else; every snapshot's schema has the columns of
 every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
@@ -69,6 +69,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ingest.batch_commit import BatchCommit, commit_batch, land_dead_letters
 from ingest.committer import observe
+from ingest.core.coverage import Coverage, coverage
 from ingest.core.expiry import MAIN, Ref, doomed, protected
 from ingest.core.ledger import (
     COMPACTION,
@@ -84,8 +85,8 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import CommitGaveUp, FatalError, SchemaMoved
-from ingest.ops.report import Coverage, Problem, _check, _expected, coverage
 from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
+from ingest.ops.verify import Problem, expected_reads, judge_partition
 from ingest.records import Field
 from ingest.retry import without_backoff
 from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters
@@ -525,7 +526,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         def reads(record: Record) -> int:
             tp, offset = record
-            return int(_expected(pa.array([offset], pa.int64()), claims, tp, found.ledger.offsets[tp])[0].as_py())
+            return int(expected_reads(pa.array([offset], pa.int64()), claims, tp, found.ledger.offsets[tp])[0].as_py())
 
         corruptions: list[Corruption] = []
         if how == "delete a row":
@@ -708,7 +709,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for tp, (start, top) in self.checked(found.ledger.offsets, claims).items():
             kafka = pa.array([o for o in range(start, top) if kind(tp, o) != "marker"], pa.int64())
             end = found.ledger.offsets[tp]
-            check = _check((tp, start, top), end, kafka, offsets(tp, rows), offsets(tp, dead), claims)
+            check = judge_partition((tp, start, top), end, kafka, offsets(tp, rows), offsets(tp, dead), claims)
             corrupted = self.corruption is not None and self.corruption.record[0] == tp
             wrong = {self.corruption.kind: [self.corruption.record[1]]} if self.corruption and corrupted else {}
             assert check.found == wrong, f"verify: {check}; the corruption: {self.corruption}"

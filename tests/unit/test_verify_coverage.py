@@ -3,7 +3,7 @@ checks, it expects the rows to hold it as many times as the ledger's history rea
 
 Batches and resets are committed by the real code (:func:`ingest.committer.commit_rows`,
 :func:`ingest.ops.reset.reset`) to in-memory tables; what verify expects is computed by the real
-:func:`ingest.ops.report.coverage` from those tables, and compared with a count kept here of which
+:func:`ingest.core.coverage.coverage` from those tables, and compared with a count kept here of which
 offsets each batch read."""
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from ingest.committer import RowsCommit, commit_rows, observe
 from ingest.config import parse
+from ingest.core.coverage import coverage
 from ingest.core.ledger import BatchCounts, TopicPartition, decode, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
-from ingest.ops.report import _expected, coverage
 from ingest.ops.reset import ResetTarget, reset
+from ingest.ops.verify import expected_reads
 from ingest.testing import MemoryCatalog
 
 TOPIC = "orders"
@@ -94,7 +95,7 @@ def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: l
         # above the ledger's end too: what a backward reset left to be read again
         start, top = claims.lowest(tp, end), claims.top(tp, end)
         offsets = pa.array(range(start, top + 5), pa.int64())
-        expected = _expected(offsets, claims, tp, end).to_pylist() if len(offsets) else []
+        expected = expected_reads(offsets, claims, tp, end).to_pylist() if len(offsets) else []
         assert expected == [read[(tp, o)] for o in range(start, top + 5)], (tp, start, end, claims)
 
 
@@ -133,4 +134,4 @@ def test_after_expiry_the_resets_ledgers_remember_still_count(origin_kept: bool)
     claims = coverage(CONFIG.pipeline, [newest])  # what expiry leaves
 
     assert (claims.complete, claims.lowest(tp, 30)) == ((True, 0) if origin_kept else (False, 20))
-    assert _expected(pa.array(range(5, 30), pa.int64()), claims, tp, 30).to_pylist() == [2] * 15 + [1] * 10
+    assert expected_reads(pa.array(range(5, 30), pa.int64()), claims, tp, 30).to_pylist() == [2] * 15 + [1] * 10

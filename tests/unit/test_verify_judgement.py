@@ -1,4 +1,4 @@
-"""``ingest verify``'s judgement of one partition (:func:`ingest.ops.report._check`): every kind of
+"""``ingest verify``'s judgement of one partition (:func:`ingest.ops.verify.judge_partition`): every kind of
 wrong table it must reject, each naming its offsets, and the right tables it must accept."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import pytest
 from ingest.batch_commit import BatchCommit, commit_batch
 from ingest.committer import observe
 from ingest.config import parse
+from ingest.core.coverage import Coverage
 from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, Ledger, TopicPartition, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.blame import change_points
-from ingest.ops.report import PROBLEMS, Coverage, Problem, Verification, _check, verify
+from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates
 from ingest.testing import MemoryCatalog
 
@@ -102,7 +103,7 @@ def _judge(case: Case) -> dict[Problem, list[int]]:
     top = claims.top(TP, END)
     kafka = pa.array([o for o in KAFKA if case.start <= o < top], pa.int64())
     rows, dead = pa.array(case.rows, pa.int64()), pa.array(case.dead, pa.int64())
-    check = _check((TP, case.start, top), END, kafka, rows, dead, claims)
+    check = judge_partition((TP, case.start, top), END, kafka, rows, dead, claims)
     assert check.ok == (not check.found)
     assert check.as_dict()["ok"] == check.ok
     return check.found
@@ -121,7 +122,9 @@ def test_verify_accepts_what_the_ledger_history_accounts_for(case: Case) -> None
 def test_every_kind_of_problem_is_tested_and_named_in_the_json() -> None:
     tested = {kind for case in WRONG.values() for kind in case.found}
     assert tested == set(PROBLEMS)
-    check = _check((TP, 0, END), END, pa.array(KAFKA, pa.int64()), pa.array(GOOD), pa.array([POISON]), Coverage())
+    check = judge_partition(
+        (TP, 0, END), END, pa.array(KAFKA, pa.int64()), pa.array(GOOD), pa.array([POISON]), Coverage()
+    )
     assert all(check.as_dict()[kind] == [] for kind in PROBLEMS)
 
 
