@@ -25,11 +25,13 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 
@@ -38,6 +40,7 @@ from ingest.config import PipelineConfig
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from tests import strict
+from tests.content import Log, Sent, assert_holds
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
 from tests.services.iceberg_rest import RestCatalog, RestUnavailable
@@ -191,6 +194,8 @@ class Env:
     config_path: Path
     produced: int = 0
     bad: int = 0
+    #: every record produced through :meth:`send` (and so :meth:`produce`), with its offset
+    log: Log = field(default_factory=Log)
 
     @property
     def config(self) -> PipelineConfig:
@@ -199,12 +204,25 @@ class Env:
     def produce(self, count: int, bad_every: int = 0) -> None:
         start = self.produced
         records = []
+        dead = []
         for i in range(start, start + count):
             is_bad = bool(bad_every) and i % bad_every == bad_every - 1
             records.append(record(i, self.partitions, self.bad if is_bad else None))
+            dead.append(is_bad)
             self.bad += is_bad
-        produce(self.bootstrap, self.topic, records)
+        self.send(self.topic, records, dead)
         self.produced += count
+
+    def send(
+        self,
+        topic: str,
+        records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
+        dead: list[bool] | None = None,
+    ) -> None:
+        """Produce ``records`` to ``topic`` and log them (``dead[i]``: record ``i`` is to be a dead
+        letter), so that :meth:`exact` expects them."""
+        produce(self.bootstrap, topic, records)
+        self.log.add(topic, records, dead or [False] * len(records))
 
     def cli(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
@@ -249,6 +267,29 @@ class Env:
         rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
+
+    def exact(self, lost: Mapping[int, tuple[int, int]] | None = None, foreign_rows: int = 0) -> dict[str, Any]:
+        """The tables hold every logged record exactly once and by content, a good one as its row,
+        a poison one as its dead letter (tests/content.py), and ``verify`` agrees; returns verify's
+        document. ``lost``: per partition, the ``[start, end)`` of this topic that retention deleted
+        unread (no row, no dead letter); ``foreign_rows``: rows another writer stored of other topics."""
+        from ingest.pipeline import Pipeline
+
+        pipeline = Pipeline.open(self.config)
+        rows = pipeline.rows.table.scan().to_arrow()
+        dead = pipeline.dead.table.scan().to_arrow()
+        ours = {sent.topic for sent in self.log.sent}
+        others = rows.filter(pc.invert(pc.is_in(rows["_kafka_topic"], pa.array(sorted(ours)))))
+        assert others.num_rows == foreign_rows, others.to_pylist()[:5]
+        gone = lost or {}
+
+        def kept(sent: Sent) -> bool:
+            start, end = gone.get(sent.partition, (0, 0)) if sent.topic == self.topic else (0, 0)
+            return not start <= sent.offset < end
+
+        expected = [sent for sent in self.log.sent if kept(sent)]
+        assert_holds(rows.filter(pc.is_in(rows["_kafka_topic"], pa.array(sorted(ours)))), dead, expected)
+        return self.verify()
 
 
 def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureRequest) -> dict[str, str]:
@@ -333,7 +374,7 @@ def produce_numbered(env: Env, topic: str, partitions: int, first: int, count: i
     """Records ``first`` .. ``first + count`` into ``topic``; returns how many are poison."""
     bad = [i % bad_every == bad_every - 1 for i in range(first, first + count)]
     numbered = zip(range(first, first + count), bad, strict=True)
-    produce(env.bootstrap, topic, [record(i, partitions, i if is_bad else None) for i, is_bad in numbered])
+    env.send(topic, [record(i, partitions, i if is_bad else None) for i, is_bad in numbered], bad)
     return sum(bad)
 
 
@@ -396,9 +437,21 @@ class Routed:
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
 
+    def feeds(self, topic: str) -> str:
+        """The table ``topic``'s records go to."""
+        return self.tables[0] if topic in (self.topics["a1"], self.topics["a2"]) else self.tables[1]
+
     def exact(self) -> None:
+        """Each table holds exactly the records of its topics, by content (tests/content.py), and
+        ``verify`` agrees."""
+        from ingest.config import load
+        from ingest.pipeline import Pipeline
+
         for table in self.tables:
             assert self.counts(table) == (self.produced[table] - self.bad[table], self.bad[table]), table
+            pipeline = Pipeline.open(load(self.path, table=table))
+            rows, dead = pipeline.rows.table.scan().to_arrow(), pipeline.dead.table.scan().to_arrow()
+            assert_holds(rows, dead, [sent for sent in self.env.log.sent if self.feeds(sent.topic) == table])
         result = self.cli("verify", "--json")
         documents = [json.loads(line) for line in result.stdout.splitlines()]
         assert result.returncode == 0, (result.stdout, result.stderr)
