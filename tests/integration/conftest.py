@@ -19,13 +19,15 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -378,22 +380,130 @@ def produce_numbered(env: Env, topic: str, partitions: int, first: int, count: i
     return sum(bad)
 
 
-def race(paths: list[Path], *args: str) -> None:
-    """``ingest run --until-caught-up`` of each config in ``paths`` at once; each ends done (0) or
-    fenced (75)."""
-    copies = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ingest", "run", "--until-caught-up", *args, "-c", str(path)],
+#: where the first copy of a race waits (SIGSTOP, ``ingest/failpoints.py``) until another copy has
+#: committed: its first batch's (or redrive's) files are written and its commit not yet tried
+PAUSE = "files-written#1:stop"
+
+
+def committed_a_batch(line: dict[str, Any]) -> bool:
+    """Whether an ``ingest run --json`` line is of a batch this copy committed."""
+    return line.get("status") == "committed"
+
+
+def met_another_copy(copy: Copy) -> bool:
+    """Whether one of a copy's batches met another copy's commit: found already landed, fenced and
+    planned again, a commit refused as a conflict, or fenced too often (75)."""
+    for line in copy.lines:
+        retries = line.get("commit_retries", {})
+        if line.get("status") == "landed" or retries.get("fenced") or retries.get("conflict"):
+            return True
+    return any(line.get("type") == "Fenced" for line in copy.lines)
+
+
+@dataclass
+class Copy:
+    """One racing copy (a command whose stdout is ``--json`` lines), read as it runs."""
+
+    process: subprocess.Popen[str]
+    #: whether a ``--json`` line says this copy committed something
+    moved: Callable[[dict[str, Any]], bool]
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    committed: threading.Event = field(default_factory=threading.Event)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        moved: Callable[[dict[str, Any]], bool] = committed_a_batch,
+    ) -> Copy:
+        process = subprocess.Popen(
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
-        for path in paths
-    ]
-    outcomes = [(*copy.communicate(timeout=300), copy.returncode) for copy in copies]
-    for _, stderr, code in outcomes:
-        assert code in (0, 75), stderr
+        copy = cls(process, moved)
+        copy.readers = [threading.Thread(target=read, daemon=True) for read in (copy._read_stdout, copy._read_stderr)]
+        for reader in copy.readers:
+            reader.start()
+        return copy
+
+    def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):  # (spark-submit's driver writes its log lines to stdout too)
+                self.lines.append(json.loads(line))
+                if self.moved(self.lines[-1]):
+                    self.committed.set()
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr.extend(self.process.stderr)
+
+    def paused(self) -> bool:
+        """Whether the process is stopped (``T`` in /proc: it reached the :data:`PAUSE` failpoint)."""
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+    def wait(self, timeout_s: float = 300) -> int:
+        code = self.process.wait(timeout_s)
+        for reader in self.readers:  # to the pipes' last lines
+            reader.join(30)
+        return code
+
+    @property
+    def said(self) -> str:
+        return "".join(self.stderr)[-3000:]
+
+
+def contend(
+    commands: list[tuple[list[str], dict[str, str] | None]],
+    moved: Callable[[dict[str, Any]], bool] = committed_a_batch,
+    met: Callable[[Copy], bool] = met_another_copy,
+    codes: tuple[int, ...] = (0, 75),
+) -> list[Copy]:
+    """Run ``commands`` (each with its environment; ``--json`` output) as racing copies that
+    certainly contend: the first pauses at :data:`PAUSE` (its first batch planned, its files
+    written), the others start, and once one of them has committed (``moved`` says so of a line)
+    the first goes on, to commit on a ledger that moved under it, while the others run on. Each
+    copy ends with one of ``codes`` (done, or fenced too often), and the first is shown to have
+    met another's commit (``met``)."""
+    command, env = commands[0]
+    first = Copy.start(command, {**(env or {}), "INGEST_FAILPOINT": PAUSE}, moved)
+    deadline = time.monotonic() + 120
+    while not first.paused():
+        assert first.process.poll() is None, f"the first copy ended before it paused: {first.said}"
+        assert time.monotonic() < deadline, "the first copy did not reach its pause"
+        time.sleep(0.02)
+    copies = [first, *(Copy.start(command, env, moved) for command, env in commands[1:])]
+    deadline = time.monotonic() + 300
+    while not any(copy.committed.is_set() for copy in copies[1:]):
+        if all(copy.process.poll() is not None for copy in copies[1:]):
+            for copy in copies[1:]:
+                copy.wait()  # (its last lines)
+            assert any(copy.committed.is_set() for copy in copies[1:]), [copy.said for copy in copies[1:]]
+        assert time.monotonic() < deadline, "no other copy committed in 300 s"
+        time.sleep(0.02)
+    first.process.send_signal(signal.SIGCONT)
+    for copy in copies:
+        assert copy.wait() in codes, copy.said
+    assert met(first), (first.lines, first.said)
+    return copies
+
+
+def race(paths: list[Path], *args: str) -> list[Copy]:
+    """``ingest run --until-caught-up --json`` of each config in ``paths`` at once, contending for
+    certain (:func:`contend`); each ends done (0) or fenced (75)."""
+    command = [sys.executable, "-m", "ingest", "run", "--until-caught-up", "--json", *args]
+    return contend([([*command, "-c", str(path)], None) for path in paths])
 
 
 @dataclass
