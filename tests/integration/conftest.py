@@ -89,6 +89,14 @@ def broker_choice() -> tuple[BrokerKind, str]:
     return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
 
 
+#: a test of what only Apache Kafka (or an external cluster) does: the embedded tansu panics on
+#: ``delete_records`` (retention), among others (ENVIRONMENT.md); a strict run allows this skip only
+#: where the run chose tansu (tests/strict.py)
+needs_apache_kafka = pytest.mark.skipif(
+    broker_choice()[0] == "tansu", reason="needs Apache Kafka: " + broker_choice()[1]
+)
+
+
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     kind, why = broker_choice()
@@ -225,6 +233,17 @@ class Env:
         letter), so that :meth:`exact` expects them."""
         produce(self.bootstrap, topic, records)
         self.log.add(topic, records, dead or [False] * len(records))
+
+    def delete_records(self, before: Mapping[int, int]) -> None:
+        """Delete the records of this topic's partitions below ``before[partition]``, as retention
+        does (Kafka's DeleteRecords: the partition's low watermark moves there)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # held until the futures are done
+        deleted = admin.delete_records([KafkaTP(self.topic, partition, offset) for partition, offset in before.items()])
+        for tp, future in deleted.items():
+            assert future.result(30).low_watermark == before[tp.partition], tp
 
     def cli(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
