@@ -497,23 +497,30 @@ def contend(
     met another's commit (``met``)."""
     command, env = commands[0]
     first = Copy.start(command, {**(env or {}), "INGEST_FAILPOINT": PAUSE}, moved)
-    deadline = time.monotonic() + 120
-    while not first.paused():
-        assert first.process.poll() is None, f"the first copy ended before it paused: {first.said}"
-        assert time.monotonic() < deadline, "the first copy did not reach its pause"
-        time.sleep(0.02)
-    copies = [first, *(Copy.start(command, env, moved) for command, env in commands[1:])]
-    deadline = time.monotonic() + 300
-    while not any(copy.committed.is_set() for copy in copies[1:]):
-        if all(copy.process.poll() is not None for copy in copies[1:]):
-            for copy in copies[1:]:
-                copy.wait()  # (its last lines)
-            assert any(copy.committed.is_set() for copy in copies[1:]), [copy.said for copy in copies[1:]]
-        assert time.monotonic() < deadline, "no other copy committed in 300 s"
-        time.sleep(0.02)
-    first.process.send_signal(signal.SIGCONT)
-    for copy in copies:
-        assert copy.wait() in codes, copy.said
+    copies = [first]
+    try:
+        deadline = time.monotonic() + 120
+        while not first.paused():
+            assert first.process.poll() is None, f"the first copy ended before it paused: {first.said}"
+            assert time.monotonic() < deadline, "the first copy did not reach its pause"
+            time.sleep(0.02)
+        copies += [Copy.start(command, env, moved) for command, env in commands[1:]]
+        deadline = time.monotonic() + 300
+        while not any(copy.committed.is_set() for copy in copies[1:]):
+            if all(copy.process.poll() is not None for copy in copies[1:]):
+                for copy in copies[1:]:
+                    copy.wait()  # (its last lines)
+                assert any(copy.committed.is_set() for copy in copies[1:]), [copy.said for copy in copies[1:]]
+            assert time.monotonic() < deadline, "no other copy committed in 300 s"
+            time.sleep(0.02)
+        first.process.send_signal(signal.SIGCONT)
+        for copy in copies:
+            assert copy.wait() in codes, copy.said
+    finally:
+        for copy in copies:  # none outlives a failed race (a stopped one dies of SIGKILL too)
+            if copy.process.poll() is None:
+                copy.process.kill()
+                copy.process.wait()
     assert met(first), (first.lines, first.said)
     return copies
 
