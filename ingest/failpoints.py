@@ -7,6 +7,9 @@ per table's batch). Unset (the normal case) it costs one dict lookup per point.
 
 ``INGEST_WORKER_FAILPOINT=<name>`` does the same in the local engine's worker processes
 (``mid-read``, ``mid-write``), as the OOM killer would.
+
+``<name>[#<n>]:stop`` makes the process SIGSTOP itself there instead: it waits at that point until a
+SIGCONT, as a process the scheduler or a long pause held would, while a test runs another copy.
 """
 
 from __future__ import annotations
@@ -36,5 +39,7 @@ def reach(name: str, variable: str = ENGINE) -> None:
     if armed is None or not armed.startswith(name):
         return
     _reached[name] += 1
-    if armed == name or armed == f"{name}#{_reached[name]}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    point, _, action = armed.partition(":")
+    assert action in ("", "stop"), armed
+    if point == name or point == f"{name}#{_reached[name]}":
+        os.kill(os.getpid(), signal.SIGSTOP if action == "stop" else signal.SIGKILL)

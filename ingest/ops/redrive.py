@@ -252,6 +252,7 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
         records = tuple(_key(mine, ROWS).to_pylist())
         if written is None or written[0] != records:
             written = (records, rows.write(mine))
+        failpoints.reach("files-written")
         ledger = replace(
             found.ledger,
             batch=found.ledger.batch + 1,

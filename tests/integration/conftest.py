@@ -19,17 +19,21 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import yaml
 
@@ -38,6 +42,7 @@ from ingest.config import PipelineConfig
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from tests import strict
+from tests.content import Log, Sent, assert_holds
 from tests.services import kafka as kafka_service
 from tests.services.apicurio import Apicurio, RegistryUnavailable
 from tests.services.iceberg_rest import RestCatalog, RestUnavailable
@@ -82,6 +87,14 @@ def broker_choice() -> tuple[BrokerKind, str]:
     if strict.strict():
         return "missing", f"no broker: Apache Kafka cannot run here, and a strict run takes no fallback ({error})"
     return "tansu", f"embedded tansu: FALLBACK, Apache Kafka cannot run here ({error})"
+
+
+#: a test of what only Apache Kafka (or an external cluster) does: the embedded tansu panics on
+#: ``delete_records`` (retention), among others (ENVIRONMENT.md); a strict run allows this skip only
+#: where the run chose tansu (tests/strict.py)
+needs_apache_kafka = pytest.mark.skipif(
+    broker_choice()[0] == "tansu", reason="needs Apache Kafka: " + broker_choice()[1]
+)
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +204,8 @@ class Env:
     config_path: Path
     produced: int = 0
     bad: int = 0
+    #: every record produced through :meth:`send` (and so :meth:`produce`), with its offset
+    log: Log = field(default_factory=Log)
 
     @property
     def config(self) -> PipelineConfig:
@@ -199,12 +214,36 @@ class Env:
     def produce(self, count: int, bad_every: int = 0) -> None:
         start = self.produced
         records = []
+        dead = []
         for i in range(start, start + count):
             is_bad = bool(bad_every) and i % bad_every == bad_every - 1
             records.append(record(i, self.partitions, self.bad if is_bad else None))
+            dead.append(is_bad)
             self.bad += is_bad
-        produce(self.bootstrap, self.topic, records)
+        self.send(self.topic, records, dead)
         self.produced += count
+
+    def send(
+        self,
+        topic: str,
+        records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
+        dead: list[bool] | None = None,
+    ) -> None:
+        """Produce ``records`` to ``topic`` and log them (``dead[i]``: record ``i`` is to be a dead
+        letter), so that :meth:`exact` expects them."""
+        produce(self.bootstrap, topic, records)
+        self.log.add(topic, records, dead or [False] * len(records))
+
+    def delete_records(self, before: Mapping[int, int]) -> None:
+        """Delete the records of this topic's partitions below ``before[partition]``, as retention
+        does (Kafka's DeleteRecords: the partition's low watermark moves there)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # held until the futures are done
+        deleted = admin.delete_records([KafkaTP(self.topic, partition, offset) for partition, offset in before.items()])
+        for tp, future in deleted.items():
+            assert future.result(30).low_watermark == before[tp.partition], tp
 
     def cli(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
@@ -249,6 +288,29 @@ class Env:
         rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
+
+    def exact(self, lost: Mapping[int, tuple[int, int]] | None = None, foreign_rows: int = 0) -> dict[str, Any]:
+        """The tables hold every logged record exactly once and by content, a good one as its row,
+        a poison one as its dead letter (tests/content.py), and ``verify`` agrees; returns verify's
+        document. ``lost``: per partition, the ``[start, end)`` of this topic that retention deleted
+        unread (no row, no dead letter); ``foreign_rows``: rows another writer stored of other topics."""
+        from ingest.pipeline import Pipeline
+
+        pipeline = Pipeline.open(self.config)
+        rows = pipeline.rows.table.scan().to_arrow()
+        dead = pipeline.dead.table.scan().to_arrow()
+        ours = {sent.topic for sent in self.log.sent}
+        others = rows.filter(pc.invert(pc.is_in(rows["_kafka_topic"], pa.array(sorted(ours)))))
+        assert others.num_rows == foreign_rows, others.to_pylist()[:5]
+        gone = lost or {}
+
+        def kept(sent: Sent) -> bool:
+            start, end = gone.get(sent.partition, (0, 0)) if sent.topic == self.topic else (0, 0)
+            return not start <= sent.offset < end
+
+        expected = [sent for sent in self.log.sent if kept(sent)]
+        assert_holds(rows.filter(pc.is_in(rows["_kafka_topic"], pa.array(sorted(ours)))), dead, expected)
+        return self.verify()
 
 
 def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureRequest) -> dict[str, str]:
@@ -333,26 +395,141 @@ def produce_numbered(env: Env, topic: str, partitions: int, first: int, count: i
     """Records ``first`` .. ``first + count`` into ``topic``; returns how many are poison."""
     bad = [i % bad_every == bad_every - 1 for i in range(first, first + count)]
     numbered = zip(range(first, first + count), bad, strict=True)
-    produce(env.bootstrap, topic, [record(i, partitions, i if is_bad else None) for i, is_bad in numbered])
+    env.send(topic, [record(i, partitions, i if is_bad else None) for i, is_bad in numbered], bad)
     return sum(bad)
 
 
-def race(paths: list[Path], *args: str) -> None:
-    """``ingest run --until-caught-up`` of each config in ``paths`` at once; each ends done (0) or
-    fenced (75)."""
-    copies = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ingest", "run", "--until-caught-up", *args, "-c", str(path)],
+#: where the first copy of a race waits (SIGSTOP, ``ingest/failpoints.py``) until another copy has
+#: committed: its first batch's (or redrive's) files are written and its commit not yet tried
+PAUSE = "files-written#1:stop"
+
+
+def committed_a_batch(line: dict[str, Any]) -> bool:
+    """Whether an ``ingest run --json`` line is of a batch this copy committed."""
+    return line.get("status") == "committed"
+
+
+def met_another_copy(copy: Copy) -> bool:
+    """Whether one of a copy's batches met another copy's commit: found already landed, fenced and
+    planned again, a commit refused as a conflict, or fenced too often (75)."""
+    for line in copy.lines:
+        retries = line.get("commit_retries", {})
+        if line.get("status") == "landed" or retries.get("fenced") or retries.get("conflict"):
+            return True
+    return any(line.get("type") == "Fenced" for line in copy.lines)
+
+
+@dataclass
+class Copy:
+    """One racing copy (a command whose stdout is ``--json`` lines), read as it runs."""
+
+    process: subprocess.Popen[str]
+    #: whether a ``--json`` line says this copy committed something
+    moved: Callable[[dict[str, Any]], bool]
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    committed: threading.Event = field(default_factory=threading.Event)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        moved: Callable[[dict[str, Any]], bool] = committed_a_batch,
+    ) -> Copy:
+        process = subprocess.Popen(
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
-        for path in paths
-    ]
-    outcomes = [(*copy.communicate(timeout=300), copy.returncode) for copy in copies]
-    for _, stderr, code in outcomes:
-        assert code in (0, 75), stderr
+        copy = cls(process, moved)
+        copy.readers = [threading.Thread(target=read, daemon=True) for read in (copy._read_stdout, copy._read_stderr)]
+        for reader in copy.readers:
+            reader.start()
+        return copy
+
+    def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):  # (spark-submit's driver writes its log lines to stdout too)
+                self.lines.append(json.loads(line))
+                if self.moved(self.lines[-1]):
+                    self.committed.set()
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        self.stderr.extend(self.process.stderr)
+
+    def paused(self) -> bool:
+        """Whether the process is stopped (``T`` in /proc: it reached the :data:`PAUSE` failpoint)."""
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+    def wait(self, timeout_s: float = 300) -> int:
+        code = self.process.wait(timeout_s)
+        for reader in self.readers:  # to the pipes' last lines
+            reader.join(30)
+        return code
+
+    @property
+    def said(self) -> str:
+        return "".join(self.stderr)[-3000:]
+
+
+def contend(
+    commands: list[tuple[list[str], dict[str, str] | None]],
+    moved: Callable[[dict[str, Any]], bool] = committed_a_batch,
+    met: Callable[[Copy], bool] = met_another_copy,
+    codes: tuple[int, ...] = (0, 75),
+) -> list[Copy]:
+    """Run ``commands`` (each with its environment; ``--json`` output) as racing copies that
+    certainly contend: the first pauses at :data:`PAUSE` (its first batch planned, its files
+    written), the others start, and once one of them has committed (``moved`` says so of a line)
+    the first goes on, to commit on a ledger that moved under it, while the others run on. Each
+    copy ends with one of ``codes`` (done, or fenced too often), and the first is shown to have
+    met another's commit (``met``)."""
+    command, env = commands[0]
+    first = Copy.start(command, {**(env or {}), "INGEST_FAILPOINT": PAUSE}, moved)
+    copies = [first]
+    try:
+        deadline = time.monotonic() + 120
+        while not first.paused():
+            assert first.process.poll() is None, f"the first copy ended before it paused: {first.said}"
+            assert time.monotonic() < deadline, "the first copy did not reach its pause"
+            time.sleep(0.02)
+        copies += [Copy.start(command, env, moved) for command, env in commands[1:]]
+        deadline = time.monotonic() + 300
+        while not any(copy.committed.is_set() for copy in copies[1:]):
+            if all(copy.process.poll() is not None for copy in copies[1:]):
+                for copy in copies[1:]:
+                    copy.wait()  # (its last lines)
+                assert any(copy.committed.is_set() for copy in copies[1:]), [copy.said for copy in copies[1:]]
+            assert time.monotonic() < deadline, "no other copy committed in 300 s"
+            time.sleep(0.02)
+        first.process.send_signal(signal.SIGCONT)
+        for copy in copies:
+            assert copy.wait() in codes, copy.said
+    finally:
+        for copy in copies:  # none outlives a failed race (a stopped one dies of SIGKILL too)
+            if copy.process.poll() is None:
+                copy.process.kill()
+                copy.process.wait()
+    assert met(first), (first.lines, first.said)
+    return copies
+
+
+def race(paths: list[Path], *args: str) -> list[Copy]:
+    """``ingest run --until-caught-up --json`` of each config in ``paths`` at once, contending for
+    certain (:func:`contend`); each ends done (0) or fenced (75)."""
+    command = [sys.executable, "-m", "ingest", "run", "--until-caught-up", "--json", *args]
+    return contend([([*command, "-c", str(path)], None) for path in paths])
 
 
 @dataclass
@@ -396,9 +573,21 @@ class Routed:
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
 
+    def feeds(self, topic: str) -> str:
+        """The table ``topic``'s records go to."""
+        return self.tables[0] if topic in (self.topics["a1"], self.topics["a2"]) else self.tables[1]
+
     def exact(self) -> None:
+        """Each table holds exactly the records of its topics, by content (tests/content.py), and
+        ``verify`` agrees."""
+        from ingest.config import load
+        from ingest.pipeline import Pipeline
+
         for table in self.tables:
             assert self.counts(table) == (self.produced[table] - self.bad[table], self.bad[table]), table
+            pipeline = Pipeline.open(load(self.path, table=table))
+            rows, dead = pipeline.rows.table.scan().to_arrow(), pipeline.dead.table.scan().to_arrow()
+            assert_holds(rows, dead, [sent for sent in self.env.log.sent if self.feeds(sent.topic) == table])
         result = self.cli("verify", "--json")
         documents = [json.loads(line) for line in result.stdout.splitlines()]
         assert result.returncode == 0, (result.stdout, result.stderr)

@@ -7,20 +7,19 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Consumer, Message
 
-from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker, free_port
+from ingest.kafka.source import KafkaSource
 from ingest.pipeline import Pipeline
-from ingest.ports import Produced
-from ingest.records import Declared
 from tests.runs import one_batch
 
 from .conftest import POSTGRES_URI, REPO, Env
@@ -119,36 +118,62 @@ def test_unknown_topic_is_fatal(make_env, tmp_path: Path) -> None:
     assert "does not exist" in result.stderr
 
 
+class _HangsOnceRecordsCame:
+    """A consumer whose broker is stopped (SIGSTOP) the moment a fetch first returned records: the
+    batch has read something, and the rest of it hangs. Its first ``consume`` asks for one record,
+    so it returns as soon as the first fetch is in, before librdkafka fetches on."""
+
+    def __init__(self, consumer: Consumer, broker_pid: int, read: list[int]) -> None:
+        self._consumer, self._broker_pid, self.read = consumer, broker_pid, read
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages = self._consumer.consume(num_messages if self.read else 1, timeout)
+        records = sum(1 for message in messages if message.error() is None)
+        if records and not self.read:
+            os.kill(self._broker_pid, signal.SIGSTOP)
+        if records or self.read:
+            self.read.append(records)
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path) -> None:
-    """A broker that stops answering mid-read fails the batch (retryable); the rerun completes it."""
+def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypatch) -> None:
+    """A broker that stops answering once the batch's first fetch returned records fails the batch
+    (retryable, nothing committed); the rerun completes it. Each partition's fetches are as small as
+    the broker makes them (``max.partition.fetch.bytes``: it still sends a record batch or more)
+    and none goes ahead of what is consumed (``queued.min.messages``), so records are still to come
+    when it stops (without them the first fetch took the whole batch, which never hung)."""
     with EmbeddedBroker(log_path=tmp_path / "own-broker.log") as broker:
-        env = make_env(batch={"read_timeout_s": 3})
-        data = yaml.safe_load(env.config_path.read_text())
-        data["kafka"] = {"bootstrap.servers": broker.bootstrap_servers}
-        env.config_path.write_text(yaml.safe_dump(data))
+        kafka = {"bootstrap.servers": broker.bootstrap_servers, "max.partition.fetch.bytes": 1}
+        kafka["queued.min.messages"] = 1
+        env = make_env(batch={"read_timeout_s": 3}, kafka=kafka)
         env.bootstrap = broker.bootstrap_servers
         create_topic(broker.bootstrap_servers, env.topic, env.partitions)
-        env.produce(2_000, bad_every=10)
+        for _ in range(20):  # each partition's records in 20 record batches or more
+            env.produce(100, bad_every=10)
         pipeline = Pipeline.open(env.config)
         assert broker.pid is not None
+        real, read = KafkaSource._consumer, list[int]()
 
-        class Hang(LocalEngine):
-            def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-                os.kill(broker.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-                return super().produce(batch, fields)
+        def hanging(self: KafkaSource, sized_for: int | None = None) -> Any:
+            return _HangsOnceRecordsCame(real(self, sized_for), broker.pid, read)  # type: ignore[arg-type]
 
+        monkeypatch.setattr(KafkaSource, "_consumer", hanging)
         try:
             with pytest.raises(BrokerUnavailable) as caught:
-                pipeline.run_batch(Hang(pipeline.config, pipeline.rows))
+                pipeline.run_batch(LocalEngine(pipeline.config, pipeline.rows))
         finally:
             os.kill(broker.pid, signal.SIGCONT)
+        monkeypatch.undo()
         assert "no progress from Kafka" in str(caught.value)
+        assert read[0] > 0 and sum(read) < 2_000, read  # it had read records, and not all of them
         assert pipeline.ledger() is None  # nothing committed
 
         assert one_batch(pipeline).status == "committed"
-        assert env.counts() == (2_000 - env.bad, env.bad)
-        env.verify()
+        env.exact()
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])

@@ -4,20 +4,22 @@ crashes between the two tables, racing copies, and batches planned before it."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pyarrow as pa
 import pytest
 import yaml
 
-from ingest.kafka.admin import produce
 from ingest.ops.redrive import redrive
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
-from .conftest import SCHEMA, Env
+from .conftest import SCHEMA, Env, contend
 
-pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
+pytestmark = pytest.mark.integration
+#: the catalog of every test here but the racing copies' (catalog_race: the catalogs the other races run on)
+SQLITE = pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 
 #: created_at required: records without it are dead letters until the fix makes it optional
 STRICT = [{**f, "required": True} if f["name"] == "created_at" else f for f in SCHEMA]
@@ -28,7 +30,8 @@ def _setup(make_env: Any) -> Env:
     env = make_env(partitions=2, schema=STRICT)
     env.produce(40, bad_every=5)
     undated = [json.dumps({"order_id": i, "amount": "1.50"}).encode() for i in range(40, 46)]
-    produce(env.bootstrap, env.topic, [(i % 2, None, value, None) for i, value in enumerate(undated)])
+    # (logged as rows, which they are once redriven after the fix)
+    env.send(env.topic, [(i % 2, None, value, None) for i, value in enumerate(undated)])
     env.produced = 46
     result = env.cli("run", "--until-caught-up", "--json")
     assert result.returncode == 0, result.stderr
@@ -56,6 +59,7 @@ def _summaries(env: Env) -> tuple[dict[str, str], dict[str, str]]:
     )
 
 
+@SQLITE
 def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) -> None:
     env = _setup(make_env)
     assert _json(env, "redrive")["redriven"] == 0  # nothing decodes before the fix
@@ -93,6 +97,7 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
     env.verify()
 
 
+@SQLITE
 @pytest.mark.parametrize("finisher", ["redrive", "run"])
 def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command(make_env, finisher) -> None:
     env = _setup(make_env)
@@ -110,22 +115,27 @@ def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command
     env.verify()
 
 
+@pytest.mark.catalog_race
 def test_racing_redrives_move_each_dead_letter_once(make_env) -> None:
+    """Three copies of ``ingest redrive``: the first decodes the six and writes their rows, then waits
+    (its files written, its commit not tried) until another copy has redriven them; it goes on to
+    find them taken, and commits nothing."""
     env = _setup(make_env)
     _fix(env)
+    redrive_json = [sys.executable, "-m", "ingest", "redrive", "--json", "-c", str(env.config_path)]
 
-    copies = [env.popen("redrive", "--json") for _ in range(3)]
-    reports = []
-    for copy in copies:
-        out, err = copy.communicate(timeout=300)
-        assert copy.returncode == 0, err
-        reports.append(json.loads(out))
+    copies = contend(
+        [(redrive_json, None)] * 3,
+        moved=lambda report: bool(report.get("snapshots")),
+        met=lambda first: [(r["redriven"], r["snapshots"]) for r in first.lines] == [(6, [])],
+        codes=(0,),
+    )
 
-    assert sum(len(r["snapshots"]) for r in reports) >= 1
-    assert env.counts() == (38, 8)
-    env.verify()
+    assert sum(len(copy.lines[0]["snapshots"]) for copy in copies) >= 1
+    env.exact()
 
 
+@SQLITE
 def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_commits(make_env) -> None:
     env = _setup(make_env)
     _fix(env)
@@ -145,9 +155,10 @@ def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_com
     env.verify()
 
 
+@SQLITE
 def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env, monkeypatch) -> None:
-    # the copies above may not overlap; here the other copy commits everything between this one's
-    # decoding and its commit
+    # as the racing copies above, in one process: the other copy commits everything between this
+    # one's decoding and its commit (here before it writes its files)
     import ingest.ops.redrive as module
 
     env = _setup(make_env)
@@ -169,6 +180,7 @@ def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env
     env.verify()
 
 
+@SQLITE
 @pytest.mark.parametrize("mode", ["--rollback", "--branch"])
 def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothing(make_env, mode) -> None:
     from ingest.errors import ExitCode
@@ -188,6 +200,7 @@ def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothi
     env.verify()
 
 
+@SQLITE
 def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_deletes(make_env) -> None:
     # one redrive commit names up to MAX_SPANS ranges; an Or chain of them was ~1,000 levels deep and
     # pyiceberg's binding (recursive) failed from ~485: the removal, and every batch after, stopped

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.kafka.admin import produce
 from ingest.pipeline import Pipeline
+from tests.content import assert_holds
 from tests.integration.conftest import BAD_VALUES, Env, race
 
 pytestmark = pytest.mark.integration
@@ -31,6 +31,8 @@ class RoutedByValue:
     produced: int = 0
     #: records expected per table (``dead``: the dead letters)
     expected: Counter[str] = field(default_factory=Counter)
+    #: where each record goes, by its coordinates: the kind of its table, or ``dead``
+    goes: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -43,20 +45,24 @@ class RoutedByValue:
         self, count: int, kinds: tuple[str, ...] = KINDS, poison_every: int = 0, by_header: bool = False
     ) -> None:
         batch = []
+        goes = []
         for i in range(self.produced, self.produced + count):
             kind = kinds[i % len(kinds)]
             headers = [("kind", kind.encode())] if by_header else []
             if poison_every and i % poison_every == poison_every - 1:
                 value = BAD_VALUES[i % len(BAD_VALUES)]
-                self.expected["dead"] += 1
+                goes.append("dead")
             else:
                 body: dict[str, Any] = {"order_id": i, "amount": "1.50", "created_at": "2026-11-02T10:00:00Z"}
                 if not by_header:
                     body["kind"] = kind
                 value = json.dumps(body).encode()
-                self.expected["dead" if kind == "buy" else kind] += 1
+                goes.append("dead" if kind == "buy" else kind)
             batch.append(((i // 7) % 3, f"k{i}".encode(), value, headers))  # each partition feeds each table
-        produce(self.env.bootstrap, self.env.topic, batch)
+        self.env.send(self.env.topic, batch, [where == "dead" for where in goes])
+        for sent, where in zip(self.env.log.sent[-count:], goes, strict=True):
+            self.goes[sent.at] = where
+            self.expected[where] += 1
         self.produced += count
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -77,6 +83,17 @@ class RoutedByValue:
         assert self.env.counts()[1] == self.expected["dead"]
         data = self.env.verify()
         assert sum(p["rows"] + p["dead_letters"] for p in data["partitions"]) == self.produced
+
+    def holds(self) -> None:
+        """Each record is where it goes by content (tests/content.py): a ``click`` or ``view`` row in
+        its table, a poison or ``buy`` record a dead letter (for tests whose tables take every row)."""
+        from ingest.iceberg.catalog import connect
+
+        catalog = connect(self.env.config.catalog)
+        for kind in ("click", "view"):
+            rows = catalog.load_table(self.table(kind)).scan().to_arrow()
+            assert_holds(rows, None, [sent for sent in self.env.log.sent if self.goes[sent.at] == kind])
+        assert_holds(None, Pipeline.open(self.env.config).dead.table.scan().to_arrow(), self.env.log.sent)
 
 
 def route(env: Env, **spec: Any) -> None:
@@ -149,6 +166,7 @@ def test_sigkill_between_the_tables_commits_then_rerun(by_value: RoutedByValue, 
     rerun = by_value.cli("run", "--until-caught-up")
     assert rerun.returncode == 0, rerun.stderr
     by_value.exact()
+    by_value.holds()
 
 
 @pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)  # (row locks, not SQLite's one writer)
@@ -167,6 +185,7 @@ def test_three_racing_copies_with_different_caps(by_value: RoutedByValue) -> Non
     final = by_value.cli("run", "--until-caught-up")
     assert final.returncode == 0, final.stderr
     by_value.exact()
+    by_value.holds()
 
 
 def _exists(by_value: RoutedByValue, kind: str) -> bool:

@@ -213,7 +213,7 @@ def test_three_racing_copies_with_different_caps(routed: Routed, catalog_kind: s
     routed.produce("b", 2_500, bad_every=23)
     paths = [routed.with_cap(cap) for cap in (400, 700, 1_100)]
 
-    race(paths, "--json")
+    race(paths)
 
     final = routed.cli("run", "--until-caught-up")
     assert final.returncode == 0, final.stderr

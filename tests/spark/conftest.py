@@ -9,6 +9,7 @@ the in-process tests) and as real driver processes (``ingest run --engine spark`
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,6 +42,11 @@ TEST_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
 }
+
+
+#: spark-submit's exit when its Python driver was SIGKILLed (a failpoint reached): Spark's PythonRunner
+#: exits with the driver process's status as Java reports it, 128 + the signal
+KILLED_DRIVER = 128 + signal.SIGKILL
 
 
 def spark_submit_binary() -> Path:
@@ -91,6 +97,14 @@ def spark_submit(
         env={**os.environ, **(extra_env or {})},
         cwd=REPO,
     )
+
+
+def data_files_on_disk(env: Env) -> int:
+    """Parquet files under the rows table's data directory, committed or not."""
+    from ingest.pipeline import Pipeline
+
+    location = Pipeline.open(env.config).rows.table.location().removeprefix("file://")
+    return sum(1 for _ in Path(location, "data").rglob("*.parquet"))
 
 
 @pytest.fixture(scope="session")
