@@ -73,6 +73,11 @@ class Outcome:
     ledger: Ledger | None = None
 
 
+#: metadata loaded this recently is current enough to plan a batch from, or to cut its files at a
+#: routed table's floor: if another writer moved the head since, the commit conflicts and observes again
+HELD_S = 1.0
+
+
 def observe(table: LedgerTable, pipeline: str, max_age_s: float = 0.0, *, recovering: bool = False) -> Found | None:
     """The head's ledger for ``pipeline``; fails closed if the table knows it but lost its ledger.
 

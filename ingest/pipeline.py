@@ -11,116 +11,38 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
-from ingest import failpoints, formats
+from ingest import failpoints
 from ingest.batch_commit import BatchCommit, commit_batch
-from ingest.committer import FloorCommit, commit_floor, observe
-from ingest.config import (
-    REGISTRY_FORMATS,
-    ROUTE_VALUE,
-    ROUTE_VALUE_CHARS,
-    PipelineConfig,
-    TopicSource,
-    schema_file_text,
-)
+from ingest.batch_result import BatchResult
+from ingest.committer import HELD_S, observe
+from ingest.config import REGISTRY_FORMATS, PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import (
-    BatchCounts,
-    Found,
-    Ledger,
-    TopicPartition,
-    decode,
-    decode_counts,
-    merge_timestamps,
-    registered_pipelines,
-)
+from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
-from ingest.errors import (
-    ConfigError,
-    Fenced,
-    SchemaAhead,
-    SchemaChangeRefused,
-    SubjectNotFound,
-    TableMismatch,
-    TooManyDeadLetters,
-    TopicIdChanged,
-    TopicMoved,
-    firsts_text,
-)
-from ingest.formats import keys
+from ingest.errors import Fenced, SchemaAhead, TooManyDeadLetters, TopicIdChanged, firsts_text
 from ingest.iceberg.catalog import absent, connect
-from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
-from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema
+from ingest.iceberg.schema import dead_letter_schema, rows_schema
+from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import KafkaSource
+from ingest.layout import evolved, latest_key, layout, values_in_registry
 from ingest.logcontext import about
-from ingest.ports import DataFile, Engine, Produced, SchemaRegistry, WriterSchema
-from ingest.records import (
-    EXTRA_COLUMN,
-    HEADERS_COLUMN,
-    HEADERS_TYPE,
-    KEY_COLUMN,
-    Declared,
-    Field,
-    Merged,
-    SortKey,
-    merge,
-    parse_sort,
-    parse_transform,
-    renamed,
-)
+from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
+from ingest.records import Declared
 from ingest.retry import RETRIED
-from ingest.routing import RoutedTables, files_by_table
+from ingest.route_by.tables import Routes
+from ingest.route_by.writing import RoutedTables
+from ingest.siblings import for_table, not_read_elsewhere
 
 log = logging.getLogger(__name__)
 
-#: planning uses the rows table's metadata as held if it was loaded this recently
-PLAN_FROM_HELD_S = 1.0
 #: how often one batch is produced again for a schema its records turned out to need; past that, the
 #: batch ends before the records of the next such schema (see :meth:`Pipeline._produce`)
 MAX_SCHEMA_CATCH_UPS = 5
-
-
-#: what became of a batch: committed now, found already landed (an earlier attempt whose
-#: acknowledgement was lost, or an identical copy), or nothing to do
-BatchStatus = Literal["committed", "landed", "empty"]
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    pipeline: str
-    batch: int
-    status: BatchStatus
-    snapshot_id: int | None
-    records: int = 0
-    dead_letters: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    ranges: list[tuple[str, int, int, int]] = field(default_factory=list)
-    #: records with JSON fields the table does not declare (dropped, captured or dead letters: ``unknown_fields``)
-    unknown_fields: int = 0
-    #: commit attempts that had to observe again, by why: ``conflict``, ``unknown`` (see
-    #: :data:`ingest.retry.RETRIED`) and ``fenced`` (the batch was planned again)
-    retries: Mapping[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "pipeline": self.pipeline,
-            "batch": self.batch,
-            "status": self.status,
-            "snapshot_id": self.snapshot_id,
-            "records": self.records,
-            "dead_letters": self.dead_letters,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 3),
-            "ranges": [{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in self.ranges],
-            "unknown_fields": self.unknown_fields,
-            "commit_retries": dict(self.retries),
-        }
 
 
 class Pipeline:
@@ -200,10 +122,10 @@ class Pipeline:
     def plan(self, view: KafkaView | None = None) -> Batch:
         # metadata loaded a moment ago (opening the table) is current enough to plan from: if
         # another writer moved the head since, the commit conflicts and observes again
-        found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
+        found = self.ledger(max_age_s=HELD_S)
         view = view or self.source.describe()
         known = found.ledger.topics if found is not None else frozenset()
-        self._not_read_elsewhere({tp.topic for tp in view.partitions} - known)
+        not_read_elsewhere(self.config, self.rows.catalog, {tp.topic for tp in view.partitions} - known)
         from_time = None
         if found is None and isinstance(self.policy.start, int):  # the first batch starts at a time
             from_time = self.source.offsets_for_time(sorted(view.partitions), self.policy.start)
@@ -211,30 +133,6 @@ class Pipeline:
             return plan_batch(found.ledger if found else None, view, self.policy, from_time)
         except TopicIdChanged as error:
             raise for_table(self.config, error) from None
-
-    def _not_read_elsewhere(self, new: set[str]) -> None:
-        """Fail closed when a topic new to this table's ledger is in the ledger of another table of
-        the config (``tables:``): it moved here (another entry listed it, a pattern changed), and
-        reading it from the start would store what the other table holds twice."""
-        if not new or not self.config.siblings:
-            return
-        for sibling in self.config.siblings:
-            table = IcebergTable.existing(self.rows.catalog, sibling)
-            found = observe(table, self.config.pipeline) if table is not None else None
-            if found is None or not new & found.ledger.topics:
-                continue
-            moved = sorted(new & found.ledger.topics)
-            where = ",".join(
-                f"{tp.topic}:{tp.partition}={end}"
-                for tp, end in sorted(found.ledger.offsets.items())
-                if tp.topic in moved
-            )
-            raise TopicMoved(
-                f"topic(s) {', '.join(moved)} now feed {self.config.table}, but {sibling} has read them (its ledger "
-                f"ends at {where}): reading them here from the start would store those records twice. To go on "
-                f"where {sibling} stopped: ingest reset -c CONFIG --table {self.config.table} --to-offsets {where} "
-                "--reason moved; to store them twice on purpose, give their earliest offsets the same way."
-            )
 
     def run_batch(self, engine: Engine) -> BatchResult:
         """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""
@@ -386,10 +284,10 @@ class Pipeline:
         catches up once more instead: either way every attempt makes progress."""
         config, registry = self.config, self.registry
         if registry is not None and config.on_schema_change == "evolve":
-            if _values_in_registry(config):
+            if values_in_registry(config):
                 self._evolve([registry.latest(t.value_subject) for t in config.sources])
             if config.key_format in REGISTRY_FORMATS:
-                self._evolve([_latest_key(registry, t) for t in config.sources], key=True)
+                self._evolve([latest_key(registry, t) for t in config.sources], key=True)
         if self.routes is not None:  # which tables take rows, and where, as the batch's files are cut
             self.routes.check(self.fields)
             self.routes.read_floors(batch)
@@ -442,28 +340,7 @@ class Pipeline:
     def _evolve(self, writers: Sequence[WriterSchema], *, key: bool = False) -> None:
         """Make the table's fields (and, with the batch's commit, its schema) take ``writers``'
         records (with ``key``: their keys, into the key column)."""
-        fields = self.fields
-        for writer in writers:
-            try:
-                if key:  # the key column alone, in its place: the value columns are not the key writer's
-                    column = merge([f for f in fields if f.name == KEY_COLUMN], [keys.key_field(writer)])
-                    evolved = [
-                        column.fields[0] if f.name == KEY_COLUMN else Field(f.name, f.type, f.required, f.doc)
-                        for f in fields
-                    ]
-                    merged = Merged(tuple(evolved), column.problems)
-                else:
-                    merged = merge(fields, renamed(formats.fields_of(writer), self.config.renames))
-            except ValueError as error:
-                what = "a key column" if key else "a table's schema"
-                raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None
-            if merged.problems:
-                raise SchemaChangeRefused(
-                    f"schema id {writer.schema_id} changes a column's type in a way Iceberg cannot follow: "
-                    f"{'; '.join(merged.problems)}. Nothing was committed. Set `on_schema_change: dead_letter` to set "
-                    "such records aside, or write the topic into a new table."
-                )
-            fields = list(merged.fields)
+        fields = evolved(self.fields, writers, self.config.renames, key=key)
         if [(f.name, f.type, f.required) for f in fields] != [(f.name, f.type, f.required) for f in self.fields]:
             if self.routes is not None:
                 self.routes.evolve_to(fields)
@@ -482,7 +359,7 @@ class Pipeline:
             yield result
             if target is None or result.status == "empty":
                 return
-            found = self.ledger(max_age_s=PLAN_FROM_HELD_S)
+            found = self.ledger(max_age_s=HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
 
@@ -494,293 +371,3 @@ class _EndsEarly(Exception):
     def __init__(self, batch: Batch) -> None:
         super().__init__(f"batch {batch.number} ends early")
         self.batch = batch
-
-
-class Routes:
-    """The tables ``route_by`` routes records to: those there are, each with its floor (the
-    ledger its own snapshots carry: it holds every record routed to it below it), created as
-    batches first route records to them.
-
-    A batch's rows below a table's floor are left out when its files are written (an earlier
-    attempt of the batch, or a copy running beside it, committed them). Each table with rows is
-    committed with its floor moved to the batch's end, in the order of their names, before the
-    ledger's table (:meth:`commit`); a crash between those commits leaves tables whose floors are
-    past the ledger, and the next batch, planned from the ledger again, adds to them only what
-    lies past their floors. A table that gets no records keeps its floor: rows below it come only
-    from ranges a committed batch read, so it never needs advancing without data.
-
-    A table that exists but cannot take the pipeline's rows (another partition spec, properties or
-    sort order; a schema it cannot evolve to) is *refused* (:attr:`refused`), decided again from the
-    table as it is before each batch's files are cut (:meth:`check`): the records routed to it are
-    dead letters saying why, but for those below its floor, and once it is fixed the next batch
-    writes to it again.
-    """
-
-    def __init__(self, config: PipelineConfig, planned: Layout, tables: dict[str, IcebergTable]) -> None:
-        self.config = config
-        self.planned = planned
-        #: the tables there are, by name, as the pipeline commits to them and reads them (a refused
-        #: one too if it holds the pipeline's rows: ``verify`` counts them, ``maintain`` keeps it)
-        self.handles = tables
-        #: the tables that cannot take the pipeline's rows now, by name, and why
-        self.refused: dict[str, str] = {}
-        #: the same tables, as the engine writes to them
-        self.tables = RoutedTables(self.handles, refused=self.refused)
-        #: each table's floor as the batch being produced read it (None: it had none)
-        self._observed: dict[str, dict[TopicPartition, int] | None] = {}
-
-    @classmethod
-    def open(cls, config: PipelineConfig, planned: Layout) -> Routes:
-        """The routed tables there are: those of ``route_by.table``'s namespace whose names it
-        makes and that this pipeline has committed to (whatever ``allow`` says now: ``verify``
-        counts their rows). Another table the template names is opened when records first name it."""
-        assert config.route_by is not None and planned.catalog is not None
-        prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
-        routes = cls(config, planned, {})
-        names = []
-        for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
-            value = name[len(prefix) : len(name) - len(suffix)]
-            if not (name.startswith(prefix) and name.endswith(suffix) and ROUTE_VALUE_CHARS.fullmatch(value)):
-                continue
-            table = IcebergTable.existing(planned.catalog, name)
-            if table is not None and config.pipeline in registered_pipelines(table.head().properties):
-                names.append(name)
-        routes.create(names, planned.fields)
-        return routes
-
-    def create(self, names: Sequence[str], fields: Sequence[Declared]) -> None:
-        """Open the tables ``names``, creating those that do not exist, for rows of ``fields``;
-        refuse those that cannot take them."""
-        config, planned = self.config, self.planned
-        assert planned.catalog is not None
-        schema = rows_schema(fields)
-        spec = partition_spec(schema, config.partition_by)
-        for name in names:
-            table = IcebergTable.load_or_create(
-                planned.catalog,
-                name,
-                schema,
-                spec,
-                config.renames,
-                properties=config.table_properties,
-                sort_by=planned.sort_by,
-            )
-            self._decide(name, table, fields)
-
-    def check(self, fields: Sequence[Declared]) -> None:
-        """Decide again, from each table as it is now, which take rows of ``fields``: a table
-        changed since is refused, a refused one that was fixed (or dropped: it is created anew)
-        takes them again."""
-        for name, table in list(self.handles.items()):
-            table.refresh(PLAN_FROM_HELD_S)  # as fresh as the floors the files are cut at (read_floors)
-            self._decide(name, table, fields)
-        self.create([name for name in self.refused if name not in self.handles], fields)
-
-    def evolve_to(self, fields: Sequence[Declared]) -> None:
-        for name, table in list(self.handles.items()):
-            self._decide(name, table, fields)
-
-    def _decide(self, name: str, table: IcebergTable, fields: Sequence[Declared]) -> None:
-        """Take ``table`` for rows of ``fields`` (evolving it with its next commit), or refuse it."""
-        config = self.config
-        schema = rows_schema(fields)
-        why = table.misfit(
-            schema, partition_spec(schema, config.partition_by), config.table_properties, self.planned.sort_by
-        )
-        if why is None:
-            try:
-                table.evolve_to(fields)
-            except TableMismatch as error:
-                why = str(error)
-        if why is None:
-            self.handles[name] = table
-            if self.refused.pop(name, None) is not None:
-                log.info("route_by: %s takes the pipeline's rows again", name)
-            return
-        if self.refused.get(name) != why:
-            log.warning("route_by: the records routed to %s are dead letters: %s", name, why)
-        self.refused[name] = why
-        if config.pipeline in registered_pipelines(table.head().properties):
-            self.handles[name] = table  # it holds rows of the pipeline's
-        else:
-            self.handles.pop(name, None)
-
-    def read_floors(self, batch: Batch) -> None:
-        """Each table's floor, as ``batch``'s files are cut at it (rows below it are left out)."""
-        self._observed = {}
-        inside: dict[str, Mapping[TopicPartition, int]] = {}
-        for name, table in self.handles.items():
-            found = observe(table, self.config.pipeline, PLAN_FROM_HELD_S)
-            floor = dict(found.ledger.offsets) if found is not None else None
-            self._observed[name] = floor
-            # only where it lies inside the batch can it leave rows out
-            cut = {tp: at for tp, at in (floor or {}).items() if at > batch.start.get(tp, at)}
-            if cut:
-                inside[name] = cut
-        self.tables.floors = inside
-
-    def commit(self, batch: Batch, files: Sequence[DataFile]) -> bool:
-        """Commit each table's rows of ``batch`` with its floor moved to the batch's end; False if a
-        table's floor moved since the files were cut (nothing of it is committed: plan again)."""
-        for name, mine in sorted(files_by_table(files).items()):
-            request = FloorCommit(
-                self.config.pipeline, batch, mine, self._observed.get(name), self.config.commit.max_attempts
-            )
-            if not commit_floor(self.handles[name], request):
-                log.info("batch %d: another writer committed to %s meanwhile; planning again", batch.number, name)
-                return False
-            failpoints.reach("after-table")
-        return True
-
-
-def for_table(config: PipelineConfig, error: TopicIdChanged) -> TopicIdChanged:
-    """``error`` with a reset command that names ``--table`` where the config has several tables."""
-    return error.on_table(config.table) if config.siblings else error
-
-
-def _from_file(config: PipelineConfig) -> list[Field] | None:
-    """The fields of the Avro schema file of plain Avro topics (``schema_file:``), if any; with
-    ``schema:`` declared too, the file's records must fit it."""
-    if config.schema_file is None:
-        return None
-    text = schema_file_text(config.schema_file)
-    try:
-        own = renamed(formats.fields_of(WriterSchema(0, "AVRO", text)), config.renames)
-    except ValueError as error:
-        raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
-    if config.schema_:
-        problems = merge(config.schema_, own).problems
-        if problems:
-            raise ConfigError(f"schema_file {config.schema_file} does not fit `schema:`: {'; '.join(problems)}")
-        return None
-    return own
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a pipeline is before any table is touched: its clients, and the rows table's fields,
-    schema and partition spec as the config, the registry and an existing table make them."""
-
-    source: KafkaSource
-    registry: SchemaRegistry | None
-    #: None: not opened (``catalog_absent``)
-    catalog: Catalog | None
-    fields: list[Declared]
-    schema: Schema
-    spec: PartitionSpec
-    sort_by: list[SortKey]
-
-
-def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
-    """The layout of ``config``'s pipeline, checked as far as it can be without writing anything:
-    librdkafka's properties, the catalog, the registry subjects, the partition transforms against
-    the columns' types. Raises what a run would, before its first side effect. With
-    ``catalog_absent`` (a SQLite catalog whose file does not exist yet) the catalog is not opened:
-    it holds no table."""
-    # librdkafka checks its properties now: a misspelt one stops the run before any side effect
-    source = KafkaSource(config.kafka, config.subscription, config.group_id, config.batch.read_timeout_s)
-    registry = None
-    if _values_in_registry(config) or config.key_format in REGISTRY_FORMATS:
-        from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
-
-        registry = Registry(config.schema_registry or {})
-    catalog = None if catalog_absent else connect(config.catalog, config.commit.request_timeout_s)
-    # without `schema:`, the table's own fields (evolved per batch), or the subject's to create it
-    from_file = _from_file(config)  # checked against `schema:` too
-    fields: list[Declared] = list(config.schema_ or from_file or [])
-    if not fields and catalog is not None:
-        own = IcebergTable.fields_of(catalog, config.table) or []
-        fields = list(renamed([f for f in own if f.name != KEY_COLUMN], config.renames))
-    fields = fields or list(_from_subjects(config, registry))
-    if config.key_format is not None:  # the key column as the table has it, or as the keys are
-        had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
-        fields = [*fields, *(had or [_key_from(config, registry)])]
-    if config.headers and all(f.name != HEADERS_COLUMN for f in fields):
-        fields = [
-            *fields,
-            Field(HEADERS_COLUMN, HEADERS_TYPE, False, "the record's Kafka headers: each key's last value"),
-        ]
-    if config.unknown_fields == "capture" and all(f.name != EXTRA_COLUMN for f in fields):
-        fields = [
-            *fields,
-            Field(EXTRA_COLUMN, "string", False, "fields the records had that the table does not declare"),
-        ]
-    schema = rows_schema(fields)
-    sort_by = [key for item in config.sort_by if (key := parse_sort(item)) is not None]
-    sort_order(schema, sort_by)  # its columns are the table's
-    return Layout(source, registry, catalog, fields, schema, partition_spec(schema, config.partition_by), sort_by)
-
-
-def _values_in_registry(config: PipelineConfig) -> bool:
-    return config.format in REGISTRY_FORMATS and config.schema_file is None
-
-
-def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
-    """The key column of a table that has none yet: a string, or the latest schemas of the topics'
-    key subjects, merged."""
-    if config.key_format == "string":
-        return Field(KEY_COLUMN, "string", False)
-    assert registry is not None  # config requires a registry then
-    fix = "Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
-    merged = _merged_subjects(config, lambda t: _latest_key(registry, t), lambda w: [keys.key_field(w)], "key", fix)
-    return merged[0]
-
-
-def _merged_subjects(
-    config: PipelineConfig,
-    latest: Callable[[TopicSource], WriterSchema],
-    own: Callable[[WriterSchema], list[Field]],
-    part: Literal["value", "key"],
-    fix: str,
-) -> list[Field]:
-    """The fields of the topics' latest ``part`` schemas (``latest``, mapped by ``own``), merged in
-    the order of ``topics:``; a schema that maps to none, or subjects that disagree, are config errors."""
-    fields: list[Field] = []
-    for topic in config.sources:
-        writer = latest(topic)
-        subject = topic.key_subject_name if part == "key" else topic.value_subject
-        try:
-            mine = own(writer)
-            merged = merge(fields, mine) if fields else Merged(tuple(mine), ())
-        except ValueError as error:
-            what = "a key column" if part == "key" else "a table's schema"
-            raise ConfigError(
-                f"the latest schema of subject {subject!r} (id {writer.schema_id}) cannot be {what}: {error}. {fix}"
-            ) from None
-        if merged.problems:
-            kind = "key subjects" if part == "key" else "subjects"
-            raise ConfigError(f"the {kind} of `topics:` disagree: {'; '.join(merged.problems)}")
-        fields = list(merged.fields)
-    return fields
-
-
-def _latest_key(registry: SchemaRegistry, topic: TopicSource) -> WriterSchema:
-    try:
-        return registry.latest(topic.key_subject_name)
-    except SubjectNotFound:
-        raise SubjectNotFound(
-            f"the Schema Registry has no subject {topic.key_subject_name!r}, which the key column of topic "
-            f"{topic.name!r} is derived from (key_format: {topic.key_format}). Register the key schema first (a "
-            "producer's serializer does on its first record), set `key_subject:` on the topic, or leave "
-            "`key_format:` out to keep keys raw."
-        ) from None
-
-
-def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> list[Field]:
-    """The rows table's fields when ``schema:`` is omitted: the latest schemas of the topics'
-    subjects, merged (in the order of ``topics:``)."""
-    assert registry is not None  # config requires a registry format then
-    fields = _merged_subjects(
-        config,
-        lambda t: registry.latest(t.value_subject),
-        lambda w: renamed(formats.fields_of(w), config.renames),
-        "value",
-        "Declare `schema:` for the fields you want, or fix the subject.",
-    )
-    names = {f.name for f in fields} | ({KEY_COLUMN} if config.key_format == "string" else set())
-    for item in config.partition_by:
-        transform = parse_transform(item)
-        column = transform.column if transform is not None else item  # validated in config
-        if column not in names:
-            raise ConfigError(f"partition_by: {item!r} refers to {column!r}, which the registry's schema does not have")
-    return fields

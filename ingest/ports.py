@@ -48,7 +48,7 @@ class Head:
 
 class FileWriter(Protocol):
     """Where a task writes a batch's data files: a table (:class:`LedgerTable`), or the tables
-    ``route_by`` names (:class:`ingest.routing.RoutedTables`)."""
+    ``route_by`` names (:class:`ingest.route_by.writing.RoutedTables`)."""
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
         """``data`` as data files, invisible until committed."""

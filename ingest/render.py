@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of the operations
+    from ingest.batch_result import BatchResult
     from ingest.ops.check import CheckResult
     from ingest.ops.maintain import Maintenance
     from ingest.ops.partitioning import Repartitioned
@@ -22,7 +23,6 @@ if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of t
     from ingest.ops.report import BatchEntry, Status
     from ingest.ops.reset import ResetResult
     from ingest.ops.verify import Verification
-    from ingest.pipeline import BatchResult
 
 
 #: each problem ``verify`` finds, as people read it (``--json`` has the names)

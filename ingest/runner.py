@@ -28,9 +28,10 @@ from ingest.ports import Engine
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
+    from ingest.batch_result import BatchResult
     from ingest.engines.spark import SparkSession
     from ingest.metrics import RunMetrics
-    from ingest.pipeline import BatchResult, Pipeline
+    from ingest.pipeline import Pipeline
 
 EngineChoice = Literal["local", "spark"]
 

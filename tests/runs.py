@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingest.batch_result import BatchResult
 from ingest.ops.replay import replay
-from ingest.pipeline import BatchResult, Pipeline
+from ingest.pipeline import Pipeline
 from ingest.runner import engine_for
 
 

@@ -31,7 +31,7 @@ from ingest.errors import IngestError, WorkerLost
 from ingest.kafka.source import READ_CHUNK_RECORDS, KafkaSource, Stops
 from ingest.ports import Produced
 from ingest.records import Declared
-from ingest.routing import RoutedTables
+from ingest.route_by.writing import RoutedTables
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: the CLI starts workers before it does
     from ingest.iceberg.table import IcebergTable

@@ -50,7 +50,7 @@ from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, 
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced
 from ingest.records import Declared
-from ingest.routing import RoutedTables
+from ingest.route_by.writing import RoutedTables
 
 try:
     from py4j.protocol import Py4JError, Py4JJavaError

@@ -40,7 +40,8 @@ from ingest.records import (
     Field,
     RawChunk,
 )
-from ingest.routing import Route, RoutedTables, Routing, route_of
+from ingest.route_by.decoding import Route, Routing, route_of
+from ingest.route_by.writing import RoutedTables
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
     from ingest.formats.wire import RegistryDecoder
@@ -249,7 +250,7 @@ class TaskSpec:
     def decoder(self, routed: RoutedTables | None = None) -> ValueDecoder:
         """The decoder of this task's records: their values, and their keys with ``key_format``,
         values over ``max_value_bytes`` set aside first; with ``route``, each row marked with its
-        table, but for the tables ``routed`` refuses (:class:`ingest.routing.Routing`)."""
+        table, but for the tables ``routed`` refuses (:class:`ingest.route_by.decoding.Routing`)."""
         decoder = self._decoder([f for f in self.fields if f.name != HEADERS_COLUMN])
         if "nan" in self.refuse:
             decoder = NotFinite(decoder)

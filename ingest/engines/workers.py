@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # a worker imports them in main(), with the garbage collector
     from ingest.core.ranges import Range
     from ingest.engines.tasks import TaskOutput, TaskSpec
     from ingest.iceberg.table import IcebergTable
-    from ingest.routing import RoutedTables
+    from ingest.route_by.writing import RoutedTables
 
 log = logging.getLogger(__name__)
 

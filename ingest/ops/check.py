@@ -20,7 +20,8 @@ from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
-from ingest.pipeline import Pipeline, layout
+from ingest.layout import layout
+from ingest.pipeline import Pipeline
 from ingest.records import KEY_COLUMN
 
 

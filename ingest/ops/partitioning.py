@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ingest.config import PipelineConfig
 from ingest.iceberg.catalog import absent
 from ingest.iceberg.table import IcebergTable
-from ingest.pipeline import layout
+from ingest.layout import layout
 
 Evolution = Literal["evolved", "unchanged", "dry-run", "no-table"]
 

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from ingest import failpoints, records
+from ingest.batch_result import BatchResult
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
@@ -54,7 +55,7 @@ from ingest.errors import (
 )
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.lineage import carry_over, carryable, main_ledgers, remove_branch
-from ingest.pipeline import BatchResult, Pipeline
+from ingest.pipeline import Pipeline
 from ingest.retry import Again, settled
 from ingest.runner import Run
 

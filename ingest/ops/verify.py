@@ -27,7 +27,8 @@ from ingest.errors import TopicIdChanged
 from ingest.iceberg.table import IcebergTable
 from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
-from ingest.pipeline import Pipeline, for_table
+from ingest.pipeline import Pipeline
+from ingest.siblings import for_table
 
 #: how many offsets of each kind a verification report lists per partition
 SAMPLE = 20

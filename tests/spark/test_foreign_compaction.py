@@ -26,11 +26,12 @@ from tests.runs import catch_up
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.batch_result import BatchResult
 from ingest.core.ledger import decode
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
-from ingest.pipeline import BatchResult, Pipeline
+from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import Env

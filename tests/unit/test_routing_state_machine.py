@@ -4,7 +4,7 @@ Each writer runs a batch as :meth:`ingest.pipeline.Pipeline._attempt` does with 
 in-memory tables (:mod:`ingest.testing`): it plans from the ledger's table
 (:func:`ingest.committer.observe`, :func:`ingest.core.plan.plan_batch`), reads the routed tables'
 floors and cuts its rows at them (the real :meth:`ingest.pipeline.Routes.read_floors` and
-:class:`ingest.routing.RoutedTables`), commits its dead letters
+:class:`ingest.route_by.writing.RoutedTables`), commits its dead letters
 (:func:`ingest.committer.commit_dead_letters`), then each routed table
 (:meth:`ingest.pipeline.Routes.commit`, :func:`ingest.committer.commit_floor`), then the ledger
 (:func:`ingest.committer.commit_rows`, no files), and plans again when fenced or when a floor moved.
@@ -42,9 +42,9 @@ from ingest.config import parse
 from ingest.core.ledger import BatchCounts, TopicPartition, find_ledger
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import CommitGaveUp
-from ingest.pipeline import Routes
 from ingest.records import ROUTE_COLUMN
 from ingest.retry import without_backoff
+from ingest.route_by.tables import Routes
 from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters
 
 PIPELINE = "events"

@@ -1,33 +1,19 @@
-"""``route_by``: a field's (or a header's) value picks the table each record goes to.
-
-Decoding marks each row with the table its value names (:class:`Routing`, a decoder around the
-format's); a record whose value is missing, not allowed, or cannot name a table becomes a dead
-letter saying so. Writing splits the rows by that mark into each table's data files
-(:class:`RoutedTables`), leaving out the rows a table holds already: those below its *floor*, the
-ledger the table's own snapshots carry. Each routed table is committed with its floor moved to the
-batch's end before the pipeline's ledger table is (see :meth:`ingest.pipeline.Pipeline._attempt`).
-A table no record named before is created by the pipeline when a batch first routes records to it:
-the tasks report it missing (:attr:`ingest.ports.Produced.missing`), and the batch is produced again.
-A table that exists but cannot take the pipeline's rows (another partition spec, properties or sort
-order, a schema it cannot evolve to) is *refused* for the batch (:attr:`RoutedTables.refused`): the
-records routed to it are dead letters saying why, but for those below its floor (it holds them).
-"""
+"""Decoding for ``route_by``: each row marked with the table its value names, or a dead letter
+saying why it names none (see :mod:`ingest.route_by`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, Self
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.config import ROUTE_VALUE_CHARS, PipelineConfig, RouteBySpec
-from ingest.core.ledger import TopicPartition
 from ingest.errors import ConfigError
 from ingest.formats.rows import dead_letters, together
-from ingest.ports import DataFile, FileWriter, ValueDecoder
+from ingest.ports import ValueDecoder
 from ingest.records import ROUTE_COLUMN, ROWS, Decoded, RawChunk
+from ingest.route_by.writing import RoutedTables, rows_below
 
 
 @dataclass(frozen=True)
@@ -120,7 +106,7 @@ class Routing:
         assert self.tables is not None
         held = None
         for name in pc.unique(refusing.drop_null()).to_pylist():
-            below = _below(rows, self.tables.floors.get(name, {}))
+            below = rows_below(rows, self.tables.floors.get(name, {}))
             if below is not None:
                 here = pc.and_(pc.equal(refusing, name), below)
                 held = here if held is None else pc.or_(held, here)
@@ -174,93 +160,3 @@ def _positions(chunk: RawChunk, rows: pa.Table) -> list[int]:
             strict=True,
         )
     ]
-
-
-class Detachable(FileWriter, Protocol):
-    """A table that writes data files and has write-only copies (:class:`ingest.iceberg.table.IcebergTable`)."""
-
-    def detached(self) -> Self: ...
-
-
-@dataclass(frozen=True)
-class RoutedFile:
-    """A data file written for one routed table."""
-
-    table: str
-    file: DataFile
-
-    @property
-    def file_path(self) -> str:
-        return self.file.file_path
-
-    @property
-    def record_count(self) -> int:
-        return self.file.record_count
-
-
-@dataclass
-class RoutedTables:
-    """The tables ``route_by`` names, as one writer: rows go to the table their mark names, but
-    for those below its floor (it holds them already), and rows for a table not among ``tables``
-    are counted in ``missing`` (a task reports them: :attr:`ingest.ports.Produced.missing`)."""
-
-    #: the tables there are, by name (the pipeline adds those it creates)
-    tables: Mapping[str, Detachable]
-    #: per table, its floor as the batch being produced read it
-    floors: dict[str, Mapping[TopicPartition, int]] = field(default_factory=dict)
-    #: tables rows were routed to that are not among ``tables`` (their rows were not written)
-    missing: set[str] = field(default_factory=set)
-    #: tables that cannot take the pipeline's rows now, by name, and why (the records routed to them
-    #: are dead letters: :class:`Routing`); the pipeline decides it before each batch's files are cut
-    refused: dict[str, str] = field(default_factory=dict)
-
-    def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
-        files: list[DataFile] = []
-        marks = data.column(ROUTE_COLUMN)
-        for name in sorted(pc.unique(marks).to_pylist()):
-            part = data.filter(pc.equal(marks, name)).drop_columns([ROUTE_COLUMN])
-            table = self.tables.get(name)
-            if table is None:
-                self.missing.add(name)
-                continue
-            part = _at_or_above(part, self.floors.get(name, {}))
-            files += [RoutedFile(name, f) for f in table.write(part, target_file_bytes)]
-        return files
-
-    def detached(self) -> RoutedTables:
-        """Write-only copies of the tables, for worker processes and Spark executors."""
-        tables = {name: table.detached() for name, table in self.tables.items()}
-        return RoutedTables(tables, dict(self.floors), refused=dict(self.refused))
-
-    def for_task(self) -> RoutedTables:
-        """The same tables, for one task: what it finds missing is its own."""
-        return RoutedTables(self.tables, self.floors, refused=self.refused)
-
-
-def _below(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Array | None:
-    """Which of ``rows`` lie below ``floor`` (None: none can)."""
-    if not floor or rows.num_rows == 0:
-        return None
-    below = None
-    for tp, at in floor.items():
-        here = pc.and_(
-            pc.and_(pc.equal(rows[ROWS.topic], tp.topic), pc.equal(rows[ROWS.partition], tp.partition)),
-            pc.less(rows[ROWS.offset], at),
-        )
-        below = here if below is None else pc.or_(below, here)
-    return below
-
-
-def _at_or_above(rows: pa.Table, floor: Mapping[TopicPartition, int]) -> pa.Table:
-    """``rows`` but for those below ``floor`` (the table holds those already)."""
-    below = _below(rows, floor)
-    return rows if below is None else rows.filter(pc.invert(below))
-
-
-def files_by_table(files: Sequence[DataFile]) -> dict[str, list[DataFile]]:
-    """A routed batch's files (:class:`RoutedFile`), as each table's own."""
-    grouped: dict[str, list[DataFile]] = {}
-    for routed in files:
-        assert isinstance(routed, RoutedFile), routed
-        grouped.setdefault(routed.table, []).append(routed.file)
-    return grouped
