@@ -1,0 +1,61 @@
+"""Pipeline configuration: a YAML file validated by pydantic, with ``${ENV_VAR}`` interpolation.
+
+The sections of a config are in :mod:`~ingest.config.sections`, the whole config of one table
+(:class:`PipelineConfig`) in :mod:`~ingest.config.model`, and reading it from a file in
+:mod:`~ingest.config.loading`. The names below are the package's interface; code imports them from
+``ingest.config``.
+"""
+
+from ingest.config.loading import chosen, interpolate, load, load_routes, parse, parse_routes, schema_file_text
+from ingest.config.model import PipelineConfig
+from ingest.config.sections import (
+    NO_TOPICS,
+    ORPHAN_AGE_FLOOR_HOURS,
+    PIPELINE_TABLE_PROPERTIES,
+    REGISTRY_FORMATS,
+    ROUTE_TYPES,
+    ROUTE_VALUE,
+    ROUTE_VALUE_CHARS,
+    TABLE_ID,
+    BatchSpec,
+    CommitSpec,
+    DeadLetterSpec,
+    FieldSpec,
+    MaintenanceSpec,
+    MetricsSpec,
+    OnSchemaChange,
+    RouteBySpec,
+    TopicPattern,
+    TopicSource,
+    TopicSpec,
+)
+
+__all__ = [
+    "NO_TOPICS",
+    "ORPHAN_AGE_FLOOR_HOURS",
+    "PIPELINE_TABLE_PROPERTIES",
+    "REGISTRY_FORMATS",
+    "ROUTE_TYPES",
+    "ROUTE_VALUE",
+    "ROUTE_VALUE_CHARS",
+    "TABLE_ID",
+    "BatchSpec",
+    "CommitSpec",
+    "DeadLetterSpec",
+    "FieldSpec",
+    "MaintenanceSpec",
+    "MetricsSpec",
+    "OnSchemaChange",
+    "PipelineConfig",
+    "RouteBySpec",
+    "TopicPattern",
+    "TopicSource",
+    "TopicSpec",
+    "chosen",
+    "interpolate",
+    "load",
+    "load_routes",
+    "parse",
+    "parse_routes",
+    "schema_file_text",
+]

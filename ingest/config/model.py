@@ -1,0 +1,389 @@
+"""A pipeline's config (:class:`PipelineConfig`): one table, its topics and every section, checked
+across sections as a run needs them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from ingest.config.sections import (
+    NO_TOPICS,
+    PIPELINE_TABLE_PROPERTIES,
+    REGISTRY_FORMATS,
+    ROUTE_TYPES,
+    TABLE_ID,
+    BatchSpec,
+    CommitSpec,
+    DeadLetterSpec,
+    FieldSpec,
+    MaintenanceSpec,
+    MetricsSpec,
+    OnSchemaChange,
+    RouteBySpec,
+    Strict,
+    TopicPattern,
+    TopicSource,
+    TopicSpec,
+    has_map,
+)
+from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_sort, parse_transform
+
+PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.info")
+
+
+class PipelineConfig(Strict):
+    pipeline: str
+    kafka: dict[str, str | int | float | bool]
+    topic_specs: Annotated[list[TopicSpec], Field(alias="topics")] = []
+    #: instead of ``topics:``, every topic whose name matches, as Kafka Connect's ``topics.regex``
+    topics_pattern: TopicPattern | None = None
+    #: confluent-kafka ``SchemaRegistryClient`` properties (``url``, ``basic.auth.user.info``, ...)
+    schema_registry: dict[str, str | int | float | bool] | None = None
+    #: where the first batch starts: ``earliest``, ``latest``, or an ISO-8601 timestamp with a zone
+    #: (the first offsets at or after it); partitions added later always start at earliest
+    start: Literal["earliest", "latest"] | AwareDatetime = "earliest"
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    catalog: dict[str, str]
+    table: str
+    #: the rows table's fields; omitted, they are derived from the registry subject of the topic(s)
+    schema_: Annotated[list[FieldSpec] | None, Field(alias="schema", min_length=1)] = None
+    #: what a batch does with records whose writer schema the table does not have: ``evolve`` the
+    #: table with the batch's commit, ``fail`` (exit 65, nothing committed), or ``dead_letter`` them
+    on_schema_change: OnSchemaChange = "evolve"
+    #: columns renamed by the writers, old top-level name → new: the table's column (its field id)
+    #: is renamed with the next batch's commit, and records of either name land in it
+    renames: dict[str, str] = {}
+    #: what a JSON record's fields that ``schema:`` does not declare become: ``drop``ped (counted),
+    #: ``capture``d as one JSON object in the column ``_extra``, or the record a ``dead_letter``
+    unknown_fields: Literal["drop", "capture", "dead_letter"] = "drop"
+    #: values taken by default that are dead letters instead when listed: ``nan`` (NaN or ±Infinity
+    #: in a float or double column, any format), ``naive_timestamps`` (a JSON timestamptz string
+    #: without a zone, otherwise read as UTC), ``date_only_timestamps`` (a JSON timestamp or
+    #: timestamptz string that is a date alone, otherwise read as midnight)
+    refuse: list[Literal["nan", "naive_timestamps", "date_only_timestamps"]] = []
+    partition_by: list[str] = []
+    #: Iceberg table properties the rows table is created with (and an existing one must have)
+    table_properties: dict[str, str] = {}
+    #: the rows table's sort order: top-level columns, ``col`` or ``col desc``
+    sort_by: list[str] = []
+    #: each record's Kafka headers in the column ``_kafka_headers`` (a map of each key's last value)
+    headers: bool = False
+    dead_letter_table: str | None = None
+    dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
+    batch: BatchSpec = BatchSpec()
+    commit: CommitSpec = CommitSpec()
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    metrics: MetricsSpec | None = None
+    #: a field's or a header's value picks each record's table (``table:`` is then the ledger's)
+    route_by: RouteBySpec | None = None
+
+    #: with ``tables:``, the other entries' tables: a topic new to this table's ledger that one of
+    #: them has read is not read again here from the start (see :meth:`ingest.pipeline.Pipeline.plan`)
+    _siblings: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def siblings(self) -> tuple[str, ...]:
+        return self._siblings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _routed_tables(cls, data: Any) -> Any:
+        """With ``route_by:``, ``table`` is the ledger's table and the dead letters go beside it."""
+        if not isinstance(data, dict) or not isinstance(data.get("route_by"), dict):
+            return data
+        route, pipeline = data["route_by"], data.get("pipeline")
+        if "table" in data:
+            raise ValueError(
+                "table: with `route_by:`, each record's table is route_by.table with its value filled in; leave "
+                "`table:` out (the ledger's table is route_by.ledger_table)"
+            )
+        template = route.get("table")
+        namespace = template.rpartition(".")[0] if isinstance(template, str) else ""
+        if not namespace or not isinstance(pipeline, str):
+            return data  # the errors of those keys say what is wrong
+        return {
+            "dead_letter_table": f"{namespace}.{pipeline.replace('-', '_')}_dead_letter",
+            **data,
+            "table": route.get("ledger_table") or f"{namespace}.{pipeline.replace('-', '_')}_ledger",
+        }
+
+    @field_validator("topic_specs", mode="before")
+    @classmethod
+    def _plain_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @field_validator("topics_pattern", mode="before")
+    @classmethod
+    def _plain_pattern(cls, value: Any) -> Any:
+        return {"pattern": value} if isinstance(value, str) else value
+
+    @field_validator("schema_registry")
+    @classmethod
+    def _registry_url(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and "url" not in value:
+            raise ValueError("needs 'url' (the rest are confluent-kafka SchemaRegistryClient properties)")
+        return value
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_id(cls, value: str) -> str:
+        if not PIPELINE_ID.match(value):
+            raise ValueError(
+                "must be a stable id of letters, digits, '_' and '-' (it scopes the ledger keys "
+                "'ingest.<pipeline>.*'), never a run id or host name"
+            )
+        return value
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _start(cls, value: Any) -> Any:
+        if value in ("earliest", "latest"):
+            return value
+        moment = value
+        if isinstance(value, str):
+            try:
+                moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                moment = None
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise ValueError(
+                f"{value!r} is not a start position: use 'earliest', 'latest', or an ISO-8601 timestamp "
+                "with a time zone such as 2026-12-01T00:00:00Z (the first offsets at or after it)"
+            )
+        return moment
+
+    @field_validator("table", "dead_letter_table")
+    @classmethod
+    def _table_id(cls, value: str | None) -> str | None:
+        if value is not None and not TABLE_ID.fullmatch(value):
+            raise ValueError("must be 'namespace.table'")
+        return value
+
+    @field_validator("kafka")
+    @classmethod
+    def _bootstrap(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "bootstrap.servers" not in value:
+            raise ValueError("needs 'bootstrap.servers' (librdkafka properties are passed through)")
+        for managed in ("enable.auto.commit", "auto.offset.reset", "isolation.level"):
+            if managed in value:
+                raise ValueError(f"{managed!r} is set by the pipeline for exactly-once reads; remove it")
+        return value
+
+    @field_validator("catalog", "table_properties", mode="before")
+    @classmethod
+    def _catalog_scalars(cls, value: Any) -> Any:
+        """``port: 5432`` as pyiceberg wants it, a string: catalog and table properties are strings."""
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+                    for k, v in value.items()}  # fmt: skip
+        return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog(cls, value: dict[str, str]) -> dict[str, str]:
+        if "name" not in value:
+            raise ValueError("needs 'name' (the rest are pyiceberg catalog properties)")
+        return value
+
+    @field_validator("table_properties")
+    @classmethod
+    def _table_properties(cls, value: dict[str, str]) -> dict[str, str]:
+        owned = sorted(set(value) & set(PIPELINE_TABLE_PROPERTIES))
+        if owned:
+            raise ValueError(f"{', '.join(owned)}: set by the pipeline on the tables it creates; leave it out")
+        return value
+
+    @field_validator("sort_by")
+    @classmethod
+    def _sort_keys(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if parse_sort(item) is None:
+                raise ValueError(f"{item!r} is not a sort key; use col, 'col asc' or 'col desc' (a top-level column)")
+        return value
+
+    @field_validator("partition_by")
+    @classmethod
+    def _transforms(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if parse_transform(item) is None:
+                raise ValueError(
+                    f"{item!r} is not a partition transform; use col, identity(col), year(col), month(col), "
+                    "day(col), hour(col), bucket(N, col) or truncate(W, col)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        if self.topic_specs and self.topics_pattern is not None:
+            raise ValueError("topics_pattern: give the topics to read as `topics:` or as `topics_pattern:`, not both")
+        if not self.topic_specs and self.topics_pattern is None:
+            given = "topic_specs" in self.model_fields_set
+            raise ValueError(f"topics: {'needs at least one topic' if given else NO_TOPICS}")
+        topics = [t.name for t in self.topic_specs]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"topics: a topic is listed twice: {sorted({t for t in topics if topics.count(t) > 1})}")
+        formats = {t.format for t in self.sources}
+        if len(formats) > 1:
+            raise ValueError(
+                f"topics: one pipeline reads one value format for now, got {sorted(formats)}; run a pipeline per format"
+            )
+        files = {t.schema_file for t in self.sources}
+        if len(files) > 1:
+            raise ValueError("topics: every topic of a pipeline has the same schema_file, or none has one")
+        key_formats = {t.key_format for t in self.sources}
+        if len(key_formats) > 1:
+            shown = sorted(str(k) for k in key_formats)
+            raise ValueError(f"topics: every topic of a pipeline has the same key_format, or none has one; got {shown}")
+        registry = formats <= set(REGISTRY_FORMATS) and self.schema_file is None
+        if registry and self.schema_registry is None:
+            raise ValueError(f"topics: format {self.format!r} needs `schema_registry:` (at least its url)")
+        if self.key_format in REGISTRY_FORMATS and self.schema_registry is None:
+            raise ValueError(f"topics: key_format {self.key_format!r} needs `schema_registry:` (at least its url)")
+        if self.schema_ is None:
+            if not registry and self.schema_file is None:
+                raise ValueError("schema: required key is missing (JSON topics have no schema of their own)")
+            return self._common_checks([])
+        text_only = sorted(set(self.refuse) - {"nan"})
+        if text_only and self.format != "json":
+            raise ValueError(
+                f"refuse: {', '.join(text_only)} is for JSON values, whose timestamps are text; {self.format} "
+                "values carry typed timestamps"
+            )
+        if self.unknown_fields != "drop" and self.format != "json":
+            raise ValueError(
+                f"unknown_fields: {self.unknown_fields} is for JSON values; {self.format} values have a writer schema, "
+                "and the table evolves to take its fields (on_schema_change)"
+            )
+        for field in self.schema_ if self.format == "json" else []:
+            if has_map(arrow_type(field.type)):
+                raise ValueError(
+                    f"schema: field {field.name!r}: map types cannot be read from JSON values (Arrow's JSON reader "
+                    "reads objects only into a struct<…> of known fields); declare a struct<…> of the keys you expect"
+                )
+        return self._common_checks([f.name for f in self.schema_])
+
+    def _renames_are_plain(self) -> None:
+        for old, new in self.renames.items():
+            for name in (old, new):
+                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                    raise ValueError(
+                        f"renames: {name!r} is not a top-level column name (nested columns are renamed with your "
+                        "engine's ALTER TABLE ... RENAME COLUMN, then follow by name)"
+                    )
+                if name in OWN_COLUMNS:
+                    raise ValueError(f"renames: {name!r} is a column the pipeline adds itself")
+            if new == old:
+                raise ValueError(f"renames: {old!r} → {new!r} renames nothing; leave it out")
+            if new in self.renames:
+                raise ValueError(
+                    f"renames: {old!r} → {new!r} → {self.renames[new]!r} is a chain; rename to the last name"
+                )
+        targets = list(self.renames.values())
+        if len(set(targets)) != len(targets):
+            raise ValueError("renames: two columns are renamed to the same name")
+        declared = {f.name for f in self.schema_ or []}
+        for old, new in self.renames.items():
+            if old in declared:
+                raise ValueError(f"schema: declares {old!r}, which renames: renames to {new!r}; declare it as {new!r}")
+
+    def _common_checks(self, names: list[str]) -> PipelineConfig:
+        self._renames_are_plain()
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"schema: duplicate field names {dupes}")
+        for item in self.partition_by:
+            transform = parse_transform(item)
+            column = transform.column if transform is not None else None
+            if names and column not in names and not (column == KEY_COLUMN and self.key_format == "string"):
+                raise ValueError(f"partition_by: {item!r} refers to {column!r}, which is not in schema")
+        for item in self.sort_by:
+            key = parse_sort(item)
+            assert key is not None
+            if names and key.column not in names and key.column not in KAFKA_COLUMNS.names:
+                raise ValueError(f"sort_by: {item!r} refers to {key.column!r}, which is not in schema")
+        if self.dead_letter_table == self.table:
+            raise ValueError("dead_letter_table must differ from table")
+        route = self.route_by
+        if route is not None and route.field is not None and names:
+            if route.field not in names:
+                raise ValueError(f"route_by.field: {route.field!r} is not a field of schema")
+            kind = next(f.type for f in self.schema_ or [] if f.name == route.field)
+            if kind not in ROUTE_TYPES:
+                raise ValueError(
+                    f"route_by.field: {route.field!r} is a {kind}; a table is named by text, an integer or a boolean"
+                )
+        return self
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics of ``topics:`` (none with ``topics_pattern:``: see :meth:`topics_in`)."""
+        return [t.name for t in self.topic_specs]
+
+    @property
+    def subscription(self) -> list[str] | TopicPattern:
+        """What the Kafka source reads: the topics listed, or the pattern that names them."""
+        return self.topics_pattern if self.topics_pattern is not None else self.topics
+
+    @property
+    def sources(self) -> list[TopicSource]:
+        """What ``topics:`` or ``topics_pattern:`` name, with their encodings."""
+        return [self.topics_pattern] if self.topics_pattern is not None else list(self.topic_specs)
+
+    def selects(self, topic: str) -> bool:
+        """Whether the pipeline reads ``topic``."""
+        return self.topics_pattern.matches(topic) if self.topics_pattern is not None else topic in self.topics
+
+    def topics_in(self, known: Iterable[str]) -> list[str]:
+        """The pipeline's topics among ``known`` (the topics of a ledger, of Kafka's metadata):
+        ``topics:`` as listed, or those ``topics_pattern:`` matches."""
+        if self.topics_pattern is None:
+            return self.topics
+        return sorted({topic for topic in known if self.topics_pattern.matches(topic)})
+
+    @property
+    def schema_file(self) -> str | None:
+        """The Avro writer schema file of the topics (plain Avro, no registry)."""
+        return self.sources[0].schema_file
+
+    @property
+    def format(self) -> str:
+        """The topics' value format (one per pipeline)."""
+        return self.sources[0].format
+
+    @property
+    def key_format(self) -> str | None:
+        """The topics' key format (one per pipeline); None: keys are not decoded."""
+        return self.sources[0].key_format
+
+    @property
+    def dead_letters(self) -> str:
+        return self.dead_letter_table or f"{self.table}_dead_letter"
+
+    @property
+    def group_id(self) -> str:
+        """Consumer group for the advisory offset commit (lag dashboards); never read back."""
+        return str(self.kafka.get("group.id", f"ingest-{self.pipeline}"))
+
+    def redacted(self) -> dict[str, Any]:
+        """The config as a dict, with credentials masked, for display."""
+        data = self.model_dump(by_alias=True, mode="json")
+        for section in ("kafka", "catalog", "schema_registry"):
+            if data.get(section) is None:
+                continue
+            data[section] = {
+                k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in data[section].items()
+            }
+        return data
