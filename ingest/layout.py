@@ -10,14 +10,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ingest import formats
-from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSource, schema_file_text
+from ingest.config import (
+    REGISTRY_FORMATS,
+    ROUTE_VALUE,
+    ROUTE_VALUE_CHARS,
+    PipelineConfig,
+    TopicSource,
+    schema_file_text,
+)
+from ingest.core.ledger import registered_pipelines
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.formats import keys
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import partition_spec, rows_schema, sort_order
 from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
-from ingest.ports import SchemaRegistry, WriterSchema
+from ingest.ports import RoutedTable, SchemaRegistry, WriterSchema
 from ingest.records import (
     EXTRA_COLUMN,
     HEADERS_COLUMN,
@@ -32,6 +40,7 @@ from ingest.records import (
     parse_transform,
     renamed,
 )
+from ingest.route_by.tables import Routes
 
 
 def _from_file(config: PipelineConfig) -> list[Field] | None:
@@ -210,3 +219,51 @@ def evolved(
             )
         fields = list(merged.fields)
     return fields
+
+
+@dataclass(frozen=True)
+class IcebergTableMaker:
+    """``route_by``'s tables in an Iceberg catalog (a :class:`~ingest.ports.TableMaker`): created
+    with the config's partitioning, properties and sort order, renames applied with the first commit."""
+
+    catalog: Catalog
+    config: PipelineConfig
+    sort_by: Sequence[SortKey]
+
+    def open(self, name: str, fields: Sequence[Declared]) -> IcebergTable:
+        schema = rows_schema(fields)
+        return IcebergTable.load_or_create(
+            self.catalog,
+            name,
+            schema,
+            partition_spec(schema, self.config.partition_by),
+            self.config.renames,
+            properties=self.config.table_properties,
+            sort_by=self.sort_by,
+        )
+
+    def misfit(self, table: RoutedTable, fields: Sequence[Declared]) -> str | None:
+        assert isinstance(table, IcebergTable), table
+        schema = rows_schema(fields)
+        spec = partition_spec(schema, self.config.partition_by)
+        return table.misfit(schema, spec, self.config.table_properties, self.sort_by)
+
+
+def routes(config: PipelineConfig, planned: Layout) -> Routes:
+    """The tables ``route_by`` routes ``config``'s records to that there are: those of
+    ``route_by.table``'s namespace whose names it makes and that this pipeline has committed to
+    (whatever ``allow`` says now: ``verify`` counts their rows). Another table the template names
+    is opened when records first name it."""
+    assert config.route_by is not None and planned.catalog is not None
+    prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
+    routed = Routes(config, IcebergTableMaker(planned.catalog, config, planned.sort_by), {})
+    names = []
+    for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
+        value = name[len(prefix) : len(name) - len(suffix)]
+        if not (name.startswith(prefix) and name.endswith(suffix) and ROUTE_VALUE_CHARS.fullmatch(value)):
+            continue
+        table = IcebergTable.existing(planned.catalog, name)
+        if table is not None and config.pipeline in registered_pipelines(table.head().properties):
+            names.append(name)
+    routed.create(names, planned.fields)
+    return routed

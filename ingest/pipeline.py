@@ -30,6 +30,7 @@ from ingest.iceberg.schema import dead_letter_schema, rows_schema
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import KafkaSource
 from ingest.layout import evolved, latest_key, layout, values_in_registry
+from ingest.layout import routes as open_routes
 from ingest.logcontext import about
 from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
 from ingest.records import Declared
@@ -80,7 +81,7 @@ class Pipeline:
         dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
         if config.route_by is not None:
             ledger = IcebergTable.open(planned.catalog, config.table, rows_schema([]))  # the ledger's: no rows
-            routes = Routes.open(config, planned)
+            routes = open_routes(config, planned)
             return cls(config, planned.source, ledger, dead, planned.fields, planned.registry, routes)
         rows = IcebergTable.open(
             planned.catalog,
@@ -97,6 +98,13 @@ class Pipeline:
     def target(self) -> IcebergTable | RoutedTables:
         """Where an engine writes the batch's data files: the rows table, or the routed tables."""
         return self.routes.tables if self.routes is not None else self.rows
+
+    @property
+    def routed_tables(self) -> dict[str, IcebergTable]:
+        """With ``route_by``: the routed tables there are, by name, as operations read and maintain them."""
+        tables = dict(self.routes.handles) if self.routes is not None else {}
+        assert all(isinstance(t, IcebergTable) for t in tables.values()), tables
+        return tables  # type: ignore[return-value]
 
     @classmethod
     def open_existing(cls, config: PipelineConfig) -> Pipeline | None:

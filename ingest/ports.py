@@ -3,9 +3,10 @@
 The commit loop (:mod:`ingest.committer`) and the pipeline (:mod:`ingest.pipeline`) depend on these,
 never on a concrete adapter. The adapters that satisfy them:
 
-* :class:`LedgerTable`: :class:`ingest.iceberg.table.IcebergTable` (any Iceberg catalog), and
-  :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements and foreign commits,
-  for tests and for anyone checking their own integration);
+* :class:`LedgerTable` (and :class:`RoutedTable`): :class:`ingest.iceberg.table.IcebergTable` (any
+  Iceberg catalog), and :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements
+  and foreign commits, for tests and for anyone checking their own integration);
+* :class:`TableMaker`: :class:`ingest.layout.IcebergTableMaker` (``route_by``'s tables);
 * :class:`Engine`: :class:`ingest.engines.local.LocalEngine` and :class:`ingest.engines.spark.SparkEngine`;
 * :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema) and
   :class:`ingest.formats.avro.AvroDecoder` (the Confluent wire format), the seam record formats plug into;
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 import pyarrow as pa
 
@@ -107,6 +108,30 @@ class LedgerTable(Protocol):
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
         """A dead-letter table's coordinates (topic, partition, offset) in ``spans`` (``[start, end)``
         offset ranges per partition) at the head the handle holds."""
+        ...
+
+
+class RoutedTable(LedgerTable, Protocol):
+    """A table ``route_by`` routes rows to: a ledger table (its snapshots carry its floor) that
+    has write-only copies for worker processes and Spark executors."""
+
+    def detached(self) -> Self:
+        """A copy that only writes data files (no catalog connection, no credentials)."""
+        ...
+
+
+class TableMaker(Protocol):
+    """Where ``route_by``'s tables come from (:class:`ingest.layout.IcebergTableMaker`): each
+    opened, or created if missing, as records first name it, laid out as the config says."""
+
+    def open(self, name: str, fields: Sequence[Declared]) -> RoutedTable:
+        """Table ``name``, loaded as it is, or created for rows of ``fields``."""
+        ...
+
+    def misfit(self, table: RoutedTable, fields: Sequence[Declared]) -> str | None:
+        """Why ``table`` cannot take rows of ``fields`` laid out as the config says (its partition
+        spec, properties or sort order differ); None if it can. Whether its schema can evolve to
+        take them is :meth:`LedgerTable.evolve_to`'s to say."""
         ...
 
 

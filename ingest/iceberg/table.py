@@ -584,12 +584,6 @@ class IcebergTable:
         """Remove branch or tag ``name``, requiring it to point at ``expected``."""
         self._commit_updates((RemoveSnapshotRefUpdate.model_validate({"ref-name": name}),), (_ref_is(name, expected),))
 
-    def snapshot_operation(self, snapshot_id: int) -> str | None:
-        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
-        if snapshot is None or snapshot.summary is None:
-            return None
-        return str(snapshot.summary.operation.value)
-
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
         snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:

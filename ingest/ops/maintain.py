@@ -201,7 +201,7 @@ def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
     spec = pipeline.config.maintenance
     now = time.time() if now is None else now
     # fail closed before touching a table whose ledger (or, with route_by, floor) is lost
-    for table in [pipeline.rows, *(pipeline.routes.handles.values() if pipeline.routes else [])]:
+    for table in [pipeline.rows, *pipeline.routed_tables.values()]:
         observe(table, pipeline.config.pipeline)
     # a batch's dead letters not added yet are files no snapshot references: add them before
     # orphan-file removal could take them for a crashed batch's
@@ -220,5 +220,5 @@ def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
         return TableMaintenance(compaction, len(expired), len(remove_orphans(table, spec, now)))
 
     # a routed table's floor is a ledger like the rows table's: compaction re-stamps it, expiry keeps it
-    routed = {name: one(table) for name, table in pipeline.routes.handles.items()} if pipeline.routes else {}
+    routed = {name: one(table) for name, table in pipeline.routed_tables.items()}
     return Maintenance(pipeline.config.pipeline, one(pipeline.rows), one(pipeline.dead), routed)

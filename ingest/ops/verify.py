@@ -229,7 +229,7 @@ def _rows_tables(pipeline: Pipeline) -> list[tuple[IcebergTable, int | None]]:
     """The tables the pipeline's rows are in, each with its head as read now: the rows table (at the
     head the ledger was just found on), or (``route_by``) every routed table."""
     tables = [(pipeline.rows, pipeline.rows.head().snapshot_id)]  # (route_by: the ledger's table has none)
-    for table in pipeline.routes.handles.values() if pipeline.routes is not None else []:
+    for table in pipeline.routed_tables.values():
         tables.append((table, table.refresh().snapshot_id))
     return tables
 

@@ -7,14 +7,11 @@ from collections.abc import Mapping, Sequence
 
 from ingest import failpoints
 from ingest.committer import HELD_S, FloorCommit, commit_floor, observe
-from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition, registered_pipelines
 from ingest.core.plan import Batch
 from ingest.errors import TableMismatch
-from ingest.iceberg.schema import partition_spec, rows_schema
-from ingest.iceberg.table import IcebergTable
-from ingest.layout import Layout
-from ingest.ports import DataFile
+from ingest.ports import DataFile, RoutedTable, TableMaker
 from ingest.records import Declared
 from ingest.route_by.writing import RoutedTables, files_by_table
 
@@ -41,9 +38,10 @@ class Routes:
     writes to it again.
     """
 
-    def __init__(self, config: PipelineConfig, planned: Layout, tables: dict[str, IcebergTable]) -> None:
+    def __init__(self, config: PipelineConfig, maker: TableMaker, tables: dict[str, RoutedTable]) -> None:
         self.config = config
-        self.planned = planned
+        #: where a table records first name is opened (or created) and judged
+        self.maker = maker
         #: the tables there are, by name, as the pipeline commits to them and reads them (a refused
         #: one too if it holds the pipeline's rows: ``verify`` counts them, ``maintain`` keeps it)
         self.handles = tables
@@ -54,43 +52,11 @@ class Routes:
         #: each table's floor as the batch being produced read it (None: it had none)
         self._observed: dict[str, dict[TopicPartition, int] | None] = {}
 
-    @classmethod
-    def open(cls, config: PipelineConfig, planned: Layout) -> Routes:
-        """The routed tables there are: those of ``route_by.table``'s namespace whose names it
-        makes and that this pipeline has committed to (whatever ``allow`` says now: ``verify``
-        counts their rows). Another table the template names is opened when records first name it."""
-        assert config.route_by is not None and planned.catalog is not None
-        prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
-        routes = cls(config, planned, {})
-        names = []
-        for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
-            value = name[len(prefix) : len(name) - len(suffix)]
-            if not (name.startswith(prefix) and name.endswith(suffix) and ROUTE_VALUE_CHARS.fullmatch(value)):
-                continue
-            table = IcebergTable.existing(planned.catalog, name)
-            if table is not None and config.pipeline in registered_pipelines(table.head().properties):
-                names.append(name)
-        routes.create(names, planned.fields)
-        return routes
-
     def create(self, names: Sequence[str], fields: Sequence[Declared]) -> None:
         """Open the tables ``names``, creating those that do not exist, for rows of ``fields``;
         refuse those that cannot take them."""
-        config, planned = self.config, self.planned
-        assert planned.catalog is not None
-        schema = rows_schema(fields)
-        spec = partition_spec(schema, config.partition_by)
         for name in names:
-            table = IcebergTable.load_or_create(
-                planned.catalog,
-                name,
-                schema,
-                spec,
-                config.renames,
-                properties=config.table_properties,
-                sort_by=planned.sort_by,
-            )
-            self._decide(name, table, fields)
+            self._decide(name, self.maker.open(name, fields), fields)
 
     def check(self, fields: Sequence[Declared]) -> None:
         """Decide again, from each table as it is now, which take rows of ``fields``: a table
@@ -105,13 +71,10 @@ class Routes:
         for name, table in list(self.handles.items()):
             self._decide(name, table, fields)
 
-    def _decide(self, name: str, table: IcebergTable, fields: Sequence[Declared]) -> None:
+    def _decide(self, name: str, table: RoutedTable, fields: Sequence[Declared]) -> None:
         """Take ``table`` for rows of ``fields`` (evolving it with its next commit), or refuse it."""
         config = self.config
-        schema = rows_schema(fields)
-        why = table.misfit(
-            schema, partition_spec(schema, config.partition_by), config.table_properties, self.planned.sort_by
-        )
+        why = self.maker.misfit(table, fields)
         if why is None:
             try:
                 table.evolve_to(fields)

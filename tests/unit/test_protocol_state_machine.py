@@ -14,11 +14,11 @@ What the machine varies:
   holds a good record, a poison record or nothing (a transaction marker, an aborted record:
   offsets are not contiguous) is a fixed function of the offset.
 * Up to three writers of one pipeline, each with its own table handles (a run that keeps them
-  from batch to batch, as ``--every`` does, until it dies). Two are copies of one deployment (they
-  land identical batches), the third has another cap (writers planned from one ledger fence each
-  other) and another decoding (a rolling deploy of a fix: half the records the others set aside as
-  dead letters are rows to it). A writer plans from the metadata its handle holds when it loaded
-  it less than a second ago, as a run does.
+  from batch to batch, as ``--every`` does, until it dies). Two have one cap, so they plan and
+  land the same batches, but decode differently (a rolling deploy of a fix: half the records the
+  old one sets aside as dead letters are rows to the new one); the third has another cap (writers
+  planned from one ledger fence each other). A writer plans from the metadata its handle holds when
+  it loaded it less than a second ago, as a run does.
 * Around a writer's steps (as its engine begins reading, once its files are written) Hypothesis
   draws what happens meanwhile: another writer's whole batch, records produced, a writer schema
   deployed, another tool's commit or ``ALTER TABLE``, an expiry, an operator's reset, or the
@@ -102,12 +102,13 @@ from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead
 PIPELINE = "orders"
 TOPIC = "orders"
 CLUSTER = "cluster-A"
-#: one per writer: two copies of one deployment, and one with another cap (a config change deployed
-#: while an older run is still going): copies land the same batch, different caps fence each other
+#: one per writer: two with one cap, and one with another (a config change deployed while an older
+#: run is still going): writers of one cap land the same batch, different caps fence each other
 CAPS = (8, 8, 3)
 WRITERS = len(CAPS)
-#: how each writer decodes: the third runs a fixed decoding (see :func:`decoded`)
-DECODINGS = ("strict", "strict", "lenient")
+#: how each writer decodes: the second runs a fixed decoding (see :func:`decoded`) while the first
+#: still runs the old one (a rolling deploy), and both plan the same batches
+DECODINGS = ("strict", "lenient", "strict")
 MAX_PARTITIONS = 3
 MAX_ATTEMPTS = 4
 #: what befalls a commit attempt itself (:data:`ingest.testing.Fault`)

@@ -7,7 +7,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +20,7 @@ from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, Ledger,
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.blame import change_points
 from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
+from ingest.pipeline import Pipeline
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates
 from ingest.testing import MemoryCatalog
 
@@ -198,9 +198,7 @@ class Tables:
 
     def verify(self) -> Verification:
         rows, dead = self.rows.table(), self.dead.table()
-        pipeline: Any = SimpleNamespace(config=CONFIG, rows=rows, dead=dead, source=Kafka(), routes=None)
-        pipeline.ledger = lambda: observe(rows, CONFIG.pipeline)
-        return verify(pipeline)
+        return verify(Pipeline(CONFIG, Kafka(), rows, dead))  # type: ignore[arg-type]
 
 
 #: another writer's change after the pipeline's last commit: what it does, what verify must find,
