@@ -31,7 +31,6 @@ except ImportError as error:
         "the Airflow integration needs Apache Airflow 3.3 or later: pip install 'lakehouse-ingest[airflow]'"
     ) from error
 
-from ingest import arrow_memory
 from ingest import config as config_module
 from ingest.errors import ExitCode, IngestError
 
@@ -98,65 +97,61 @@ class IngestOperator(BaseOperator):
         self.max_batches = max_batches
 
     def execute(self, context: Any) -> dict[str, Any]:
-        totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        #: the tables a batch of this run is in (committed, or landed with its acknowledgement lost)
-        landed: list[config_module.PipelineConfig] = []
+        from ingest.driver import Schedule, drive
+
         with _explicit_failures(self):
-            from ingest.iceberg.sharing import shared
-
             routes = config_module.load_routes(self.config_path)
-            failures: list[Exception] = []
-            with shared():  # a config of several tables (`tables:`): each in turn, the catalog opened once
-                for index, config in enumerate(routes):
-                    try:
-                        self._run(config, index == 0, totals, len(routes) > 1, landed)
-                    except Exception as error:  # the other tables still get their turn; the first failure is the task's
-                        if len(routes) == 1:
-                            raise
-                        self.log.error("%s: %s: %s", config.table, type(error).__name__, error)
-                        failures.append(error)
-                    finally:
-                        if len(routes) > 1:
-                            arrow_memory.release()  # what this table's batches freed, for the next
-            if failures:  # the first fatal failure, else the first: a retry cannot fix a fatal one
-                raise next((e for e in failures if not getattr(e, "retryable", False)), failures[0])
+            logged = _Logged(self, per_table=len(routes) > 1)
+            drive(routes, logged, Schedule(self.until_caught_up, self.max_batches))
         if self.alias in self.outlets:
-            for config in landed:
-                extra = totals["tables"][config.table] if "tables" in totals else totals
+            for config in logged.landed:
+                extra = logged.totals["tables"][config.table] if "tables" in logged.totals else logged.totals
                 context["outlet_events"][self.alias].add(table_asset(config), extra=extra)
-        return totals
+        return logged.totals
 
-    def _run(
-        self,
-        config: config_module.PipelineConfig,
-        first: bool,
-        totals: dict[str, Any],
-        per_table: bool,
-        landed: list[config_module.PipelineConfig],
-    ) -> None:
-        """One table's batches; ``first``: the run's first table (its workers may start early)."""
-        from ingest.runner import opened
 
-        with opened(config, early_workers=first) as run:
-            totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
-            table = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-            if per_table:
-                totals.setdefault("tables", {})[config.table] = table
-            for result in run.batches(until_caught_up=self.until_caught_up, max_batches=self.max_batches):
-                self.log.info(
-                    "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
-                    config.table,
-                    result.batch,
-                    result.status,
-                    result.records,
-                    result.dead_letters,
-                    result.seconds,
-                    result.snapshot_id,
-                )
-                _add(totals, result)
-                _add(table, result)
-                if result.status in ("committed", "landed") and config not in landed:
-                    landed.append(config)
+class _Logged:
+    """What :class:`IngestOperator` keeps of a run (a :class:`ingest.driver.Watcher`): each batch
+    in the task's log, the totals it returns (per table too, for a config of several), and the
+    tables a batch of the run is in (committed, or landed with its acknowledgement lost)."""
+
+    def __init__(self, task: BaseOperator, *, per_table: bool) -> None:
+        self.task, self.per_table = task, per_table
+        self.totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
+        self.landed: list[config_module.PipelineConfig] = []
+        self._table: dict[str, Any] = {}
+
+    @contextmanager
+    def tick(self, run: Any) -> Iterator[None]:
+        config = run.pipeline.config
+        self.totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
+        self._table = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
+        if self.per_table:
+            self.totals.setdefault("tables", {})[config.table] = self._table
+        yield
+
+    def batch(self, run: Any, result: Any) -> None:
+        config = run.pipeline.config
+        self.task.log.info(
+            "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
+            config.table,
+            result.batch,
+            result.status,
+            result.records,
+            result.dead_letters,
+            result.seconds,
+            result.snapshot_id,
+        )
+        _add(self.totals, result)
+        _add(self._table, result)
+        if result.status in ("committed", "landed") and config not in self.landed:
+            self.landed.append(config)
+
+    def failed(self, config: config_module.PipelineConfig, error: Exception) -> None:
+        self.task.log.error("%s: %s: %s", config.table, type(error).__name__, error)
+
+    def retrying(self, why: str, every_s: float) -> None:
+        raise AssertionError("an Airflow task runs once: Airflow retries it")
 
 
 def _add(totals: dict[str, Any], result: Any) -> None:

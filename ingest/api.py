@@ -7,15 +7,16 @@ people or as ``--json``, and turns errors into exit codes)::
 
     config = api.load("conf/orders.yaml")          # or api.parse({...}) for a config built in code
     print(api.check(config).ok)                    # what a run would meet; changes nothing
-    with api.open_run(config) as run:              # the tables (created if missing) and an engine
-        for result in run.batches(until_caught_up=True):
-            print(result.batch, result.status, result.records, result.snapshot_id)
+    for result in api.run("conf/orders.yaml", until_caught_up=True):   # every table of the file
+        print(result.batch, result.status, result.records, result.snapshot_id)
+    with api.open_run(config) as run:              # or hold a run open: its tables and engine
+        print(run.batch().status)
     status = api.status(config)                    # lag per partition, dead letters
     assert api.verify(config).ok                   # every offset in the table or dead letters once
 
 Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a YAML file.
 
-* **Results** are frozen dataclasses: :class:`~ingest.pipeline.BatchResult`,
+* **Results** are frozen dataclasses: :class:`~ingest.batch_result.BatchResult`,
   :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
   :class:`~ingest.ops.verify.Verification`, :class:`~ingest.ops.check.CheckResult`,
   :class:`~ingest.ops.reset.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
@@ -41,6 +42,7 @@ from ingest.config import PipelineConfig, load, parse
 from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
+    from ingest.batch_result import BatchResult
     from ingest.ops.check import CheckResult
     from ingest.ops.maintain import Maintenance
     from ingest.ops.partitioning import Repartitioned
@@ -63,6 +65,7 @@ __all__ = [
     "redrive",
     "replay",
     "reset",
+    "run",
     "status",
     "verify",
 ]
@@ -100,6 +103,29 @@ def open_run(
 
     with opened(_config(config), engine, spark=spark, early_workers=early_workers) as run:
         yield run
+
+
+def run(
+    config: Config | list[PipelineConfig],
+    *,
+    until_caught_up: bool = False,
+    max_batches: int | None = None,
+    engine: EngineChoice = "local",
+) -> list[BatchResult]:
+    """What ``ingest run`` does, as a function: one batch of each table of ``config`` (a YAML file
+    may name several: ``tables:``), or batches until each is caught up; the results in order. A
+    table that fails does not hold the others back; the first fatal failure is raised once every
+    table had its turn, else the first."""
+    from ingest.config import load_routes
+    from ingest.driver import Collected, Schedule, drive
+
+    if isinstance(config, list):
+        configs = config
+    else:
+        configs = load_routes(config) if isinstance(config, (str, Path)) else [config]
+    collected = Collected()
+    drive(configs, collected, Schedule(until_caught_up, max_batches), engine)
+    return collected.results
 
 
 @contextmanager

@@ -7,14 +7,12 @@ failure (data loss, ledger lost, verification failed), 78 configuration error, 1
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -26,9 +24,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ingest import api, arrow_memory, nogc
+from ingest import api, nogc
 from ingest.config import PipelineConfig
-from ingest.errors import ConfigError, ExitCode, IngestError, RetryableError, VerificationFailed
+from ingest.errors import ConfigError, ExitCode, IngestError, VerificationFailed
 
 app = typer.Typer(
     name="ingest",
@@ -277,11 +275,12 @@ def run(
     stop = threading.Event()  # SIGTERM (Airflow killing the task, a pod stopping): finish the batch in flight
 
     def body() -> None:
+        from ingest.driver import Schedule, drive
+
+        schedule = Schedule(until_caught_up, max_batches, interval)
         routes = _routes(config, table)
-        if len(routes) > 1:
-            _run_tables(routes, engine, until_caught_up, interval, max_batches, json_output, stop)
-        else:
-            _run_table(routes[0])
+        shown = _Shown(json_output, several=len(routes) > 1, catch_up=schedule.catches_up)
+        drive(routes, shown, schedule, engine.value, stop)  # type: ignore[arg-type]
         if stop.is_set():
             err.print(
                 "stopped by SIGTERM between batches: every batch that began was committed or left no trace; "
@@ -289,26 +288,6 @@ def run(
                 highlight=False,
             )
             raise typer.Exit(STOPPED_EXIT)
-
-    def _run_table(route: PipelineConfig) -> None:
-        with _open_run(route, engine) as opened_run:  # one engine (one Spark session) for every batch
-            if interval is not None and opened_run.metrics is not None and opened_run.metrics.spec.port is not None:
-                opened_run.metrics.serve()  # /metrics while it runs; each tick's values as it ends
-            while not stop.is_set():
-                started = time.monotonic()
-                try:
-                    _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
-                except RetryableError as error:
-                    if interval is None:
-                        raise
-                    # a long-running --every loop rides out what the next tick can fix; fatal errors stop it
-                    err.print(
-                        f"[yellow]retryable[/] ({type(error).__name__}): {escape(str(error))}; "
-                        f"next try in {interval:.0f}s"
-                    )
-                if interval is None:
-                    break
-                stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
     if threading.current_thread() is not threading.main_thread():  # called as a function (a test, a thread)
         _guarded(json_output, body)
@@ -320,93 +299,49 @@ def run(
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_tables(
-    routes: list[PipelineConfig],
-    engine: EngineName,
-    until_caught_up: bool,
-    interval: float | None,
-    max_batches: int | None,
-    json_output: bool,
-    stop: threading.Event,
-) -> None:
-    """``ingest run`` of a config of several tables: each table's batches in turn, each with its own
-    ledger; a table that fails does not hold the others back. The first failure is the command's
-    (after every table had its turn); ``--every`` rides out retryable ones, as for one table."""
-    from ingest.iceberg.sharing import shared
+class _Shown:
+    """What ``ingest run`` shows of its batches (a :class:`ingest.driver.Watcher`): a line each (or
+    ``--json``), a progress bar of the catch-up on a terminal, and the failures it rides out."""
 
-    with contextlib.ExitStack() as spark, shared():  # the catalog opened once for every table
-        # one Spark session for every table's engine: an engine stops only the session it built
-        session = spark.enter_context(api.spark_session()) if engine is EngineName.spark else None
-        for tick in itertools.count():
-            if stop.is_set():
-                return
-            started = time.monotonic()
-            failures: list[IngestError] = []
-            for index, route in enumerate(routes):
-                if stop.is_set():
-                    break
-                if not json_output:
-                    out.print(f"[bold]{route.table}[/]", highlight=False)
-                try:
-                    with _open_run(route, engine, session, first=tick == 0 and index == 0) as opened_run:
-                        _run_once(opened_run, until_caught_up or interval is not None, max_batches, json_output, stop)
-                except IngestError as error:
-                    failures.append(error)
-                    kind = "retryable" if error.retryable else "fatal"
-                    err.print(f"[red]{route.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
-                finally:
-                    opened_run = None
-                    arrow_memory.release()  # what this table's batches freed, back to the system for the next
-            if failures and (interval is None or any(not error.retryable for error in failures)):
-                raise _first(failures)
-            if failures:
-                failed = f"{len(failures)} of {len(routes)} tables failed"
-                err.print(f"[yellow]retryable[/]: {failed}; next in {interval:.0f}s")
-            if interval is None:
-                return
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    def __init__(self, json_output: bool, *, several: bool, catch_up: bool) -> None:
+        self.json_output, self.several, self.catch_up = json_output, several, catch_up
+        self._advance: Callable[[int], None] = lambda n: None
 
+    @contextlib.contextmanager
+    def tick(self, run: Any) -> Iterator[None]:
+        pipeline = run.pipeline
+        if self.several and not self.json_output:
+            out.print(f"[bold]{pipeline.config.table}[/]", highlight=False)
+        show_progress = self.catch_up and not self.json_output and err.is_terminal
+        total = _status(pipeline).lag if show_progress else 0
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not show_progress,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
+            self._advance = lambda n: progress.advance(task, n)
+            yield
 
-@contextlib.contextmanager
-def _open_run(path: Path | PipelineConfig, name: EngineName, spark: Any = None, first: bool = True) -> Iterator[Any]:
-    """The run (pipeline and the engine ``--engine`` names) for every batch of the command; the
-    local engine's workers start before pyiceberg is imported (``first``: for the run's first table)."""
-    try:
-        with api.open_run(
-            path, "spark" if name is EngineName.spark else "local", spark=spark, early_workers=first
-        ) as run:
-            nogc.started()
-            yield run
-    finally:
-        nogc.started(freeze=False)  # (a run that could not open: `--every` may go on for hours)
+    def batch(self, run: Any, result: Any) -> None:
+        from ingest import render
 
+        self._advance(result.records + result.dead_letters)
+        if self.json_output:
+            print(json.dumps({**result.as_dict(), "table": run.pipeline.config.table}), flush=True)
+        else:
+            render.batch(result, out)
 
-def _run_once(
-    run: Any, catch_up: bool, max_batches: int | None, json_output: bool, stop: threading.Event | None = None
-) -> None:
-    from ingest import render
+    def failed(self, config: PipelineConfig, error: Exception) -> None:
+        kind = "retryable" if getattr(error, "retryable", False) else "fatal"
+        err.print(f"[red]{config.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
 
-    pipeline = run.pipeline
-    show_progress = catch_up and not json_output and err.is_terminal
-    total = _status(pipeline).lag if show_progress else 0
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        disable=not show_progress,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
-        for result in run.batches(until_caught_up=catch_up, max_batches=max_batches):
-            progress.advance(task, result.records + result.dead_letters)
-            if json_output:
-                print(json.dumps({**result.as_dict(), "table": pipeline.config.table}), flush=True)
-            else:
-                render.batch(result, out)
-            if stop is not None and stop.is_set():
-                return
+    def retrying(self, why: str, every_s: float) -> None:
+        err.print(f"[yellow]retryable[/] {escape(why)}; next try in {every_s:.0f}s")
 
 
 def _status(pipeline: Any) -> Any:
@@ -665,9 +600,10 @@ def replay(
 
     def body() -> None:
         from ingest import render
+        from ingest.driver import running
 
         chosen = api.not_routed(_one(config, table), "ingest replay")  # before anything is opened
-        with _open_run(chosen, EngineName.local) as opened_run:  # one worker pool for every catch-up
+        with running(chosen) as opened_run:  # one worker pool for every catch-up
             result = api.replay(
                 opened_run, from_snapshot, _timestamp_ms(as_of) if as_of else None, publish=publish, rollback=rollback
             )

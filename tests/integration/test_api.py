@@ -32,6 +32,10 @@ def test_a_pipeline_driven_from_python(make_env) -> None:
     assert api.status(config).lag == 0 and api.status(config).dead_letters.count == env.bad
     assert [e.batch for e in api.history(config)] == [3, 2, 1]
     assert api.verify(config).ok
+    env.produce(70)  # `ingest run` as a function: one batch, or until caught up
+    assert [(r.status, r.batch, r.records) for r in api.run(env.config_path)] == [("committed", 4, 40)]
+    assert [(r.status, r.records) for r in api.run(config, until_caught_up=True)] == [("committed", 30)]
+    assert [r.status for r in api.run(config)] == ["empty"] and api.verify(config).ok
     moved = api.reset(config, ResetTarget("earliest"), reason="read it again")
     assert moved.status == "applied" and api.reset(config, ResetTarget("earliest"), "read it again").status == (
         "already-applied"
