@@ -51,7 +51,7 @@ from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp
 from ingest.ports import DataFile, LedgerTable
 from ingest.records import DEAD_LETTERS
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def land_dead_letters(
         dead.try_commit(files, summary, register(dead.head().properties, pipeline))
         return marker.count
 
-    return settled(
+    return with_retries(
         attempt,
         max_attempts,
         lambda: CommitGaveUp(

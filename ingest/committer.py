@@ -29,7 +29,7 @@ from ingest.core.ledger import (
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
 from ingest.ports import DataFile, LedgerTable
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
         props = {**register(table.head().properties, request.pipeline), **request.properties}
         return Outcome(Decision.COMMIT, table.try_commit(request.files, summary, props), request.ledger)
 
-    return settled(
+    return with_retries(
         attempt,
         request.max_attempts,
         lambda: CommitGaveUp(
@@ -173,7 +173,7 @@ def commit_floor(table: LedgerTable, request: FloorCommit) -> bool:
         table.try_commit(request.files, summary, register(table.head().properties, pipeline))
         return True
 
-    return settled(
+    return with_retries(
         attempt,
         request.max_attempts,
         lambda: CommitGaveUp(

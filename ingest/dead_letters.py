@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.batch_commit import land_dead_letters, owed
+from ingest.carry_over import carry_over, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.ledger import (
@@ -48,10 +49,9 @@ from ingest.core.ledger import (
 )
 from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import MAIN, IcebergTable
-from ingest.lineage import carry_over, main_ledgers, remove_branch
 from ingest.ports import LedgerTable
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def rewind(
         )
         dead.rewind(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
 
-    settled(
+    with_retries(
         attempt,
         max_attempts,
         lambda: CommitGaveUp(
@@ -128,7 +128,7 @@ def publish_branch(
         dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
         remove_branch(dead, branch)
 
-    settled(
+    with_retries(
         attempt,
         max_attempts,
         lambda: CommitGaveUp(
@@ -165,7 +165,7 @@ def remove_redriven(
         extra = {"synced-by": sync_id, "redriven": str(removed)}
         dead.remove_dead_letters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra))
 
-    settled(
+    with_retries(
         attempt,
         max_attempts,
         lambda: CommitGaveUp(

@@ -55,7 +55,7 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
-def settled(step: Callable[[int], T], attempts: int, gave_up: Callable[[], IngestError], what: str) -> T:
+def with_retries(step: Callable[[int], T], attempts: int, gave_up: Callable[[], IngestError], what: str) -> T:
     """``step(n)`` for ``n = 1, 2, …`` until it returns, at most ``attempts`` times, with a short
     jittered exponential backoff in between; ``gave_up()`` is raised after the last attempt.
 

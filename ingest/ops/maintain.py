@@ -35,7 +35,7 @@ from ingest.iceberg.files import (
 from ingest.iceberg.table import DataFile, IcebergTable
 from ingest.pipeline import Pipeline
 from ingest.ports import DataFile as WrittenFile
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -79,7 +79,7 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
             raise
         return doomed
 
-    return settled(
+    return with_retries(
         attempt,
         ATTEMPTS,
         lambda: CommitGaveUp(f"snapshot expiry on {table.identifier} kept conflicting with other writers; run again"),
@@ -184,7 +184,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
                 raise
         return Compaction(len(remove), len(add))
 
-    return settled(
+    return with_retries(
         attempt,
         ATTEMPTS,
         lambda: CommitGaveUp(f"compaction of {table.identifier} kept conflicting with other writers; run again"),

@@ -50,7 +50,7 @@ from ingest.errors import CommitGaveUp, SchemaAhead
 from ingest.iceberg.table import MAIN
 from ingest.pipeline import MAX_SCHEMA_CATCH_UPS, Pipeline
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Decoded, RawChunk
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
         summary = encode(name, ledger, BatchCounts(records=mine.num_rows), extra={"redrive-id": sync_id})
         return rows.try_commit(written[1], summary, register(rows.head().properties, name))
 
-    snapshot = settled(
+    snapshot = with_retries(
         attempt,
         attempts,
         lambda: CommitGaveUp(

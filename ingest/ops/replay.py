@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from ingest import failpoints, records
 from ingest.batch_result import BatchResult
+from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
@@ -54,9 +55,8 @@ from ingest.errors import (
     RollbackRefused,
 )
 from ingest.iceberg.table import MAIN, IcebergTable
-from ingest.lineage import carry_over, carryable, main_ledgers, remove_branch
 from ingest.pipeline import Pipeline
-from ingest.retry import Again, settled
+from ingest.retry import Again, with_retries
 from ingest.runner import Run
 
 log = logging.getLogger(__name__)
@@ -415,7 +415,7 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tu
         remove_branch(rows, branch)
         return head, reapplied
 
-    return settled(
+    return with_retries(
         attempt,
         PUBLISH_ATTEMPTS,
         lambda: MainMoved(

@@ -50,7 +50,7 @@ from ingest.errors import CommitGaveUp, ConfigError, FatalError
 from ingest.iceberg.table import IcebergTable
 from ingest.pipeline import Pipeline
 from ingest.ports import DataFile, LedgerTable
-from ingest.retry import settled
+from ingest.retry import with_retries
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
 
@@ -479,7 +479,7 @@ def _add_unadded(pipeline: Pipeline, command: ResetCommand, sync: DeadLetterSync
         summary = encode(name, ledger, BatchCounts(dead_letters=dead_letters.num_rows), {"synced-by": sync.sync_id})
         dead.try_commit(files, summary, {})
 
-    settled(
+    with_retries(
         attempt,
         command.max_attempts,
         lambda: CommitGaveUp(
