@@ -111,6 +111,9 @@ class MemoryCatalog:
         self.on_commit: Callable[[MemoryTable], Fault] = _no_fault
         #: every snapshot ever committed, in commit order, with its branch: expiry removes none of it
         self.log: list[tuple[str, MemorySnapshot]] = []
+        #: the clock the handles' ``max_age_s`` is measured on (a test that must replay exactly sets
+        #: one that does not depend on how fast it runs)
+        self.monotonic: Callable[[], float] = time.monotonic
 
     def table(self, branch: str = MAIN) -> MemoryTable:
         """A new handle (a writer's view), loaded now."""
@@ -247,7 +250,7 @@ class MemoryTable:
         self.catalog = catalog
         self._branch = branch
         self._held = catalog._load()
-        self._loaded_at = time.monotonic()
+        self._loaded_at = catalog.monotonic()
         #: the columns rows are written with from now on, while the table's schema lacks some
         self._wanted: Columns | None = None
         #: the evolved schema files were last written with
@@ -262,9 +265,9 @@ class MemoryTable:
         return self._branch
 
     def refresh(self, max_age_s: float = 0.0) -> Head:
-        if time.monotonic() - self._loaded_at >= max_age_s:
+        if self.catalog.monotonic() - self._loaded_at >= max_age_s:
             self._held = self.catalog._load()
-            self._loaded_at = time.monotonic()
+            self._loaded_at = self.catalog.monotonic()
         return self.head()
 
     def head(self) -> Head:
@@ -366,6 +369,14 @@ class MemoryTable:
         if fault == "ack-lost":
             raise CommitUnknown("memory catalog: the commit was applied but its acknowledgement was lost")
         return snapshot_id
+
+
+def ticking(step_s: float = 0.25) -> Callable[[], float]:
+    """A clock for :attr:`MemoryCatalog.monotonic` that moves ``step_s`` at each reading: what a
+    handle loaded stays fresh for a number of readings whatever the speed of the machine, so a test
+    that must replay exactly (a Hypothesis state machine) takes the same paths every time."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * step_s
 
 
 def owed_dead_letters(rows: MemoryCatalog, dead: MemoryCatalog, pipeline: str) -> pa.Table | None:

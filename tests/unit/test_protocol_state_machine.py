@@ -97,7 +97,7 @@ from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema
 from ingest.records import Declared
 from ingest.retry import without_backoff
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters
+from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters, ticking
 
 PIPELINE = "orders"
 TOPIC = "orders"
@@ -319,6 +319,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.rows = MemoryCatalog("lake.orders")
         self.dead = MemoryCatalog("lake.orders_dead_letters")
         self.rows.on_commit = self.dead.on_commit = self.at_commit
+        # handles hold what they loaded for a number of clock reads, not of seconds: a run replays exactly
+        self.rows.monotonic = self.dead.monotonic = ticking()
         self.writers = [new_pipeline(self, i) for i in range(WRITERS)]
         #: the Hypothesis data of the rule running now (None: commits meet no faults)
         self.data: st.DataObject | None = None

@@ -48,7 +48,7 @@ from ingest.records import ROUTE_COLUMN, Declared
 from ingest.retry import without_backoff
 from ingest.route_by.tables import Routes
 from ingest.route_by.writing import RoutedTables
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters
+from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters, ticking
 
 PIPELINE = "events"
 TOPIC = "events"
@@ -183,8 +183,11 @@ class RoutingMachine(RuleBasedStateMachine):
         self.dead = MemoryCatalog("lake.events_dead_letter")
         #: the routed tables, as records first name them
         self.tables: dict[str, MemoryCatalog] = {}
+        # handles hold what they loaded for a number of clock reads, not of seconds: a run replays exactly
+        self.clock = ticking()
         for catalog in (self.ledger, self.dead):
             catalog.on_commit = self.at_commit
+            catalog.monotonic = self.clock
         self.writers = [self.new_writer(i) for i in range(WRITERS)]
         self.data: st.DataObject | None = None
         self.depth = 0
@@ -194,6 +197,7 @@ class RoutingMachine(RuleBasedStateMachine):
         if name not in self.tables:
             self.tables[name] = MemoryCatalog(name)
             self.tables[name].on_commit = self.at_commit
+            self.tables[name].monotonic = self.clock
         return self.tables[name]
 
     def new_writer(self, i: int) -> tuple[Pipeline, Engine]:
