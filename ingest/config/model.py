@@ -36,7 +36,8 @@ from ingest.config.sections import (
     TopicSpec,
     has_map,
 )
-from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, arrow_type, parse_sort, parse_transform
+from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, parse_sort, parse_transform
+from ingest.type_names import arrow_type
 
 PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.info")

@@ -17,7 +17,8 @@ from pydantic import (
     model_validator,
 )
 
-from ingest.records import OWN_COLUMNS, arrow_type, type_name
+from ingest.records import OWN_COLUMNS
+from ingest.type_names import arrow_type, type_name
 
 #: table properties the pipeline sets on the tables it creates: its commits settle by observing
 #: the ledger, so pyiceberg's own retries (which could append a batch twice) are off

@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json, prefix
 from ingest.ports import WriterSchema
-from ingest.records import OWN_COLUMNS, Declared, Decoded, Field, RawChunk, arrow_type, renaming, rows_schema
+from ingest.records import OWN_COLUMNS, Declared, Decoded, Field, RawChunk, renaming, rows_schema
+from ingest.type_names import arrow_type
 
 #: Avro's primitives, as the table's types
 _PRIMITIVES = {

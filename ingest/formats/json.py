@@ -26,7 +26,8 @@ import pyarrow.json as pj
 
 from ingest.config import FieldSpec
 from ingest.formats.rows import assemble, dead_letters
-from ingest.records import EXTRA_COLUMN, Declared, Decoded, RawChunk, arrow_type, rows_schema, type_name
+from ingest.records import EXTRA_COLUMN, Declared, Decoded, RawChunk, rows_schema
+from ingest.type_names import arrow_type, type_name
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16

@@ -30,7 +30,8 @@ from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused, firsts_t
 from ingest.formats.rows import dead_letters
 from ingest.formats.wire import RegistryDecoder
 from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema
-from ingest.records import KEY_COLUMN, ROWS, Declared, Decoded, Field, RawChunk, arrow_type, rows_schema, type_name
+from ingest.records import KEY_COLUMN, ROWS, Declared, Decoded, Field, RawChunk, rows_schema
+from ingest.type_names import arrow_type, type_name
 
 #: the one field of the record an Avro key schema is read as (:func:`wrapped`)
 _VALUE = "value"

@@ -22,9 +22,9 @@ from ingest.records import (
     Declared,
     Decoded,
     RawChunk,
-    arrow_type,
     rows_schema,
 )
+from ingest.type_names import arrow_type
 
 
 def assemble(chunk: RawChunk, good: Sequence[int] | None, fields: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -25,7 +25,8 @@ from ingest.config import OnSchemaChange
 from ingest.errors import Firsts, SchemaAhead, SchemaChangeRefused, firsts_text
 from ingest.formats.rows import assemble, dead_letters
 from ingest.ports import SchemaRegistry, WriterSchema
-from ingest.records import Declared, Decoded, Field, RawChunk, arrow_type, merge, renamed, rows_schema
+from ingest.records import Declared, Decoded, Field, RawChunk, merge, renamed, rows_schema
+from ingest.type_names import arrow_type
 
 PREFIX = 5
 

@@ -25,7 +25,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import DecimalType, FixedType, IcebergType, ListType, MapType, StructType
 
-from ingest import records
+from ingest import records, type_names
 from ingest.errors import ConfigError, TableMismatch
 
 
@@ -52,7 +52,7 @@ def _type_name(kind: IcebergType) -> str:
     if isinstance(kind, FixedType):
         return "binary"
     name = str(kind)
-    if name not in records.PRIMITIVE_TYPES:
+    if name not in type_names.PRIMITIVE_TYPES:
         raise TableMismatch(f"the table has a column of type {name}, which this version does not write")
     return name
 
