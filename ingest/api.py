@@ -98,7 +98,7 @@ def open_run(
     """A run of ``config``: its tables (created if missing) and an engine (``"local"``: this
     machine's cores; ``"spark"``: the active Spark session, or ``spark``), kept for every batch
     until the block ends. ``run.batch()`` commits one batch; ``run.batches(until_caught_up=True,
-    max_batches=None)`` yields each batch's :class:`~ingest.pipeline.BatchResult`."""
+    max_batches=None)`` yields each batch's :class:`~ingest.batch_result.BatchResult`."""
     from ingest.runner import opened
 
     with opened(_config(config), engine, spark=spark, early_workers=early_workers) as run:
