@@ -237,7 +237,7 @@ def _rounded(age: timedelta) -> timedelta:
 
 
 class SparkExitCodePolicy(RetryPolicy):
-    """Classify a failed spark-submit by the job's exit code, like the ``ingest`` CLI's (README: exit codes).
+    """Classify a failed spark-submit by the job's exit code, like the ``ingest`` CLI's (docs/usage.md: exit codes).
 
     SparkSubmitOperator raises one exception type for every non-zero exit; its message carries the
     code ("Error code is: N"), which in client deploy mode is the driver's. 75 is retried; 65, 78

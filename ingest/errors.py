@@ -18,7 +18,7 @@ from typing import Any
 
 
 class ExitCode(IntEnum):
-    """Process exit codes of the ``ingest`` CLI (sysexits.h values, documented in the README)."""
+    """Process exit codes of the ``ingest`` CLI (sysexits.h values, documented in docs/usage.md)."""
 
     OK = 0
     #: unexpected error (a bug): not retryable

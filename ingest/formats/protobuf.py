@@ -6,7 +6,7 @@ The writer schema is fetched from the registry as a serialized ``FileDescriptorP
 into a descriptor pool with the well-known types, so messages are parsed by protobuf's own runtime
 (upb) without generated classes. Unlike Avro there is no columnar reader for Protobuf here: each
 message is parsed and turned into a row in Python, then the rows into Arrow at once; this format
-is correct first, and measured in the README, not fast.
+is correct first, and measured in docs/performance.md, not fast.
 
 The table's message is the top-level message of the subject's file that no other message refers
 to (a file of ``Order`` and its ``Line`` gives ``Order``); a record written as another message is a

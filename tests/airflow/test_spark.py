@@ -73,7 +73,7 @@ def test_the_policy_reads_the_exit_code_from_the_providers_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, action: str
 ) -> None:
     """The provider's hook raises one exception type for every exit; the policy finds the code in its
-    message (README: 75 retried, 65, 78 and a usage error not, anything else the task's retries)."""
+    message (docs/usage.md: 75 retried, 65, 78 and a usage error not, anything else the task's retries)."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     from ingest.airflow import SparkExitCodePolicy

@@ -269,7 +269,7 @@ main()
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 def test_a_fenced_batch_is_not_reported_without_verbose(make_env) -> None:
     """A batch fenced by another copy is planned again, a normal outcome with several copies: a run
-    without -v prints only its result (the README's promise), with -v the fencing too."""
+    without -v prints only its result (docs/usage.md's promise), with -v the fencing too."""
     env = make_env(partitions=2, batch={"max_records": 100})
     racer = env.config_path.with_name("racer.yaml")
     racer.write_text(yaml.safe_dump({**yaml.safe_load(env.config_path.read_text()), "batch": {"max_records": 150}}))

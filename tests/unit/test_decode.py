@@ -804,7 +804,7 @@ def test_review_cases_of_refused_and_unknown_values_hold_whatever_the_chunk(size
     ]
 
 
-#: the decoder's rows of the README's bad-input table: each value alone, and the error it words
+#: the decoder's rows of the bad-input table (docs/usage.md): each value alone, and the error it words
 README_ROWS = [
     (b"not json", "not valid JSON: Expecting value: line 1 column 1 (char 0)"),
     (b"[1,2]", "JSON value is not an object (got list)"),
