@@ -49,7 +49,8 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp
-from ingest.ports import DataFile, LedgerTable
+from ingest.intents import Append, DataFile
+from ingest.ports import LedgerTable
 from ingest.records import DEAD_LETTERS
 from ingest.retry import with_retries
 
@@ -218,7 +219,7 @@ def land_dead_letters(
             resets=remembering(found.ledger if found else None, marker.sync_id),
         )
         summary = encode(pipeline, landed, BatchCounts(dead_letters=marker.count), {"synced-by": marker.sync_id})
-        dead.try_commit(files, summary, register(dead.head().properties, pipeline))
+        dead.commit(Append(files, summary, register(dead.head().properties, pipeline)))
         return marker.count
 
     return with_retries(

@@ -31,8 +31,8 @@ from ingest.core.ledger import (
     registered_pipelines,
 )
 from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
-from ingest.iceberg.files import added_data_files
 from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.intents import Reapply, RemoveRef
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
             continue
         summary = ours(snap.summary)
         summary[REAPPLIED_FROM_KEY] = str(snap.snapshot_id)
-        target.try_commit(added_data_files(table, snap.snapshot_id), summary, {})
+        target.commit(Reapply(snap.snapshot_id, summary))
         count += 1
     table.refresh()
     return count
@@ -126,6 +126,6 @@ def remove_branch(table: IcebergTable, branch: str) -> None:
     if head is None:
         return
     try:
-        table.remove_ref(branch, expected=head)
+        table.commit(RemoveRef(branch, expected=head))
     except (CommitConflict, CommitUnknown) as error:
         log.warning("branch %s of %s was not removed (%s); remove it when convenient", branch, table.identifier, error)

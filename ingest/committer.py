@@ -28,7 +28,8 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
-from ingest.ports import DataFile, LedgerTable
+from ingest.intents import Append, DataFile
+from ingest.ports import LedgerTable
 from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
         if decision is not Decision.COMMIT:
             return Outcome(decision, found.snapshot_id if found else None, found.ledger if found else None)
         props = {**register(table.head().properties, request.pipeline), **request.properties}
-        return Outcome(Decision.COMMIT, table.try_commit(request.files, summary, props), request.ledger)
+        return Outcome(Decision.COMMIT, table.commit(Append(request.files, summary, props)), request.ledger)
 
     return with_retries(
         attempt,
@@ -170,7 +171,7 @@ def commit_floor(table: LedgerTable, request: FloorCommit) -> bool:
             cluster_id=batch.cluster_id,
         )
         summary = encode(pipeline, ledger, BatchCounts(records=records))
-        table.try_commit(request.files, summary, register(table.head().properties, pipeline))
+        table.commit(Append(request.files, summary, register(table.head().properties, pipeline)))
         return True
 
     return with_retries(

@@ -49,6 +49,7 @@ from ingest.core.ledger import (
 )
 from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters
 from ingest.ports import LedgerTable
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
 from ingest.retry import with_retries
@@ -89,7 +90,7 @@ def rewind(
             cluster_id=found.ledger.cluster_id if found else None,
             resets=_remembering_all(found.ledger if found else None, [*also, sync_id]),
         )
-        dead.rewind(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id}))
+        dead.commit(RewindDeadLetters(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})))
 
     with_retries(
         attempt,
@@ -125,7 +126,7 @@ def publish_branch(
         found = observe(on_branch, pipeline, recovering=True)
         _stamp(on_branch, pipeline, found.ledger if found else None, sync_id, main_ledgers(dead, pipeline, branch))
         # requires the main head carry_over looked at: a commit since then makes it look again
-        dead.set_ref(MAIN, on_branch.branch_head(branch) or head, expected=main_head)
+        dead.commit(MoveRef(MAIN, on_branch.branch_head(branch) or head, expected=main_head))
         remove_branch(dead, branch)
 
     with_retries(
@@ -163,7 +164,7 @@ def remove_redriven(
         ledger = replace(base, batch=base.batch + 1, resets=remembering(base, sync_id), sync=None)
         removed = sum(hi - lo for spans in redriven.values() for lo, hi in spans)
         extra = {"synced-by": sync_id, "redriven": str(removed)}
-        dead.remove_dead_letters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra))
+        dead.commit(RemoveDeadLetters(redriven, encode(pipeline, ledger, BatchCounts(), extra=extra)))
 
     with_retries(
         attempt,
@@ -185,7 +186,7 @@ def _stamp(
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
     stamped = replace(base, resets=remembering(base, sync_id), reset_id=None, sync=None)
     summary = encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id})
-    table.try_commit([], {**(others or {}), **summary}, {})
+    table.commit(Append([], {**(others or {}), **summary}))
 
 
 def settle(dead: IcebergTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:

@@ -6,6 +6,7 @@ never on a concrete adapter. The adapters that satisfy them:
 * :class:`LedgerTable` (and :class:`RoutedTable`): :class:`ingest.iceberg.table.IcebergTable` (any
   Iceberg catalog), and :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements
   and foreign commits, for tests and for anyone checking their own integration);
+* :class:`Source`: :class:`ingest.kafka.source.KafkaSource`;
 * :class:`TableMaker`: :class:`ingest.layout.IcebergTableMaker` (``route_by``'s tables);
 * :class:`Engine`: :class:`ingest.engines.local.LocalEngine` and :class:`ingest.engines.spark.SparkEngine`;
 * :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema) and
@@ -19,24 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Protocol, Self, overload
 
 import pyarrow as pa
 
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.core.plan import Batch
+from ingest.core.plan import Batch, KafkaView
+from ingest.intents import DataFile, RefIntent, SnapshotIntent
 from ingest.records import Declared, Decoded, RawChunk
-
-
-class DataFile(Protocol):
-    """A data file written into a table's location and committed nowhere yet (pyiceberg's
-    ``DataFile`` satisfies it, and so does :class:`ingest.testing.MemoryFile`)."""
-
-    @property
-    def file_path(self) -> str: ...
-
-    @property
-    def record_count(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -45,6 +36,24 @@ class Head:
 
     snapshot_id: int | None
     properties: Mapping[str, str]
+
+
+class Source(Protocol):
+    """Where a pipeline's records come from (:class:`ingest.kafka.source.KafkaSource`): what the
+    batch loop asks of it to plan; the engines read the planned ranges themselves."""
+
+    def describe(self) -> KafkaView:
+        """The topics' partitions now: their watermarks, ids and the cluster's."""
+        ...
+
+    def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
+        """Each partition's first offset whose record is at or after ``timestamp_ms`` (its end if none is)."""
+        ...
+
+    def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Tell Kafka's consumer group how far the ledger reached, for lag dashboards (never read
+        back: the ledger in the table is the truth); a failure is only logged."""
+        ...
 
 
 class FileWriter(Protocol):
@@ -59,7 +68,7 @@ class FileWriter(Protocol):
 class LedgerTable(Protocol):
     """A table whose snapshots carry ledgers, committed to by compare-and-swap on the branch head.
 
-    ``try_commit`` makes one attempt: it requires the head the handle holds and raises
+    ``commit`` makes one attempt: it requires what the handle holds and raises
     :class:`ingest.errors.CommitConflict` if the head moved (nothing applied) or
     :class:`ingest.errors.CommitUnknown` if the outcome is open (it may have applied). It never
     retries: the commit loop settles both by observing again.
@@ -86,7 +95,7 @@ class LedgerTable(Protocol):
     def evolve_to(self, fields: Sequence[Declared]) -> None:
         """Write rows of ``fields`` from now on: the table's schema takes them (new columns, matched
         by name) in the next commit through this handle, together with its data, never alone.
-        Raises :class:`ingest.errors.SchemaMoved` from ``try_commit`` if another writer changed the
+        Raises :class:`ingest.errors.SchemaMoved` from ``commit`` if another writer changed the
         schema after files were written for the evolved one (nothing is applied)."""
         ...
 
@@ -100,9 +109,24 @@ class LedgerTable(Protocol):
         :class:`ingest.errors.WrittenFilesGone` if one is no longer stored."""
         ...
 
-    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
-        """One append of ``files`` with snapshot ``summary`` (and table ``properties`` set), requiring
-        the head the handle holds; the new snapshot's id."""
+    @overload
+    def commit(self, intent: SnapshotIntent) -> int: ...
+
+    @overload
+    def commit(self, intent: RefIntent) -> None: ...
+
+    def commit(self, intent: SnapshotIntent | RefIntent) -> int | None:
+        """One compare-and-swap commit of ``intent`` (see :mod:`ingest.intents`) on what the handle
+        holds: a snapshot intent requires the branch head and returns the new snapshot's id; a ref
+        intent requires the refs it names (an expiry: every ref) and makes no snapshot."""
+        ...
+
+    def branch_head(self, branch: str) -> int | None:
+        """The snapshot branch (or tag) ``branch`` points at as the handle holds it; None if it does not exist."""
+        ...
+
+    def on_branch(self, branch: str) -> Self:
+        """The same table, reading and committing on ``branch``."""
         ...
 
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:

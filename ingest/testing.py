@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, overload
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,7 +38,21 @@ import pyarrow.compute as pc
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition, find_ledger
 from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
-from ingest.ports import DataFile, Head
+from ingest.intents import (
+    Append,
+    DataFile,
+    Expire,
+    MoveRef,
+    Reapply,
+    RefIntent,
+    RemoveDeadLetters,
+    RemoveRef,
+    RewindDeadLetters,
+    Rewrite,
+    SnapshotIntent,
+    Spans,
+)
+from ingest.ports import Head
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Declared
 
 #: a table's schema: its columns' names, in the order of their field ids
@@ -132,29 +146,15 @@ class MemoryCatalog:
     ) -> int:
         """A commit by another writer on the branch's current head (it needs no compare-and-swap:
         it reads and commits at once)."""
-        return self._apply(self._state.refs.get(branch), branch, summary, files, properties or {}, operation)
+        head = self._state.refs.get(branch)
+        inherited = self._state.snapshots[head].files if head is not None else ()
+        return self._apply(head, branch, summary, inherited + tuple(files), properties or {}, operation)
 
     def delete(self, summary: Mapping[str, str], doomed: Callable[[pa.Table], pa.Array], branch: str = MAIN) -> int:
         """A commit by another writer that removes the rows ``doomed`` picks (a mask over a file's data)."""
         head = self._state.refs.get(branch)
-        files = []
-        rewritten = False  # rows removed from a file that keeps others: Iceberg rewrites it, an overwrite
-        for f in self._state.snapshots[head].files if head is not None else ():
-            data = f.data.filter(pc.invert(doomed(f.data)))
-            if data.num_rows == f.record_count:
-                files.append(f)
-            elif data.num_rows:
-                files.append(replace(f, record_count=data.num_rows, data=data))
-                rewritten = True
-        operation = "overwrite" if rewritten else "delete"
-        snapshot_id = next(self._ids)
-        snapshot = MemorySnapshot(
-            snapshot_id, head, dict(summary), next(self._clock), tuple(files), operation, self._state.schema
-        )
-        self._state.snapshots[snapshot_id] = snapshot
-        self.log.append((branch, snapshot))
-        self._state.refs[branch] = snapshot_id
-        return snapshot_id
+        files, operation = _without(self._state.snapshots[head].files if head is not None else (), doomed)
+        return self._apply(head, branch, summary, files, {}, operation)
 
     def set_ref(self, branch: str, snapshot_id: int) -> None:
         """Another tool (or ``ingest replay``) makes branch ``branch`` at ``snapshot_id``."""
@@ -212,18 +212,17 @@ class MemoryCatalog:
         parent: int | None,
         branch: str,
         summary: Mapping[str, str],
-        files: Sequence[DataFile],
+        files: tuple[MemoryFile, ...],
         properties: Mapping[str, str],
         operation: str = "append",
         schema: Columns | None = None,
     ) -> int:
-        added = tuple(_memory_file(f) for f in files)
+        """A snapshot on ``parent`` referencing ``files`` (its whole file list), made ``branch``'s head."""
         if schema is not None:
             self._state.schema = schema
-        inherited = self._state.snapshots[parent].files if parent is not None else ()
         snapshot_id = next(self._ids)
         snapshot = MemorySnapshot(
-            snapshot_id, parent, dict(summary), next(self._clock), inherited + added, operation, self._state.schema
+            snapshot_id, parent, dict(summary), next(self._clock), files, operation, self._state.schema
         )
         self._state.snapshots[snapshot_id] = snapshot
         self.log.append((branch, snapshot))
@@ -273,6 +272,14 @@ class MemoryTable:
     def head(self) -> Head:
         return Head(self._held.refs.get(self._branch), dict(self._held.properties))
 
+    def branch_head(self, branch: str) -> int | None:
+        return self._held.refs.get(branch)
+
+    def on_branch(self, branch: str) -> MemoryTable:
+        handle = MemoryTable(self.catalog, branch)
+        handle._held, handle._loaded_at, handle._wanted = self._held, self._loaded_at, self._wanted
+        return handle
+
     def ancestry(self, start: int | None = None) -> Iterator[SnapshotView]:
         snapshot_id = start if start is not None else self._held.refs.get(self._branch)
         while snapshot_id is not None:
@@ -312,15 +319,8 @@ class MemoryTable:
         self, columns: Coordinates, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], snapshot_id: int | None
     ) -> pa.Table:
         """The coordinates (named as ``columns`` says) of the records in ``spans`` at ``snapshot_id``."""
-        c = columns
-        data = self._coordinates(c, snapshot_id)
-        keep = pa.array([False] * data.num_rows, pa.bool_())
-        for tp, ranges in spans.items():
-            mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
-            for start, end in ranges:
-                inside = pc.and_(pc.greater_equal(data[c.offset], start), pc.less(data[c.offset], end))
-                keep = pc.or_(keep, pc.and_(mine, inside))
-        return data.filter(keep)
+        data = self._coordinates(columns, snapshot_id)
+        return data.filter(_in_spans(data, columns, spans))
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         """The coordinate ``columns`` (the rows table's or the dead-letter table's) of every record at
@@ -339,12 +339,36 @@ class MemoryTable:
         data = [_memory_file(f).data.select(list(columns)) for f in self.adopt(paths)]
         return pa.concat_tables(data) if data else pa.table({c: [] for c in columns})
 
-    def try_commit(self, files: Sequence[DataFile], summary: Mapping[str, str], properties: Mapping[str, str]) -> int:
+    @overload
+    def commit(self, intent: SnapshotIntent) -> int: ...
+
+    @overload
+    def commit(self, intent: RefIntent) -> None: ...
+
+    def commit(self, intent: SnapshotIntent | RefIntent) -> int | None:
+        """``intent`` by compare-and-swap, as :meth:`ingest.iceberg.table.IcebergTable.commit` does,
+        with the fault :attr:`MemoryCatalog.on_commit` picks."""
         fault = self.catalog.on_commit(self)  # may let other writers commit first
         if fault == "crash-before":
             raise Crashed("the writer died before its commit reached the catalog")
         if fault == "unknown":
             raise CommitUnknown("memory catalog: the request timed out before it was applied")
+        snapshot_id = None
+        if isinstance(intent, MoveRef | RemoveRef | Expire):
+            self._move_refs(intent)
+        else:
+            snapshot_id = self._snapshot(intent)
+        self._held = self.catalog._load()
+        if self._wanted is not None and _evolved(self._held.schema, self._wanted) == self._held.schema:
+            self._wanted = self._written_with = None  # the table took the evolution
+        self._loaded_at = -math.inf  # like IcebergTable: a commit is not a fresh observation
+        if fault == "crash-after":
+            raise Crashed("the writer died after its commit was applied, before it heard so")
+        if fault == "ack-lost":
+            raise CommitUnknown("memory catalog: the commit was applied but its acknowledgement was lost")
+        return snapshot_id
+
+    def _snapshot(self, intent: SnapshotIntent) -> int:
         staged = self._staged()
         if self._wanted is not None and self._written_with is not None and staged != self._written_with:
             raise SchemaMoved(
@@ -359,16 +383,93 @@ class MemoryTable:
             )
         if staged != self._held.schema and self.catalog.schema != self._held.schema:
             raise CommitConflict(f"{self.identifier}: the schema changed since this handle loaded it")
-        snapshot_id = self.catalog._apply(held, self._branch, summary, files, properties, schema=staged)
-        self._held = self.catalog._load()
-        if self._wanted is not None and _evolved(self._held.schema, self._wanted) == self._held.schema:
-            self._wanted = self._written_with = None  # the table took the evolution
-        self._loaded_at = -math.inf  # like IcebergTable: a commit is not a fresh observation
-        if fault == "crash-after":
-            raise Crashed("the writer died after its commit was applied, before it heard so")
-        if fault == "ack-lost":
-            raise CommitUnknown("memory catalog: the commit was applied but its acknowledgement was lost")
-        return snapshot_id
+        live = self._held.snapshots[held].files if held is not None else ()
+        properties: Mapping[str, str] = {}
+        operation = "append"
+        match intent:
+            case Append(files, _, properties):
+                after = live + tuple(_memory_file(f) for f in files)
+            case Reapply(snapshot_id, _):
+                after = live + self._added_by(snapshot_id)
+            case Rewrite(remove, add, _):
+                gone = {f.file_path for f in remove}
+                after = tuple(f for f in live if f.file_path not in gone) + tuple(_memory_file(f) for f in add)
+                operation = "replace"
+            case RewindDeadLetters(topics, to, _):
+                after, operation = _without(live, lambda data: _past(data, topics, to))
+            case RemoveDeadLetters(spans, _):
+                after, operation = _without(live, lambda data: _in_spans(data, DEAD_LETTERS, spans))
+        return self.catalog._apply(held, self._branch, intent.summary, after, properties, operation, staged)
+
+    def _added_by(self, snapshot_id: int) -> tuple[MemoryFile, ...]:
+        snapshot = self._held.snapshots[snapshot_id]
+        parent = self._held.snapshots.get(snapshot.parent_id) if snapshot.parent_id is not None else None
+        before = {f.file_path for f in parent.files} if parent is not None else set()
+        return tuple(f for f in snapshot.files if f.file_path not in before)
+
+    def _move_refs(self, intent: RefIntent) -> None:
+        refs = self.catalog._state.refs
+        match intent:
+            case MoveRef(name, snapshot_id, expected, _):
+                if refs.get(name) != expected:
+                    raise CommitConflict(
+                        f"{self.identifier}: {name} is at {refs.get(name)}, the commit required {expected}"
+                    )
+                refs[name] = snapshot_id
+            case RemoveRef(name, expected):
+                if refs.get(name) != expected:
+                    raise CommitConflict(
+                        f"{self.identifier}: {name} is at {refs.get(name)}, the commit required {expected}"
+                    )
+                del refs[name]
+            case Expire(snapshot_ids):
+                if refs != self._held.refs or any(f"replay-{i}" in refs for i in snapshot_ids):
+                    raise CommitConflict(f"{self.identifier}: the refs changed since this handle loaded them")
+                self.catalog.expire(snapshot_ids)
+
+
+def _past(data: pa.Table, topics: Sequence[str], to: Mapping[TopicPartition, int]) -> pa.Array:
+    """Dead letters of ``topics`` at or past ``to`` (every one of a partition ``to`` does not name)."""
+    d = DEAD_LETTERS
+    doomed = pa.array([False] * data.num_rows, pa.bool_())
+    for topic in topics:
+        mine = pc.equal(data[d.topic], topic)
+        named = [tp.partition for tp in to if tp.topic == topic]
+        rest = pc.invert(pc.is_in(data[d.partition], pa.array(named, data[d.partition].type)))
+        for tp, end in to.items():
+            if tp.topic == topic:
+                rest = pc.or_(
+                    rest, pc.and_(pc.equal(data[d.partition], tp.partition), pc.greater_equal(data[d.offset], end))
+                )
+        doomed = pc.or_(doomed, pc.and_(mine, rest))
+    return doomed
+
+
+def _in_spans(data: pa.Table, c: Coordinates, spans: Spans) -> pa.Array:
+    keep = pa.array([False] * data.num_rows, pa.bool_())
+    for tp, ranges in spans.items():
+        mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
+        for start, end in ranges:
+            inside = pc.and_(pc.greater_equal(data[c.offset], start), pc.less(data[c.offset], end))
+            keep = pc.or_(keep, pc.and_(mine, inside))
+    return keep
+
+
+def _without(
+    files: tuple[MemoryFile, ...], doomed: Callable[[pa.Table], pa.Array]
+) -> tuple[tuple[MemoryFile, ...], str]:
+    """``files`` without the rows ``doomed`` picks (a file that keeps some is rewritten), and the
+    snapshot's operation, as Iceberg names it: ``overwrite`` if a file was rewritten, else ``delete``."""
+    kept = []
+    rewritten = False
+    for f in files:
+        data = f.data.filter(pc.invert(doomed(f.data)))
+        if data.num_rows == f.record_count:
+            kept.append(f)
+        elif data.num_rows:
+            kept.append(replace(f, record_count=data.num_rows, data=data))
+            rewritten = True
+    return tuple(kept), "overwrite" if rewritten else "delete"
 
 
 def ticking(step_s: float = 0.25) -> Callable[[], float]:

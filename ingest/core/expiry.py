@@ -2,7 +2,7 @@
 
 Pure: the adapter passes the refs, a way to walk a snapshot's ancestry (parent links, ending where
 the chain ends or breaks), and every snapshot; it commits the result requiring every ref to be
-unchanged (see ``IcebergTable.expire``), so a plan made on stale metadata never lands.
+unchanged (see :class:`ingest.intents.Expire`), so a plan made on stale metadata never lands.
 """
 
 from __future__ import annotations

@@ -27,8 +27,9 @@ from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
 from ingest.formats.json import Decoder
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
+from ingest.intents import DataFile
 from ingest.kafka.source import KafkaSource, Stops
-from ingest.ports import DataFile, FileWriter, Produced, SchemaRegistry, ValueDecoder
+from ingest.ports import FileWriter, Produced, SchemaRegistry, ValueDecoder
 from ingest.records import (
     DEAD_LETTER_SCHEMA,
     DEAD_LETTERS,

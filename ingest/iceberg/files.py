@@ -8,25 +8,10 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestContent
 
 from ingest.errors import TableMismatch
 from ingest.iceberg.table import IcebergTable
-
-
-def added_data_files(table: IcebergTable, snapshot_id: int) -> list[DataFile]:
-    """The data files snapshot ``snapshot_id`` added (what re-applying it elsewhere needs)."""
-    snapshot = table.table.metadata.snapshot_by_id(snapshot_id)
-    if snapshot is None:
-        return []
-    io = table.table.io
-    return [
-        entry.data_file
-        for manifest in snapshot.manifests(io=io)
-        if manifest.content == ManifestContent.DATA and manifest.added_snapshot_id == snapshot_id
-        for entry in manifest.fetch_manifest_entry(io=io, discard_deleted=True)
-        if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot_id
-    ]
 
 
 def live_files(table: IcebergTable) -> tuple[list[DataFile], int]:

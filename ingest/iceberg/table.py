@@ -23,6 +23,7 @@ import math
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import overload
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,16 +36,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
-from pyiceberg.expressions import (
-    AlwaysFalse,
-    And,
-    BooleanExpression,
-    EqualTo,
-    GreaterThanOrEqual,
-    In,
-    LessThan,
-    Or,
-)
+from pyiceberg.expressions import In
 from pyiceberg.io.pyarrow import (
     _dataframe_to_data_files,
     parquet_file_to_data_file,
@@ -58,15 +50,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.sorting import SortOrder
-from pyiceberg.table.update import (
-    AssertRefSnapshotId,
-    AssertTableUUID,
-    RemoveSnapshotRefUpdate,
-    RemoveSnapshotsUpdate,
-    SetSnapshotRefUpdate,
-    TableRequirement,
-    TableUpdate,
-)
+from pyiceberg.table.update import AssertTableUUID, TableRequirement, TableUpdate
 
 from ingest import nogc, records
 from ingest.config import PIPELINE_TABLE_PROPERTIES
@@ -83,6 +67,7 @@ from ingest.errors import (
     TableMismatch,
     WrittenFilesGone,
 )
+from ingest.iceberg.commits import files_added, in_spans, is_, ref_change, stage
 from ingest.iceberg.schema import (
     declared_fields,
     describe_change,
@@ -96,7 +81,8 @@ from ingest.iceberg.schema import (
     stage_evolution,
     stage_spec,
 )
-from ingest.ports import DataFile as WrittenFile
+from ingest.intents import Append, Expire, MoveRef, Reapply, RefIntent, RemoveRef, SnapshotIntent
+from ingest.intents import DataFile as WrittenFile
 from ingest.ports import Head
 from ingest.records import Declared, Field, SortKey
 
@@ -486,25 +472,34 @@ class IcebergTable:
                 tables.append(pq.read_table(stream, columns=list(columns)).cast(schema))
         return pa.concat_tables(tables)
 
-    def try_commit(
-        self, files: Sequence[WrittenFile], summary: Mapping[str, str], properties: Mapping[str, str]
-    ) -> int:
-        """One commit attempt: a snapshot with ``files`` and ``summary``, requiring the current head.
+    @overload
+    def commit(self, intent: SnapshotIntent) -> int: ...
 
-        Returns the new snapshot id. Raises :class:`CommitConflict` if the head moved and
-        :class:`CommitUnknown` for any failure that leaves the outcome open.
-        """
-        with nogc.paused(), _refused_as_conflict():  # the catalog loads, deep-copies and writes the whole metadata
-            transaction = self._transaction(self._head_only())
-            self._same_spec(files, transaction)
-            if properties:
-                transaction.set_properties(dict(properties))
-            snapshot = transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch)
-            with snapshot.fast_append() as append:
-                for data_file in files:
-                    append.append_data_file(_ours(data_file))
-                snapshot_id = append.snapshot_id
+    @overload
+    def commit(self, intent: RefIntent) -> None: ...
+
+    def commit(self, intent: SnapshotIntent | RefIntent) -> int | None:
+        """One compare-and-swap commit of ``intent`` (see :mod:`ingest.intents`, built by
+        :mod:`ingest.iceberg.commits`): a snapshot on the branch, requiring its head, or a change of
+        refs, requiring what the handle saw of them. Returns the new snapshot's id (None for a ref
+        intent). Raises :class:`CommitConflict` if what it requires moved (nothing applied) and
+        :class:`CommitUnknown` for any failure that leaves the outcome open."""
+        if isinstance(intent, MoveRef | RemoveRef | Expire):
+            if not (isinstance(intent, Expire) and not intent.snapshot_ids):
+                self._commit_updates(*ref_change(intent, self._table))
+            return None
+        # the catalog loads, deep-copies and writes the whole metadata
+        with nogc.paused(), _refused_as_conflict():
+            # an append reads only the head: cut the metadata to it (a delete or a rewrite reads files)
+            appends = isinstance(intent, Append | Reapply)
+            transaction = self._transaction(self._head_only() if appends else None)
+            added = files_added(intent, self._table)
+            self._same_spec(added, transaction)
+            snapshot_id = stage(transaction, intent, self._table, self.branch, added)
             self._commit(transaction)
+        if snapshot_id is None:
+            snapshot_id = self.branch_head(self.branch)
+            assert snapshot_id is not None, "a committed snapshot is the branch head"
         return snapshot_id
 
     def _same_spec(self, files: Sequence[WrittenFile], transaction: Transaction) -> None:
@@ -571,19 +566,6 @@ class IcebergTable:
         )
         self._loaded_at = -math.inf
 
-    def set_ref(self, name: str, snapshot_id: int, expected: int | None, *, tag: bool = False) -> None:
-        """Point branch (or tag) ``name`` at ``snapshot_id``, requiring it to point at ``expected``
-        now (None: that it does not exist yet)."""
-        kind = SnapshotRefType.TAG if tag else SnapshotRefType.BRANCH
-        self._commit_updates(
-            (SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id}),),
-            (_ref_is(name, expected),),
-        )
-
-    def remove_ref(self, name: str, expected: int) -> None:
-        """Remove branch or tag ``name``, requiring it to point at ``expected``."""
-        self._commit_updates((RemoveSnapshotRefUpdate.model_validate({"ref-name": name}),), (_ref_is(name, expected),))
-
     def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
         snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
         if snapshot is None:
@@ -598,64 +580,6 @@ class IcebergTable:
                 current = entry.snapshot_id
         return current
 
-    # --- maintenance -------------------------------------------------------------------------
-
-    def expire(self, snapshot_ids: Sequence[int]) -> None:
-        """Remove ``snapshot_ids``, requiring every branch and tag to be where the handle saw it,
-        and no ``replay-<id>`` branch (what ``ingest replay`` creates) to exist on one of them.
-
-        The catalog drops a ref that points at a removed snapshot, and pyiceberg's own expiry
-        requires only the table's UUID: without these requirements a rollback, a replay or a tag
-        that lands meanwhile on a doomed snapshot would be silently erased with it."""
-        if not snapshot_ids:
-            return
-        seen = tuple(_ref_is(ref.name, ref.snapshot_id) for ref in self.refs())
-        absent = tuple(
-            _ref_is(f"replay-{i}", None) for i in snapshot_ids if f"replay-{i}" not in self._table.metadata.refs
-        )
-        update = RemoveSnapshotsUpdate.model_validate({"snapshot-ids": list(snapshot_ids)})
-        self._commit_updates((update,), (*seen, *absent))
-
-    def rewrite(self, remove: Sequence[DataFile], add: Sequence[WrittenFile], summary: Mapping[str, str]) -> int:
-        """Replace ``remove`` by ``add`` in one snapshot, requiring the current head (CAS)."""
-        transaction = self._transaction()
-        self._same_spec(add, transaction)
-        with transaction.update_snapshot(snapshot_properties=dict(summary), branch=self.branch).overwrite() as ow:
-            for removed in remove:
-                ow.delete_data_file(removed)
-            for added in add:
-                ow.append_data_file(_ours(added))
-            snapshot_id = ow.snapshot_id
-        self._commit(transaction)
-        return snapshot_id
-
-    def rewind(self, topics: Sequence[str], to: Mapping[TopicPartition, int], summary: Mapping[str, str]) -> int | None:
-        """One commit on the branch, requiring its head, that removes the dead letters of
-        ``topics`` at or past ``to`` (every one of a partition ``to`` does not name) and carries
-        ``summary``; returns the new branch head. Columns are the dead-letter table's."""
-        c = records.DEAD_LETTERS
-        clauses = []
-        for topic in sorted(topics):  # Kafka topic names are [a-zA-Z0-9._-]: nothing to escape
-            known = sorted(tp.partition for tp in to if tp.topic == topic)
-            per = [f"({c.partition} = {p} AND {c.offset} >= {to[TopicPartition(topic, p)]})" for p in known]
-            if known:
-                per.append(f"{c.partition} NOT IN ({', '.join(map(str, known))})")
-                clauses.append(f"({c.topic} = '{topic}' AND ({' OR '.join(per)}))")
-            else:
-                clauses.append(f"{c.topic} = '{topic}'")
-        condition = " OR ".join(clauses)
-        head = self.branch_head(self.branch)
-        doomed = 0
-        if head is not None:
-            doomed = self._table.scan(row_filter=condition, snapshot_id=head, selected_fields=(c.offset,)).count()
-        if doomed == 0:
-            return self.try_commit([], summary, {})
-        with nogc.paused():
-            transaction = self._transaction()
-            transaction.delete(condition, snapshot_properties=dict(summary), branch=self.branch)
-            self._commit(transaction)
-        return self.branch_head(self.branch)
-
     def dead_letters_of(self, topics: Collection[str], columns: Sequence[str] | None = None) -> pa.Table:
         """The dead letters of ``topics`` on the branch head (``columns`` of the dead-letter table; all by default)."""
         head = self.branch_head(self.branch)
@@ -663,7 +587,7 @@ class IcebergTable:
             empty = self._table.schema().as_arrow().empty_table()
             return empty.select(list(columns)) if columns else empty
         return self._table.scan(
-            row_filter=_is(In, records.DEAD_LETTERS.topic, set(topics)),
+            row_filter=is_(In, records.DEAD_LETTERS.topic, set(topics)),
             snapshot_id=head,
             selected_fields=tuple(columns) if columns else ("*",),
         ).to_arrow()
@@ -685,21 +609,8 @@ class IcebergTable:
         if snapshot_id is None or not spans:
             return self._table.schema().as_arrow().empty_table().select(names)
         return self._table.scan(
-            row_filter=_spans(spans, columns), snapshot_id=snapshot_id, selected_fields=tuple(names)
+            row_filter=in_spans(spans, columns), snapshot_id=snapshot_id, selected_fields=tuple(names)
         ).to_arrow()
-
-    def remove_dead_letters(
-        self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], summary: Mapping[str, str]
-    ) -> int | None:
-        """One commit on the branch, requiring its head, that removes the dead letters in ``spans``
-        (``[start, end)`` offset ranges per partition) and carries ``summary``; returns the new head."""
-        if self.dead_letter_coordinates(spans).num_rows == 0:
-            return self.try_commit([], summary, {})
-        with nogc.paused():
-            transaction = self._transaction()
-            transaction.delete(_spans(spans), snapshot_properties=dict(summary), branch=self.branch)
-            self._commit(transaction)
-        return self.branch_head(self.branch)
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         if snapshot_id is None:
@@ -717,52 +628,6 @@ def _refused_as_conflict() -> Iterator[None]:
         yield
     except CommitFailedException as error:
         raise CommitConflict(str(error)) from None
-
-
-def _is(predicate: type[BooleanExpression], column: str, value: object) -> BooleanExpression:
-    """``predicate(column, value)``: pyiceberg's predicates take these positionally at run time,
-    where their typed signature (pydantic's) names other fields."""
-    return predicate(column, value)  # type: ignore[call-arg]
-
-
-def _spans(
-    spans: Mapping[TopicPartition, Sequence[tuple[int, int]]], c: records.Coordinates = records.DEAD_LETTERS
-) -> BooleanExpression:
-    """Records in ``[start, end)`` offset ranges per partition (dead letters unless ``c`` names
-    other coordinate columns), as an Iceberg row filter."""
-    per_partition: list[BooleanExpression] = []
-    for tp, ranges in sorted(spans.items()):
-        singles = {lo for lo, hi in ranges if hi == lo + 1}
-        wide: list[BooleanExpression] = [
-            And(_is(GreaterThanOrEqual, c.offset, lo), _is(LessThan, c.offset, hi)) for lo, hi in ranges if hi > lo + 1
-        ]
-        if singles:
-            wide.append(_is(In, c.offset, singles))
-        if wide:
-            where = And(_is(EqualTo, c.topic, tp.topic), _is(EqualTo, c.partition, tp.partition))
-            per_partition.append(And(where, _any(wide)))
-    return _any(per_partition) if per_partition else AlwaysFalse()
-
-
-def _any(clauses: Sequence[BooleanExpression]) -> BooleanExpression:
-    """``Or`` of ``clauses`` as a balanced tree: pyiceberg binds and evaluates expressions
-    recursively, and a chain of ~500 (one per offset range) exceeds Python's recursion limit."""
-    if len(clauses) == 1:
-        return clauses[0]
-    middle = len(clauses) // 2
-    return Or(_any(clauses[:middle]), _any(clauses[middle:]))
-
-
-def _ours(data_file: WrittenFile) -> DataFile:
-    """A file this adapter wrote (:meth:`IcebergTable.write`), as pyiceberg's type again."""
-    if not isinstance(data_file, DataFile):
-        raise TypeError(f"{data_file!r} was not written by an Iceberg table; it cannot be committed to one")
-    return data_file
-
-
-def _ref_is(name: str, snapshot_id: int | None) -> AssertRefSnapshotId:
-    """Requirement: ref ``name`` points at ``snapshot_id`` (None: does not exist)."""
-    return AssertRefSnapshotId.model_validate({"ref": name, "snapshot-id": snapshot_id})
 
 
 def _view(snapshot: Snapshot) -> SnapshotView:

@@ -33,8 +33,9 @@ from ingest.iceberg.files import (
     unreferenced,
 )
 from ingest.iceberg.table import DataFile, IcebergTable
+from ingest.intents import DataFile as WrittenFile
+from ingest.intents import Expire, Rewrite
 from ingest.pipeline import Pipeline
-from ingest.ports import DataFile as WrittenFile
 from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
         table.refresh()
         doomed = _doomed(table, spec, now_ms)
         try:
-            table.expire(doomed)
+            table.commit(Expire(doomed))
         except (CommitConflict, CommitUnknown):
             table.refresh()
             if doomed and all(table.snapshot_summary(i) is None for i in doomed):
@@ -177,7 +178,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)
             return Compaction()
         try:
-            table.rewrite(remove, add, summary)
+            table.commit(Rewrite(remove, add, summary))
         except (CommitConflict, CommitUnknown):
             table.refresh()
             if not _landed(table, add):

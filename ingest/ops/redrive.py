@@ -48,6 +48,7 @@ from ingest.dead_letters import settle
 from ingest.engines.tasks import TaskSpec
 from ingest.errors import CommitGaveUp, SchemaAhead
 from ingest.iceberg.table import MAIN
+from ingest.intents import Append
 from ingest.pipeline import MAX_SCHEMA_CATCH_UPS, Pipeline
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Decoded, RawChunk
 from ingest.retry import with_retries
@@ -262,7 +263,7 @@ def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
             sync=DeadLetterSync(sync_id, redriven=_spans(mine)),
         )
         summary = encode(name, ledger, BatchCounts(records=mine.num_rows), extra={"redrive-id": sync_id})
-        return rows.try_commit(written[1], summary, register(rows.head().properties, name))
+        return rows.commit(Append(written[1], summary, register(rows.head().properties, name)))
 
     snapshot = with_retries(
         attempt,

@@ -55,6 +55,7 @@ from ingest.errors import (
     RollbackRefused,
 )
 from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.intents import Append, MoveRef, RemoveRef
 from ingest.pipeline import Pipeline
 from ingest.retry import Again, with_retries
 from ingest.runner import Run
@@ -237,7 +238,7 @@ def replay(
     _branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
         try:
-            rows.set_ref(branch, target, expected=None)
+            rows.commit(MoveRef(branch, target, expected=None))
         except (CommitConflict, CommitUnknown):  # a concurrent copy of this command created it, or S expired
             rows.refresh()
             if rows.branch_head(branch) is None:
@@ -256,11 +257,11 @@ def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
     dead.refresh()
     if dead.branch_head(branch) is None:
         if dead.branch_head(MAIN) is None:  # no dead letters yet: an empty snapshot to branch from
-            _settled(lambda: dead.try_commit([], {}, {}), dead)
+            _settled(lambda: dead.commit(Append([], {})), dead)
         fork = dead.branch_head(MAIN)
         if fork is None:
             raise CatalogUnavailable(f"cannot start a branch of {dead.identifier}: its first commit did not settle")
-        _settled(lambda: dead.set_ref(branch, fork, expected=None), dead)
+        _settled(lambda: dead.commit(MoveRef(branch, fork, expected=None)), dead)
     # S's own batch put its dead letters on main before anything was committed on top of it (and
     # main's head settled above): the branch holds them, and its ledger says so
     sync = start.ledger.sync
@@ -326,12 +327,12 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None
     sync = DeadLetterSync(f"rollback-{target}-{uuid.uuid4().hex[:12]}", rewind_to=start.ledger.offsets)
     staging = f"rollback-{target}"
     try:
-        rows.set_ref(staging, target, expected=rows.branch_head(staging))
+        rows.commit(MoveRef(staging, target, expected=rows.branch_head(staging)))
         at_s = rows.on_branch(staging)
-        at_s.try_commit([], encode(name, marker(start.ledger, sync), BatchCounts(), {"restamped-by": "rollback"}), {})
+        at_s.commit(Append([], encode(name, marker(start.ledger, sync), BatchCounts(), {"restamped-by": "rollback"})))
         new_head = at_s.branch_head(staging)
         assert new_head is not None
-        rows.set_ref(MAIN, new_head, expected=main_head)
+        rows.commit(MoveRef(MAIN, new_head, expected=main_head))
     except (CommitConflict, CommitUnknown) as error:
         rows.refresh()
         found = find_ledger(name, rows.ancestry())
@@ -344,7 +345,7 @@ def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None
         rows.refresh()
         staged = rows.branch_head(staging)
         if staged is not None:
-            _settled(lambda: rows.remove_ref(staging, staged), rows)
+            _settled(lambda: rows.commit(RemoveRef(staging, staged)), rows)
     failpoints.reach("between-tables")
     settle(pipeline.dead, rows, pipeline.config, marker(start.ledger, sync), _attempts(pipeline))
     return rows.branch_head(MAIN), discarded
@@ -401,10 +402,10 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tu
             # other pipeline's ledger main holds
             on_branch = rows.on_branch(branch)
             stamp = encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"})
-            on_branch.try_commit([], {**main_ledgers(rows, name, branch), **stamp}, {})
+            on_branch.commit(Append([], {**main_ledgers(rows, name, branch), **stamp}))
             head = on_branch.branch_head(branch)
             assert head is not None
-            rows.set_ref(MAIN, head, expected=main_head)
+            rows.commit(MoveRef(MAIN, head, expected=main_head))
         except (CommitConflict, CommitUnknown):
             rows.refresh()
             if rows.branch_head(MAIN) != rows.branch_head(branch):

@@ -48,8 +48,9 @@ from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offset
 from ingest.dead_letters import settle, unadded
 from ingest.errors import CommitGaveUp, ConfigError, FatalError
 from ingest.iceberg.table import IcebergTable
+from ingest.intents import Append, DataFile
 from ingest.pipeline import Pipeline
-from ingest.ports import DataFile, LedgerTable
+from ingest.ports import LedgerTable
 from ingest.retry import with_retries
 
 ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
@@ -477,7 +478,7 @@ def _add_unadded(pipeline: Pipeline, command: ResetCommand, sync: DeadLetterSync
             return
         ledger = replace(found.ledger, batch=found.ledger.batch + 1, resets=remembering(found.ledger, sync.sync_id))
         summary = encode(name, ledger, BatchCounts(dead_letters=dead_letters.num_rows), {"synced-by": sync.sync_id})
-        dead.try_commit(files, summary, {})
+        dead.commit(Append(files, summary))
 
     with_retries(
         attempt,

@@ -11,7 +11,8 @@ from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition, registered_pipelines
 from ingest.core.plan import Batch
 from ingest.errors import TableMismatch
-from ingest.ports import DataFile, RoutedTable, TableMaker
+from ingest.intents import DataFile
+from ingest.ports import RoutedTable, TableMaker
 from ingest.records import Declared
 from ingest.route_by.writing import RoutedTables, files_by_table
 

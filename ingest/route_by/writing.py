@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.core.ledger import TopicPartition
-from ingest.ports import DataFile, FileWriter
+from ingest.intents import DataFile
+from ingest.ports import FileWriter
 from ingest.records import ROUTE_COLUMN, ROWS
 
 

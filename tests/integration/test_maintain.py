@@ -12,6 +12,7 @@ import pytest
 from ingest.config import MaintenanceSpec
 from ingest.iceberg.files import live_data_files, referenced_paths, stored_data_files
 from ingest.iceberg.table import IcebergTable
+from ingest.intents import Rewrite
 from ingest.ops.maintain import compact, expire, maintain, remove_orphans
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
@@ -65,17 +66,17 @@ def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) ->
     _batches(env, pipeline, 4)
     other = Pipeline.open(env.config)
     table = pipeline.rows
-    real = table.rewrite
+    real = table.commit
     raced = []
 
-    def batch_lands_first(remove, add, summary):  # type: ignore[no-untyped-def]
-        if not raced:
+    def batch_lands_first(intent):  # type: ignore[no-untyped-def]
+        if isinstance(intent, Rewrite) and not raced:
             raced.append(True)
             env.produce(300, bad_every=40)
             assert one_batch(other).status == "committed"  # a batch commits while compaction runs
-        return real(remove, add, summary)
+        return real(intent)
 
-    table.rewrite = batch_lands_first  # type: ignore[method-assign]
+    table.commit = batch_lands_first  # type: ignore[method-assign]
     result = compact(table, MaintenanceSpec())
 
     assert raced and result.files_removed == 4

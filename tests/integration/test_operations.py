@@ -18,6 +18,7 @@ from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError
+from ingest.intents import Expire, MoveRef
 from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
 from ingest.ops.replay import ReplayResult
@@ -88,15 +89,15 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
     rows_at_s = env.counts()
     _batches(env, pipeline, 3)
     operator = Pipeline.open(env.config)
-    real = pipeline.rows.expire
+    real = pipeline.rows.commit
     rolled: list[ReplayResult] = []
 
-    def rollback_lands_first(*args, **kwargs):  # type: ignore[no-untyped-def]
-        if not rolled:
+    def rollback_lands_first(intent):  # type: ignore[no-untyped-def]
+        if isinstance(intent, Expire) and not rolled:
             rolled.append(replay_on(operator, snapshot_id=snapshot_s, rollback=True))
-        return real(*args, **kwargs)
+        return real(intent)
 
-    pipeline.rows.expire = rollback_lands_first  # type: ignore[method-assign]
+    pipeline.rows.commit = rollback_lands_first  # type: ignore[method-assign]
     expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + HOUR_MS)
 
     pipeline.rows.refresh()
@@ -192,15 +193,15 @@ def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env)
     snapshot_s = _head_id(pipeline)
     _batches(env, pipeline, 1)
     other = Pipeline.open(env.config)
-    real = pipeline.rows.set_ref
+    real = pipeline.rows.commit
 
-    def batch_lands_first(name, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if name == "main":  # just before the rollback moves main
+    def batch_lands_first(intent):  # type: ignore[no-untyped-def]
+        if isinstance(intent, MoveRef) and intent.name == "main":  # just before the rollback moves main
             env.produce(100)
             assert one_batch(other).status == "committed"
-        return real(name, *args, **kwargs)
+        return real(intent)
 
-    pipeline.rows.set_ref = batch_lands_first  # type: ignore[method-assign]
+    pipeline.rows.commit = batch_lands_first  # type: ignore[method-assign]
     with pytest.raises(RetryableError):
         replay_on(pipeline, snapshot_id=snapshot_s, rollback=True)
 

@@ -49,17 +49,17 @@ def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
     env.produce(1_500, bad_every=100)
     pipeline = Pipeline.open(env.config)
     for table in (pipeline.rows, pipeline.dead):
-        real = table.try_commit
+        real = table.commit
         calls = []
 
-        def applied_then_timeout(files, summary, props, real=real, calls=calls):  # type: ignore[no-untyped-def]
-            snapshot_id = real(files, summary, props)
+        def applied_then_timeout(intent, real=real, calls=calls):  # type: ignore[no-untyped-def]
+            snapshot_id = real(intent)
             calls.append(snapshot_id)
             if len(calls) == 1:
                 raise CommitUnknown("simulated timeout after the catalog applied the commit")
             return snapshot_id
 
-        table.try_commit = applied_then_timeout  # type: ignore[method-assign]
+        table.commit = applied_then_timeout  # type: ignore[method-assign]
 
     result = one_batch(pipeline)
 

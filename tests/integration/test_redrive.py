@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from ingest.intents import Append, RemoveDeadLetters
 from ingest.ops.redrive import redrive
 from ingest.pipeline import Pipeline
 from tests.runs import one_batch
@@ -225,10 +226,10 @@ def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_delet
         },
         schema=DEAD_LETTER_SCHEMA,
     )
-    dead.try_commit(dead.write(letters), {}, {})
+    dead.commit(Append(dead.write(letters), {}))
     spans = {TopicPartition(env.topic, 0): tuple((3 * k, 3 * k + 2) for k in range(MAX_SPANS - 1))}
 
-    dead.remove_dead_letters(spans, {"ingest.test": "removal"})
+    dead.commit(RemoveDeadLetters(spans, {"ingest.test": "removal"}))
 
     dead.refresh()
     assert dead.scan_columns(["offset"])["offset"].to_pylist() == offsets[-2:]  # the last range was not named

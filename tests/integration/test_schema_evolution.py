@@ -14,6 +14,7 @@ import yaml
 
 from ingest.failpoints import POINTS
 from ingest.iceberg.catalog import connect
+from ingest.intents import Append
 from ingest.kafka.admin import produce
 
 pytestmark = pytest.mark.integration
@@ -159,7 +160,7 @@ def test_files_written_for_an_evolution_another_writer_overtook_are_never_commit
     rows.refresh()
 
     with pytest.raises(SchemaMoved, match="changed while this batch's files were written"):
-        rows.try_commit(files, {}, {})
+        rows.commit(Append(files, {}))
 
     assert _table(env).schema().find_field("region").field_id == written.find_field("note").field_id
     _orders(env, 10, note=lambda i: f"n{i}")

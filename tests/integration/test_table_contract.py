@@ -25,6 +25,7 @@ from ingest.errors import CommitConflict, SchemaMoved, WrittenFilesGone
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
+from ingest.intents import Append, Expire, MoveRef
 from ingest.ports import LedgerTable
 from ingest.records import KAFKA_COLUMNS, Field
 from ingest.testing import MemoryCatalog
@@ -94,10 +95,10 @@ def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         catalog.load_table("contract.orders").delete(doomed)
 
     def expire(snapshot_ids: list[int]) -> None:
-        opened().expire(snapshot_ids)
+        opened().commit(Expire(snapshot_ids))
 
     def branch(name: str, snapshot_id: int) -> None:
-        opened().set_ref(name, snapshot_id, expected=None)
+        opened().commit(MoveRef(name, snapshot_id, expected=None))
 
     yield Table(opened, lambda: [f.name for f in catalog.load_table("contract.orders").schema().fields], alter,
                 lambda name: opened().on_branch(name), iceberg_offsets, delete, expire, branch)  # fmt: skip
@@ -138,8 +139,8 @@ def test_a_commit_moves_the_head_and_carries_its_summary_and_properties(handles:
     table.refresh()
     files = table.write(rows(0, 10))
     assert sum(f.record_count for f in files) == 10
-    first = table.try_commit(files, {"ingest.test": "one"}, {"ingest.pipelines": "test"})
-    second = table.try_commit([], {"ingest.test": "two"}, {})
+    first = table.commit(Append(files, {"ingest.test": "one"}, {"ingest.pipelines": "test"}))
+    second = table.commit(Append([], {"ingest.test": "two"}))
 
     reader = handles()
     head = reader.refresh()
@@ -156,13 +157,13 @@ def test_a_commit_on_a_moved_head_conflicts_and_changes_nothing(handles: Handles
     mine, theirs = handles(), handles()
     mine.refresh()
     theirs.refresh()
-    landed = theirs.try_commit(theirs.write(rows(0, 5)), {"by": "them"}, {})
+    landed = theirs.commit(Append(theirs.write(rows(0, 5)), {"by": "them"}))
     with pytest.raises(CommitConflict):
-        mine.try_commit(mine.write(rows(0, 5)), {"by": "me"}, {})
+        mine.commit(Append(mine.write(rows(0, 5)), {"by": "me"}))
     assert handles().refresh().snapshot_id == landed
 
     mine.refresh()
-    after = mine.try_commit([], {"by": "me"}, {})
+    after = mine.commit(Append([], {"by": "me"}))
     assert mine.head().snapshot_id == after
     reader = handles()
     reader.refresh()
@@ -173,7 +174,7 @@ def test_a_young_view_is_kept_until_it_is_older_than_asked(handles: Handles) -> 
     mine, theirs = handles(), handles()
     mine.refresh()
     theirs.refresh()
-    landed = theirs.try_commit([], {}, {})
+    landed = theirs.commit(Append([], {}))
     assert mine.refresh(max_age_s=math.inf).snapshot_id is None  # what the handle holds
     assert mine.refresh(max_age_s=0.0).snapshot_id == landed
 
@@ -258,7 +259,7 @@ def test_files_written_for_an_evolution_another_tool_overtook_are_never_committe
 
 def _three_commits(table: LedgerTable) -> list[int]:
     table.refresh()
-    return [table.try_commit(table.write(rows(lo, lo + 5)), {"n": str(lo)}, {}) for lo in (0, 5, 10)]
+    return [table.commit(Append(table.write(rows(lo, lo + 5)), {"n": str(lo)})) for lo in (0, 5, 10)]
 
 
 def test_after_expiry_the_walk_back_stops_at_the_expired_parent_and_later_snapshots_keep_their_rows(
@@ -300,7 +301,7 @@ def test_a_branch_moves_apart_from_main_from_where_it_was_made(table_under_test:
     on_branch = table_under_test.on_branch("replay-1")
     on_branch.refresh()
     assert on_branch.head().snapshot_id == first
-    landed = on_branch.try_commit(on_branch.write(rows(100, 102)), {"n": "branch"}, {})
+    landed = on_branch.commit(Append(on_branch.write(rows(100, 102)), {"n": "branch"}))
 
     assert [s.snapshot_id for s in on_branch.ancestry()] == [landed, first]
     assert table_under_test.offsets("replay-1") == [0, 1, 2, 3, 4, 100, 101]
@@ -317,7 +318,7 @@ def test_files_written_earlier_are_adopted_by_path_and_a_file_gone_is_said(table
     later.refresh()
     adopted = later.adopt(paths)
     assert [f.record_count for f in adopted] == [4]
-    later.try_commit(adopted, {}, {})
+    later.commit(Append(adopted, {}))
     assert table_under_test.offsets("main") == [0, 1, 2, 3]
     with pytest.raises(WrittenFilesGone):
         later.adopt([paths[0].replace(".parquet", "-gone.parquet")])

@@ -10,6 +10,7 @@ import yaml
 
 from ingest.config import load
 from ingest.errors import ExitCode
+from ingest.intents import Append
 from ingest.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
@@ -174,7 +175,7 @@ def test_a_batch_whose_files_predate_a_partition_evolution_is_not_committed_unde
             _change(env, partition_by=["day(created_at)", "bucket(4, order_id)"])
             assert env.cli("evolve-partitioning").returncode == 0
             other = Pipeline.open(load(env.config_path)).rows
-            other.try_commit([], {"note": "another writer"}, {})  # the head moves: the batch must observe again
+            other.commit(Append([], {"note": "another writer"}))  # the head moves: the batch must observe again
             return produced
 
     with pytest.raises(SchemaMoved, match="partition spec changed"):

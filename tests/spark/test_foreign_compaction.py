@@ -139,18 +139,18 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
             return produced
 
     attempts: list[str] = []
-    real = pipeline.rows.try_commit
+    real = pipeline.rows.commit
 
-    def recorded(files, summary, props):  # type: ignore[no-untyped-def]
+    def recorded(intent):  # type: ignore[no-untyped-def]
         try:
-            snapshot_id = real(files, summary, props)
+            snapshot_id = real(intent)
         except CommitConflict:
             attempts.append("conflict")
             raise
         attempts.append("committed")
         return snapshot_id
 
-    pipeline.rows.try_commit = recorded  # type: ignore[method-assign]
+    pipeline.rows.commit = recorded  # type: ignore[method-assign]
 
     result = pipeline.run_batch(SparkCompactsMidBatch(pipeline.config, pipeline.rows))
 

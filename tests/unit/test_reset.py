@@ -10,6 +10,7 @@ from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode, register
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import ConfigError, TopicIdChanged
+from ingest.intents import Append
 from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
 from ingest.testing import MemoryCatalog, MemoryTable
 
@@ -34,7 +35,7 @@ class Kafka:
 
 def table_with(ledger: Ledger) -> MemoryTable:
     table = MemoryCatalog("lake.orders").table()
-    table.try_commit([], encode(PIPELINE, ledger, BatchCounts()), register({}, PIPELINE))
+    table.commit(Append([], encode(PIPELINE, ledger, BatchCounts()), register({}, PIPELINE)))
     return table
 
 
