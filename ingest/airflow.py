@@ -191,9 +191,9 @@ class FreshnessCheckOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         with _explicit_failures(self):
-            from ingest.pipeline import Pipeline
+            from ingest.assembly import open_pipeline
 
-            pipelines = [Pipeline.open(config) for config in config_module.load_routes(self.config_path)]
+            pipelines = [open_pipeline(config) for config in config_module.load_routes(self.config_path)]
             found = [pipeline.ledger() for pipeline in pipelines]
         now = datetime.now(UTC)
         checked, stale = {}, []

@@ -19,7 +19,7 @@ Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a Y
 * **Results** are frozen dataclasses: :class:`~ingest.batch_result.BatchResult`,
   :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
   :class:`~ingest.ops.verify.Verification`, :class:`~ingest.ops.check.CheckResult`,
-  :class:`~ingest.ops.reset.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
+  :class:`~ingest.ops.reset_command.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
   :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`,
   :class:`~ingest.ops.partitioning.Repartitioned`; each
   ``as_dict()`` is what ``--json`` prints.
@@ -42,6 +42,7 @@ from ingest.config import PipelineConfig, load, parse
 from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
+    from ingest.assembly import Opened
     from ingest.batch_result import BatchResult
     from ingest.ops.check import CheckResult
     from ingest.ops.maintain import Maintenance
@@ -49,9 +50,8 @@ if TYPE_CHECKING:
     from ingest.ops.redrive import Redrive
     from ingest.ops.replay import ReplayResult
     from ingest.ops.report import BatchEntry, Status
-    from ingest.ops.reset import ResetResult, ResetTarget
+    from ingest.ops.reset_command import ResetResult, ResetTarget
     from ingest.ops.verify import Verification
-    from ingest.pipeline import Pipeline
     from ingest.runner import EngineChoice, Run
 
 __all__ = [
@@ -77,18 +77,18 @@ def _config(config: Config) -> PipelineConfig:
     return config if isinstance(config, PipelineConfig) else load(Path(config))
 
 
-def _existing(config: PipelineConfig) -> Pipeline | None:
+def _existing(config: PipelineConfig) -> Opened | None:
     """The pipeline if its rows table exists (opened), else None: nothing is created."""
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_existing
 
-    return Pipeline.open_existing(config)
+    return open_existing(config)
 
 
-def _opened(config: PipelineConfig) -> Pipeline:
+def _opened(config: PipelineConfig) -> Opened:
     """The pipeline, its tables created if missing."""
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    return Pipeline.open(config)
+    return open_pipeline(config)
 
 
 @contextmanager
@@ -188,7 +188,7 @@ def not_routed(config: PipelineConfig, command: str) -> PipelineConfig:
 
 
 def reset(config: Config, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
-    """Move the ledger to ``target`` (:class:`~ingest.ops.reset.ResetTarget`) in one snapshot
+    """Move the ledger to ``target`` (:class:`~ingest.ops.reset_command.ResetTarget`) in one snapshot
     without data, applied once however often the same command runs (``reset_id``: see ``ingest reset``)."""
     from ingest.ops.reset import reset as moved
 

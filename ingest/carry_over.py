@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from ingest.core.expiry import MAIN
 from ingest.core.ledger import (
     COMPACTION,
     MAINTENANCE_KEY,
@@ -31,13 +32,13 @@ from ingest.core.ledger import (
     registered_pipelines,
 )
 from ingest.errors import CommitConflict, CommitUnknown, PublishRefused
-from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Reapply, RemoveRef
+from ingest.ports import LedgerTable
 
 log = logging.getLogger(__name__)
 
 
-def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
+def _since(table: LedgerTable, head: int | None, stop: set[int]) -> list[SnapshotView]:
     """Snapshots from ``head`` back to (not including) the first one in ``stop``, newest first.
 
     Raises :class:`PublishRefused` if the chain breaks first (expired parents): what main gained
@@ -55,7 +56,7 @@ def _since(table: IcebergTable, head: int | None, stop: set[int]) -> list[Snapsh
     )
 
 
-def carryable(table: IcebergTable, pipeline: str, branch: str) -> list[SnapshotView]:
+def carryable(table: LedgerTable, pipeline: str, branch: str) -> list[SnapshotView]:
     """Every other writer's append on main since ``branch`` forked, oldest last; raises
     :class:`PublishRefused` if main holds anything else the branch did not redo (a delete, an
     overwrite, another pipeline's rollback of its dead letters). Changes nothing: a publish asks
@@ -78,7 +79,7 @@ def carryable(table: IcebergTable, pipeline: str, branch: str) -> list[SnapshotV
     return gained
 
 
-def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
+def carry_over(table: LedgerTable, pipeline: str, branch: str) -> int:
     """Re-apply onto ``branch`` every other writer's append on main since the branch forked;
     returns how many were applied now. Raises :class:`PublishRefused` (changing nothing) if main
     holds anything else the branch did not redo. Each re-applied commit requires the branch head."""
@@ -101,7 +102,7 @@ def carry_over(table: IcebergTable, pipeline: str, branch: str) -> int:
     return count
 
 
-def main_ledgers(table: IcebergTable, pipeline: str, branch: str) -> dict[str, str]:
+def main_ledgers(table: LedgerTable, pipeline: str, branch: str) -> dict[str, str]:
     """The summary keys that re-stamp, on the branch a publish makes main, the ledger main holds for
     every other pipeline registered on ``table`` where the branch's line lacks it: a compaction may
     be the only snapshot left that carries it (expiry removed the pipeline's own, and the branch
@@ -119,7 +120,7 @@ def main_ledgers(table: IcebergTable, pipeline: str, branch: str) -> dict[str, s
     return keys
 
 
-def remove_branch(table: IcebergTable, branch: str) -> None:
+def remove_branch(table: LedgerTable, branch: str) -> None:
     """Drop a published branch (main now holds all of it), requiring it to be where it was seen.
     A failure is only logged: the branch is left behind, and expiry keeps it."""
     head = table.branch_head(branch)

@@ -29,36 +29,30 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from ingest.batch_commit import land_dead_letters, owed
 from ingest.carry_over import carry_over, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.config import PipelineConfig
+from ingest.core.expiry import MAIN
 from ingest.core.ledger import (
     AppliedReset,
     BatchCounts,
     DeadLetterSync,
     Ledger,
     TopicPartition,
-    decode_sync,
     encode,
-    owed_property,
     remembering,
 )
-from ingest.errors import CommitGaveUp, WrittenFilesGone
-from ingest.iceberg.table import MAIN, IcebergTable
+from ingest.errors import CommitGaveUp
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters
 from ingest.ports import LedgerTable
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
 from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
 
 
 def rewind(
-    dead: IcebergTable,
+    dead: LedgerTable,
     pipeline: str,
     topics: Sequence[str],
     to: Mapping[TopicPartition, int],
@@ -104,7 +98,7 @@ def rewind(
 
 
 def publish_branch(
-    dead: IcebergTable, pipeline: str, branch: str, sync_id: str, max_attempts: int, rows: LedgerTable
+    dead: LedgerTable, pipeline: str, branch: str, sync_id: str, max_attempts: int, rows: LedgerTable
 ) -> None:
     """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
     ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``, or once the
@@ -141,7 +135,7 @@ def publish_branch(
 
 
 def remove_redriven(
-    dead: IcebergTable,
+    dead: LedgerTable,
     pipeline: str,
     redriven: Mapping[TopicPartition, Sequence[tuple[int, int]]],
     sync_id: str,
@@ -179,7 +173,7 @@ def remove_redriven(
 
 
 def _stamp(
-    table: IcebergTable, pipeline: str, ledger: Ledger | None, sync_id: str, others: Mapping[str, str] | None = None
+    table: LedgerTable, pipeline: str, ledger: Ledger | None, sync_id: str, others: Mapping[str, str] | None = None
 ) -> None:
     """A snapshot without data on ``table``'s branch whose ledger (unchanged) remembers ``sync_id``
     (and which carries ``others``: other pipelines' ledgers re-stamped)."""
@@ -189,7 +183,7 @@ def _stamp(
     table.commit(Append([], {**(others or {}), **summary}))
 
 
-def settle(dead: IcebergTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:
+def settle(dead: LedgerTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:
     """Do what the dead-letter table owes the rows snapshot whose ledger is ``ledger`` (a marker's
     step), if anything, for ``config``'s pipeline and its topics among ``ledger``'s; returns how
     many dead letters it added. ``rows`` is the rows table's branch that carries the marker.
@@ -218,53 +212,6 @@ def _remembering_all(base: Ledger | None, step_ids: Sequence[str]) -> tuple[Appl
     for step_id in step_ids:
         remembered = replace(remembered or Ledger(batch=0, offsets={}), resets=remembering(remembered, step_id))
     return remembered.resets if remembered is not None else ()
-
-
-def unadded(
-    rows: IcebergTable, dead: IcebergTable, pipeline: str, below: Mapping[TopicPartition, int]
-) -> tuple[DeadLetterSync, pa.Table] | None:
-    """The dead letters of ``pipeline``'s newest batch with dead letters (its marker, which the rows
-    table's properties repeat) that neither table holds, below ``below`` (a ledger being rebuilt):
-    what a crash between the batch's two commits left in files, once another tool expired the
-    marker's snapshot. None if there are none, or the files are gone (said in the log)."""
-    sync = decode_sync(rows.head().properties.get(owed_property(pipeline)))
-    if sync is None or sync.files is None:
-        return None
-    d, r = DEAD_LETTERS, ROWS
-    try:
-        written = dead.read_written(sync.files, DEAD_LETTER_SCHEMA.names)
-    except WrittenFilesGone:
-        log.warning(
-            "the files of the newest dead letters of %r (%s) are gone: if they were not added to %s before its "
-            "ledger was lost, those records are in neither table (ingest verify names them)",
-            pipeline,
-            sync.sync_id,
-            dead.identifier,
-        )
-        return None
-    inside = pa.array([False] * written.num_rows, pa.bool_())
-    for tp, end in below.items():
-        mine = pc.and_(pc.equal(written[d.topic], tp.topic), pc.equal(written[d.partition], tp.partition))
-        inside = pc.or_(inside, pc.and_(mine, pc.less(written[d.offset], end)))
-    written = written.filter(inside)
-    if written.num_rows == 0:
-        return None
-    stored = pa.concat_tables(
-        [
-            dead.scan_columns([d.topic, d.partition, d.offset]),
-            rows.scan_columns([r.topic, r.partition, r.offset]).rename_columns([d.topic, d.partition, d.offset]),
-        ],
-        promote_options="permissive",
-    )
-    key = _coordinate_key
-    missing = written.filter(pc.invert(pc.is_in(key(written), key(stored))))
-    return (sync, missing) if missing.num_rows else None
-
-
-def _coordinate_key(table: pa.Table) -> pa.Array:
-    d = DEAD_LETTERS
-    parts = [table[c].cast(pa.string()) for c in (d.topic, d.partition, d.offset)]
-    return pc.binary_join_element_wise(*parts, ":")
 
 
 def marker(ledger: Ledger, sync: DeadLetterSync) -> Ledger:

@@ -16,11 +16,11 @@ from rich.table import Table
 
 from ingest import config as config_module
 from ingest import records
+from ingest.assembly import Opened
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from ingest.kafka.registry import avro_serializer
 from ingest.ops import report, verify
-from ingest.pipeline import Pipeline
 from ingest.runner import opened
 
 PARTITIONS = 4
@@ -177,7 +177,7 @@ def _avro(bootstrap: str, registry: str, records: int, config_path: Path, consol
     _show_schemas(pipeline, console)
 
 
-def _show_schemas(pipeline: Pipeline, console: Console) -> None:
+def _show_schemas(pipeline: Opened, console: Console) -> None:
     table = pipeline.rows.table.refresh()
     history = Table("snapshot", "schema id", "columns", title=f"{pipeline.config.table}: schema history")
     schemas = {s.schema_id: s for s in table.metadata.schemas}
@@ -192,7 +192,7 @@ def _show_schemas(pipeline: Pipeline, console: Console) -> None:
     console.print("last rows (written with schema v2):", rows.slice(rows.num_rows - 2).to_pylist())
 
 
-def _show(pipeline: Pipeline, console: Console) -> None:
+def _show(pipeline: Opened, console: Console) -> None:
     rows = pipeline.rows.table.scan().to_arrow()
     console.rule(f"{pipeline.config.table}: {rows.num_rows} rows")
     console.print(rows.slice(0, 3).drop_columns([records.ROWS.key]).to_pylist())

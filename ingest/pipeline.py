@@ -1,8 +1,9 @@
 """One pipeline: plan a batch, turn its ranges into data files, commit both tables exactly once.
 
 Engines differ only in :meth:`~ingest.ports.Engine.produce` (how planned ranges become Parquet
-files); planning and committing are here, shared. A run is assembled (config, tables, engine) by
-:mod:`ingest.runner`.
+files); planning and committing are here, shared, over ports only (:mod:`ingest.ports`): the Iceberg
+tables, the Kafka source and the registry a config names are opened by :mod:`ingest.assembly`,
+and a run (pipeline and engine) by :mod:`ingest.runner`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Generic, TypeVar
 
 from ingest import failpoints
 from ingest.batch_commit import BatchCommit, commit_batch
@@ -25,14 +27,9 @@ from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import Fenced, SchemaAhead, TooManyDeadLetters, TopicIdChanged, firsts_text
-from ingest.iceberg.catalog import absent, connect
-from ingest.iceberg.schema import dead_letter_schema, rows_schema
-from ingest.iceberg.table import IcebergTable
-from ingest.kafka.source import KafkaSource
-from ingest.layout import evolved, latest_key, layout, values_in_registry
-from ingest.layout import routes as open_routes
+from ingest.fields import evolved, latest_key, values_in_registry
 from ingest.logcontext import about
-from ingest.ports import Engine, Produced, SchemaRegistry, WriterSchema
+from ingest.ports import Engine, LedgerTable, Produced, SchemaRegistry, Source, WriterSchema
 from ingest.records import Declared
 from ingest.retry import RETRIED
 from ingest.route_by.tables import Routes
@@ -46,16 +43,25 @@ log = logging.getLogger(__name__)
 MAX_SCHEMA_CATCH_UPS = 5
 
 
-class Pipeline:
+TableT = TypeVar("TableT", bound=LedgerTable)
+SourceT = TypeVar("SourceT", bound=Source)
+
+
+class Pipeline(Generic[TableT, SourceT]):
+    """The batch loop of one config over its tables (``TableT``) and source (``SourceT``), which
+    :mod:`ingest.assembly` opens (tests and integrations may give it others, see
+    :mod:`ingest.testing`): plan a batch, have an engine produce it, commit both tables."""
+
     def __init__(
         self,
         config: PipelineConfig,
-        source: KafkaSource,
-        rows: IcebergTable,
-        dead: IcebergTable,
+        source: SourceT,
+        rows: TableT,
+        dead: TableT,
         fields: Sequence[Declared] | None = None,
         registry: SchemaRegistry | None = None,
         routes: Routes | None = None,
+        siblings: Callable[[str], LedgerTable | None] | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -70,59 +76,24 @@ class Pipeline:
         self.fields: list[Declared] = list(fields if fields is not None else config.schema_ or [])
         start = config.start if isinstance(config.start, str) else int(config.start.timestamp() * 1000)
         self.policy = PlanPolicy(start=start, on_data_loss=config.on_data_loss, max_records=config.batch.max_records)
+        #: the rows table of another entry of the config (``tables:``) by name, if it exists
+        self.siblings = siblings or _none
         #: markers whose dead-letter step this process saw done (a step, once done, stays done)
         self._settled: set[str] = set()
 
-    @classmethod
-    def open(cls, config: PipelineConfig) -> Pipeline:
-        """The pipeline of ``config``: its tables opened, created if missing (see :func:`layout`)."""
-        planned = layout(config)
-        assert planned.catalog is not None
-        dead = IcebergTable.open(planned.catalog, config.dead_letters, dead_letter_schema())
-        if config.route_by is not None:
-            ledger = IcebergTable.open(planned.catalog, config.table, rows_schema([]))  # the ledger's: no rows
-            routes = open_routes(config, planned)
-            return cls(config, planned.source, ledger, dead, planned.fields, planned.registry, routes)
-        rows = IcebergTable.open(
-            planned.catalog,
-            config.table,
-            planned.schema,
-            planned.spec,
-            config.renames,
-            properties=config.table_properties,
-            sort_by=planned.sort_by,
-        )
-        return cls(config, planned.source, rows, dead, planned.fields, planned.registry)
-
     @property
-    def target(self) -> IcebergTable | RoutedTables:
+    def target(self) -> TableT | RoutedTables:
         """Where an engine writes the batch's data files: the rows table, or the routed tables."""
         return self.routes.tables if self.routes is not None else self.rows
 
-    @property
-    def routed_tables(self) -> dict[str, IcebergTable]:
-        """With ``route_by``: the routed tables there are, by name, as operations read and maintain them."""
-        tables = dict(self.routes.handles) if self.routes is not None else {}
-        assert all(isinstance(t, IcebergTable) for t in tables.values()), tables
-        return tables  # type: ignore[return-value]
-
-    @classmethod
-    def open_existing(cls, config: PipelineConfig) -> Pipeline | None:
-        """The pipeline if its rows table exists, else None, creating nothing: what the read-only
-        commands (``status``, ``history``, ``verify``) open."""
-        if absent(config.catalog) is not None:  # opening the catalog would create its file
-            return None
-        if not IcebergTable.exists(connect(config.catalog, config.commit.request_timeout_s), config.table):
-            return None
-        return cls.open(config)  # the dead-letter table too: missing (renamed in the config?), it is created empty
-
-    def on_branch(self, branch: str) -> Pipeline:
+    def on_branch(self, branch: str) -> Pipeline[TableT, SourceT]:
         """This pipeline committing rows to ``branch``, and dead letters to the dead-letter table's
         branch of the same name (a replay creates both; one begun by an older version has only the
         rows branch, and its dead letters stay on main)."""
         self.dead.refresh()
         dead = self.dead.on_branch(branch) if self.dead.branch_head(branch) is not None else self.dead
-        return Pipeline(self.config, self.source, self.rows.on_branch(branch), dead, self.fields, self.registry)
+        rows = self.rows.on_branch(branch)
+        return Pipeline(self.config, self.source, rows, dead, self.fields, self.registry, siblings=self.siblings)
 
     def ledger(self, max_age_s: float = 0.0) -> Found | None:
         return observe(self.rows, self.config.pipeline, max_age_s)
@@ -133,7 +104,7 @@ class Pipeline:
         found = self.ledger(max_age_s=HELD_S)
         view = view or self.source.describe()
         known = found.ledger.topics if found is not None else frozenset()
-        not_read_elsewhere(self.config, self.rows.catalog, {tp.topic for tp in view.partitions} - known)
+        not_read_elsewhere(self.config, self.siblings, {tp.topic for tp in view.partitions} - known)
         from_time = None
         if found is None and isinstance(self.policy.start, int):  # the first batch starts at a time
             from_time = self.source.offsets_for_time(sorted(view.partitions), self.policy.start)
@@ -370,6 +341,10 @@ class Pipeline:
             found = self.ledger(max_age_s=HELD_S)
             if found is not None and all(found.ledger.offsets.get(tp, 0) >= end for tp, end in target.items()):
                 return
+
+
+def _none(name: str) -> None:
+    return None
 
 
 class _EndsEarly(Exception):

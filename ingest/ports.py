@@ -7,7 +7,7 @@ never on a concrete adapter. The adapters that satisfy them:
   Iceberg catalog), and :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements
   and foreign commits, for tests and for anyone checking their own integration);
 * :class:`Source`: :class:`ingest.kafka.source.KafkaSource`;
-* :class:`TableMaker`: :class:`ingest.layout.IcebergTableMaker` (``route_by``'s tables);
+* :class:`TableMaker`: :class:`ingest.assembly.IcebergTableMaker` (``route_by``'s tables);
 * :class:`Engine`: :class:`ingest.engines.local.LocalEngine` and :class:`ingest.engines.spark.SparkEngine`;
 * :class:`ValueDecoder`: :class:`ingest.formats.json.Decoder` (JSON against the declared schema) and
   :class:`ingest.formats.avro.AvroDecoder` (the Confluent wire format), the seam record formats plug into;
@@ -145,7 +145,7 @@ class RoutedTable(LedgerTable, Protocol):
 
 
 class TableMaker(Protocol):
-    """Where ``route_by``'s tables come from (:class:`ingest.layout.IcebergTableMaker`): each
+    """Where ``route_by``'s tables come from (:class:`ingest.assembly.IcebergTableMaker`): each
     opened, or created if missing, as records first name it, laid out as the config says."""
 
     def open(self, name: str, fields: Sequence[Declared]) -> RoutedTable:

@@ -6,7 +6,7 @@ their runs here, so every run gets the same things in the same order:
 * the local engine's worker processes the first batch will want start first, before the catalog
   opens and before pyiceberg is imported, when Kafka shows a backlog that needs them
   (:func:`ingest.engines.local.workers_for_backlog`); their imports then overlap this process's own;
-* then the pipeline's tables and Kafka source (:meth:`ingest.pipeline.Pipeline.open`);
+* then the pipeline's tables and Kafka source (:func:`ingest.assembly.open_pipeline`);
 * then the engine, kept for every batch of the run (one worker pool, one Spark session) and closed
   when the run ends, whatever ends it.
 """
@@ -28,10 +28,10 @@ from ingest.ports import Engine
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start before it is
+    from ingest.assembly import Opened
     from ingest.batch_result import BatchResult
     from ingest.engines.spark import SparkSession
     from ingest.metrics import RunMetrics
-    from ingest.pipeline import Pipeline
 
 EngineChoice = Literal["local", "spark"]
 
@@ -40,7 +40,7 @@ EngineChoice = Literal["local", "spark"]
 class Run:
     """A pipeline and the engine that produces its batches, for as long as the run is open."""
 
-    pipeline: Pipeline
+    pipeline: Opened
     engine: Engine
     #: the runs' Prometheus metrics (``metrics:``), exported as each call of :meth:`batches` ends
     metrics: RunMetrics | None = None
@@ -79,7 +79,7 @@ class Run:
         return Run(self.pipeline.on_branch(branch), self.engine)
 
 
-def _where(pipeline: Pipeline) -> tuple[dict[TopicPartition, int] | None, int | None]:
+def _where(pipeline: Opened) -> tuple[dict[TopicPartition, int] | None, int | None]:
     """Each partition's lag and the data's valid-through, for the metrics; each None when Kafka or
     the table cannot say now (a failing run's cause, most likely)."""
     try:
@@ -121,10 +121,10 @@ def opened(
     running = False
     try:
         if engine == "spark":
+            from ingest.assembly import open_pipeline
             from ingest.engines.spark import SparkEngine  # ConfigError naming the extra when pyspark is missing
-            from ingest.pipeline import Pipeline
 
-            pipeline = Pipeline.open(config)
+            pipeline = open_pipeline(config)
             with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
                 running = True
                 yield Run(pipeline, on_spark, metrics)
@@ -133,9 +133,9 @@ def opened(
         # they are imported (the second table of a run of several), a batch starts them as it needs
         pool = workers_for_backlog(config) if early_workers else None
         try:
-            from ingest.pipeline import Pipeline  # pyiceberg: ~0.25 s of imports, after the workers' start
+            from ingest.assembly import open_pipeline  # pyiceberg: ~0.25 s of imports, after the workers' start
 
-            pipeline = Pipeline.open(config)
+            pipeline = open_pipeline(config)
         except BaseException:
             if pool is not None:
                 pool.close(kill=True)
@@ -150,7 +150,7 @@ def opened(
 
 
 @contextlib.contextmanager
-def engine_for(pipeline: Pipeline, engine: EngineChoice = "local") -> Iterator[Run]:
+def engine_for(pipeline: Opened, engine: EngineChoice = "local") -> Iterator[Run]:
     """A run of an already open ``pipeline`` (a test's, a notebook's) on a new engine, closed after."""
     if engine == "spark":
         from ingest.engines.spark import SparkEngine

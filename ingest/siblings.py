@@ -3,10 +3,12 @@ own ledger; a topic moves from one entry to another only by a ``reset`` naming t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.errors import TopicIdChanged, TopicMoved
-from ingest.iceberg.table import Catalog, IcebergTable
+from ingest.ports import LedgerTable
 
 
 def for_table(config: PipelineConfig, error: TopicIdChanged) -> TopicIdChanged:
@@ -14,14 +16,15 @@ def for_table(config: PipelineConfig, error: TopicIdChanged) -> TopicIdChanged:
     return error.on_table(config.table) if config.siblings else error
 
 
-def not_read_elsewhere(config: PipelineConfig, catalog: Catalog, new: set[str]) -> None:
+def not_read_elsewhere(config: PipelineConfig, existing: Callable[[str], LedgerTable | None], new: set[str]) -> None:
     """Fail closed when a topic new to this table's ledger is in the ledger of another table of
-    the config (``tables:``): it moved here (another entry listed it, a pattern changed), and
-    reading it from the start would store what the other table holds twice."""
+    the config (``tables:``; ``existing`` opens another entry's rows table, if it exists): it moved
+    here (another entry listed it, a pattern changed), and reading it from the start would store
+    what the other table holds twice."""
     if not new or not config.siblings:
         return
     for sibling in config.siblings:
-        table = IcebergTable.existing(catalog, sibling)
+        table = existing(sibling)
         found = observe(table, config.pipeline) if table is not None else None
         if found is None or not new & found.ledger.topics:
             continue

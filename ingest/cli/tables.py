@@ -234,7 +234,7 @@ def reset(
     Also works when the ledger is lost (expired or rewritten away by another tool); --from-table
     then resumes exactly where the data in the tables ends.
     """
-    from ingest.ops.reset import ResetTarget, parse_offsets
+    from ingest.ops.reset_command import ResetTarget, parse_offsets
 
     chosen = [x for x in (to_offsets, to_earliest or None, to_latest or None, to_timestamp, from_table or None) if x]
     if len(chosen) != 1:

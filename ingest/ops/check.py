@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ingest.assembly import layout, open_pipeline
 from ingest.config import REGISTRY_FORMATS, PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
-from ingest.layout import layout
-from ingest.pipeline import Pipeline
 from ingest.records import KEY_COLUMN
 
 
@@ -119,7 +118,7 @@ def check(config: PipelineConfig) -> CheckResult:
         names = (config.table, config.dead_letters)
         exists = {t: catalog is not None and IcebergTable.exists(catalog, t) for t in names}
         if all(exists.values()):
-            pipeline = Pipeline.open(config)  # loads, and stages what the next batch would evolve: commits nothing
+            pipeline = open_pipeline(config)  # loads, and stages what the next batch would evolve: commits nothing
             columns = [f.name for f in pipeline.fields]
             refused = pipeline.routes.refused if pipeline.routes is not None else {}
             return (

@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ingest.assembly import Opened, routed_tables
 from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
@@ -35,7 +36,6 @@ from ingest.iceberg.files import (
 from ingest.iceberg.table import DataFile, IcebergTable
 from ingest.intents import DataFile as WrittenFile
 from ingest.intents import Expire, Rewrite
-from ingest.pipeline import Pipeline
 from ingest.retry import with_retries
 
 log = logging.getLogger(__name__)
@@ -198,11 +198,11 @@ def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:
     return bool(added) and all(f.file_path in live for f in added)
 
 
-def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
+def maintain(pipeline: Opened, now: float | None = None) -> Maintenance:
     spec = pipeline.config.maintenance
     now = time.time() if now is None else now
     # fail closed before touching a table whose ledger (or, with route_by, floor) is lost
-    for table in [pipeline.rows, *pipeline.routed_tables.values()]:
+    for table in [pipeline.rows, *routed_tables(pipeline).values()]:
         observe(table, pipeline.config.pipeline)
     # a batch's dead letters not added yet are files no snapshot references: add them before
     # orphan-file removal could take them for a crashed batch's
@@ -221,5 +221,5 @@ def maintain(pipeline: Pipeline, now: float | None = None) -> Maintenance:
         return TableMaintenance(compaction, len(expired), len(remove_orphans(table, spec, now)))
 
     # a routed table's floor is a ledger like the rows table's: compaction re-stamps it, expiry keeps it
-    routed = {name: one(table) for name, table in pipeline.routed_tables.items()}
+    routed = {name: one(table) for name, table in routed_tables(pipeline).items()}
     return Maintenance(pipeline.config.pipeline, one(pipeline.rows), one(pipeline.dead), routed)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ingest.assembly import layout
 from ingest.config import PipelineConfig
 from ingest.iceberg.catalog import absent
 from ingest.iceberg.table import IcebergTable
-from ingest.layout import layout
 
 Evolution = Literal["evolved", "unchanged", "dry-run", "no-table"]
 

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import failpoints
+from ingest.assembly import Opened
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, encode, read_extra, register
 from ingest.dead_letters import settle
@@ -49,7 +50,7 @@ from ingest.engines.tasks import TaskSpec
 from ingest.errors import CommitGaveUp, SchemaAhead
 from ingest.iceberg.table import MAIN
 from ingest.intents import Append
-from ingest.pipeline import MAX_SCHEMA_CATCH_UPS, Pipeline
+from ingest.pipeline import MAX_SCHEMA_CATCH_UPS
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Decoded, RawChunk
 from ingest.retry import with_retries
 
@@ -84,7 +85,7 @@ class Redrive:
         return asdict(self)
 
 
-def redrive(pipeline: Pipeline, *, dry_run: bool = False) -> Redrive:
+def redrive(pipeline: Opened, *, dry_run: bool = False) -> Redrive:
     config = pipeline.config
     if pipeline.rows.branch != MAIN:
         raise ValueError("redrive commits to main")
@@ -147,7 +148,7 @@ def _within(table: pa.Table, offset_column: str, spans: Mapping[TopicPartition, 
     return hit
 
 
-def _decode(pipeline: Pipeline, dead: pa.Table) -> Decoded:
+def _decode(pipeline: Opened, dead: pa.Table) -> Decoded:
     """``dead`` decoded as a batch decodes records now, the table's fields evolved as a batch's
     would be for the writer schemas they turn out to need."""
     chunk = _raw(dead)
@@ -221,7 +222,7 @@ def _key(table: pa.Table, c: Coordinates) -> pa.Array:
     return pc.binary_join_element_wise(*parts, ":")
 
 
-def _commit(pipeline: Pipeline, group: pa.Table) -> int | None:
+def _commit(pipeline: Opened, group: pa.Table) -> int | None:
     """Commit ``group`` (rows decoded from dead letters) to the rows table with the marker that
     removes those dead letters, then remove them; returns the rows snapshot (None if a racing
     redrive had committed them all already)."""

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from ingest import failpoints, records
+from ingest.assembly import Opened
 from ingest.batch_result import BatchResult
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
@@ -56,7 +57,6 @@ from ingest.errors import (
 )
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef, RemoveRef
-from ingest.pipeline import Pipeline
 from ingest.retry import Again, with_retries
 from ingest.runner import Run
 
@@ -142,7 +142,7 @@ class ReplayResult:
         return data
 
 
-def compare(pipeline: Pipeline, branch: str) -> tuple[BranchComparison, ...]:
+def compare(pipeline: Opened, branch: str) -> tuple[BranchComparison, ...]:
     rows = pipeline.rows
     rows.refresh()
     name = pipeline.config.pipeline
@@ -167,7 +167,7 @@ def compare(pipeline: Pipeline, branch: str) -> tuple[BranchComparison, ...]:
     )
 
 
-def _check_retained(pipeline: Pipeline, start: Found) -> None:
+def _check_retained(pipeline: Opened, start: Found) -> None:
     view = pipeline.source.describe()
     missing = [
         f"{tp} [{offset}, {view.partitions[tp].low})"
@@ -181,7 +181,7 @@ def _check_retained(pipeline: Pipeline, start: Found) -> None:
         )
 
 
-def _check_redrives(pipeline: Pipeline, target: int, start: Found) -> None:
+def _check_redrives(pipeline: Opened, target: int, start: Found) -> None:
     """Refuse to replay from ``target`` if a redrive since moved dead letters of records before it
     to the rows: going back to it drops those rows, and the dead letters are gone (re-reading
     starts at its ledger, past them)."""
@@ -249,7 +249,7 @@ def replay(
     return replace(_continue(run, target, publish), ledger_batch=start.ledger.batch)
 
 
-def _branch_dead_letters(pipeline: Pipeline, branch: str, start: Found) -> None:
+def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
     """The dead-letter table's branch for a replay: at its main head, with this pipeline's dead
     letters from S's ledger on removed (the replay stores them again, as its decoding says).
     Done before the rows branch exists, so a replay that finds its rows branch finds this too."""
@@ -300,7 +300,7 @@ def _continue(run: Run, target: int, publish: bool) -> ReplayResult:
     return ReplayResult(name, target, "replayed", branch=branch, batches=batches, comparison=compare(pipeline, branch))
 
 
-def _rollback(pipeline: Pipeline, target: int, start: Found) -> tuple[int | None, list[Discarded]]:
+def _rollback(pipeline: Opened, target: int, start: Found) -> tuple[int | None, list[Discarded]]:
     """Point main at a marker snapshot on top of ``target`` (S's ledger, and the dead-letter
     rewind it owes), requiring main's head to be the one this decision was made on; then rewind
     the dead letters."""
@@ -366,7 +366,7 @@ def _forked_from_main(rows: IcebergTable, branch: str, target: int) -> None:
     )
 
 
-def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tuple[int | None, int]:
+def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tuple[int | None, int]:
     """Fast-forward main to the branch once the branch holds everything main holds, then the
     dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
@@ -427,5 +427,5 @@ def _publish(pipeline: Pipeline, replaying: Run, branch: str, target: int) -> tu
     )
 
 
-def _attempts(pipeline: Pipeline) -> int:
+def _attempts(pipeline: Opened) -> int:
     return pipeline.config.commit.max_attempts

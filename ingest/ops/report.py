@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ingest import records
+from ingest.assembly import Opened
 from ingest.config import PipelineConfig
 from ingest.core.ledger import Found, TopicPartition, decode, decode_counts, read_extra
 from ingest.core.plan import KafkaView
 from ingest.kafka.source import KafkaSource
-from ingest.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,13 @@ class Status:
         }
 
 
-def status(pipeline: Pipeline) -> Status:
+def status(pipeline: Opened) -> Status:
     found = pipeline.ledger()
     view = pipeline.source.describe()
     return replace(_status(pipeline.config, view, found), dead_letters=dead_letter_count(pipeline, found))
 
 
-def dead_letter_count(pipeline: Pipeline, found: Found | None) -> DeadLetterCount:
+def dead_letter_count(pipeline: Opened, found: Found | None) -> DeadLetterCount:
     """The pipeline's dead letters (those of its topics, as of ledger ``found``) on its dead-letter table's main."""
     d = records.DEAD_LETTERS
     pipeline.dead.refresh()
@@ -186,7 +186,7 @@ class BatchEntry:
         }
 
 
-def history(pipeline: Pipeline, limit: int | None = None) -> list[BatchEntry]:
+def history(pipeline: Opened, limit: int | None = None) -> list[BatchEntry]:
     """This pipeline's snapshots on the main branch, newest first."""
     name = pipeline.config.pipeline
     pipeline.rows.refresh()

@@ -16,188 +16,47 @@ a lost dead-letter ledger (the floor) too.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from dataclasses import replace
+from typing import Any
 
 from ingest import records
+from ingest.assembly import Opened
 from ingest.committer import RowsCommit, commit_rows, ledger_lost, observe
 from ingest.core.commit import Decision
 from ingest.core.ledger import (
     RESET_MEMORY,
     AppliedReset,
     BatchCounts,
-    DeadLetterSync,
     Found,
     Ledger,
     TopicPartition,
     carried,
     carried_origin,
-    encode,
     find_ledger,
     read_extra,
-    remembering,
 )
 from ingest.core.plan import Batch, KafkaView, changed_topics
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
-from ingest.dead_letters import settle, unadded
-from ingest.errors import CommitGaveUp, ConfigError, FatalError
-from ingest.iceberg.table import IcebergTable
-from ingest.intents import Append, DataFile
-from ingest.pipeline import Pipeline
+from ingest.dead_letters import settle
+from ingest.errors import ConfigError, FatalError
+from ingest.intents import DataFile
+from ingest.ops.reset_command import (
+    FloorRebuilt,
+    OffsetMove,
+    OffsetsSource,
+    ResetCommand,
+    ResetResult,
+    ResetTarget,
+    default_reset_id,
+    offsets_spec,
+)
+from ingest.ops.stored import add_unadded, newest_coordinates, unadded
 from ingest.ports import LedgerTable
-from ingest.retry import with_retries
-
-ResetKind = Literal["offsets", "earliest", "latest", "timestamp", "table"]
 
 
-@dataclass(frozen=True)
-class ResetTarget:
-    """Exactly one of: explicit offsets, earliest, latest, a timestamp (ms), or the table's data."""
-
-    kind: ResetKind
-    offsets: dict[TopicPartition, int] | None = None
-    timestamp_ms: int | None = None
-
-    def describe(self) -> str:
-        if self.kind == "offsets" and self.offsets is not None:
-            return "offsets:" + ",".join(f"{tp.topic}:{tp.partition}={o}" for tp, o in sorted(self.offsets.items()))
-        if self.kind == "timestamp":
-            return f"timestamp:{self.timestamp_ms}"
-        return self.kind
-
-
-def parse_offsets(text: str) -> dict[TopicPartition, int]:
-    """``orders:0=120,orders:1=95`` as offsets."""
-    result = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            where, offset = item.split("=")
-            topic, partition = where.rsplit(":", 1)
-            result[TopicPartition(topic, int(partition))] = int(offset)
-        except ValueError:
-            raise ConfigError(f"--to-offsets: {item!r} is not TOPIC:PARTITION=OFFSET") from None
-    return result
-
-
-def _spec(offsets: Mapping[TopicPartition, int]) -> str:
-    return ",".join(f"{tp.topic}:{tp.partition}={o}" for tp, o in sorted(offsets.items()))
-
-
-ResetStatus = Literal["applied", "already-applied", "not-needed"]
-
-
-@dataclass(frozen=True)
-class OffsetMove:
-    """Where a reset moved one partition's ledger offset."""
-
-    topic: str
-    partition: int
-    moved_from: int | None
-    to: int
-    #: ``--from-table`` only: what the offset was rebuilt from (``table``, ``ledger``, ``low-watermark``)
-    basis: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "topic": self.topic,
-            "partition": self.partition,
-            "from": self.moved_from,
-            "to": self.to,
-        }
-        return data | ({"basis": self.basis} if self.basis is not None else {})
-
-
-@dataclass(frozen=True)
-class FloorRebuilt:
-    """``--from-table``: the dead-letter ledger rebuilt from the dead letters."""
-
-    snapshot_id: int | None
-    floor: Mapping[TopicPartition, int]
-
-    def as_dict(self) -> dict[str, Any]:
-        offsets = [{"topic": tp.topic, "partition": tp.partition, "floor": o} for tp, o in sorted(self.floor.items())]
-        return {"snapshot_id": self.snapshot_id, "offsets": offsets}
-
-
-@dataclass(frozen=True)
-class ResetResult:
-    """``ingest reset``: what was applied (once, whatever the number of runs)."""
-
-    pipeline: str
-    reset_id: str
-    status: ResetStatus
-    snapshot_id: int | None
-    batch: int | None = None
-    by: str | None = None
-    reason: str | None = None
-    #: the ledger was lost and this reset replaced it
-    recovered: bool | None = None
-    dead_letter_ledger_lost: bool | None = None
-    dead_letter_floor: FloorRebuilt | None = None
-    offsets: tuple[OffsetMove, ...] | None = None
-    note: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "reset_id": self.reset_id,
-            "status": self.status,
-            "snapshot_id": self.snapshot_id,
-        }
-        for key in ("batch", "by", "reason", "recovered", "dead_letter_ledger_lost", "note"):
-            value = getattr(self, key)
-            if value is not None:
-                data[key] = value
-        if self.dead_letter_floor is not None:
-            data["dead_letter_floor"] = self.dead_letter_floor.as_dict()
-        if self.offsets is not None:
-            data["offsets"] = [move.as_dict() for move in self.offsets]
-        return data
-
-
-@dataclass(frozen=True)
-class ResetCommand:
-    """One reset command: which pipeline, where to, who, why, under which id."""
-
-    pipeline: str
-    target: ResetTarget
-    reason: str
-    reset_id: str
-    by: str
-    max_attempts: int
-
-    def extra(self, recovered: bool) -> dict[str, str]:
-        extra = {
-            "reset-by": self.by,
-            "reset-reason": self.reason,
-            "reset-target": self.target.describe(),
-        }
-        return extra | ({"reset-recovered": "true"} if recovered else {})
-
-    def report(self, status: ResetStatus, snapshot_id: int | None, **more: Any) -> ResetResult:
-        return ResetResult(self.pipeline, self.reset_id, status, snapshot_id, **more)
-
-
-def default_reset_id(pipeline: str, target: ResetTarget, reason: str) -> str:
-    """The id of a reset command: the same command run again is the same reset."""
-    return hashlib.sha256(f"{pipeline}|{target.describe()}|{reason}".encode()).hexdigest()[:16]
-
-
-class OffsetsSource(Protocol):
-    """What a reset asks of Kafka: the partitions and their watermarks, and offsets by time."""
-
-    def describe(self) -> KafkaView: ...
-
-    def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]: ...
-
-
-def reset(pipeline: Pipeline, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
+def reset(pipeline: Opened, target: ResetTarget, reason: str, reset_id: str | None = None) -> ResetResult:
     name = pipeline.config.pipeline
     command = ResetCommand(
         name,
@@ -402,7 +261,7 @@ def _moves(base: Ledger | None, new: Mapping[TopicPartition, int]) -> tuple[tupl
 
 
 def _from_table(
-    pipeline: Pipeline, command: ResetCommand, found: Found | None, lost: bool, dead_lost: bool
+    pipeline: Opened, command: ResetCommand, found: Found | None, lost: bool, dead_lost: bool
 ) -> ResetResult:
     """Rebuild whichever ledger is lost (rows, dead letters or both) from the tables' data."""
     name = pipeline.config.pipeline
@@ -419,8 +278,8 @@ def _from_table(
         )
     view = pipeline.source.describe()
     topics = pipeline.config.topics_in(tp.topic for tp in view.partitions)
-    last_row, row_times = _newest(pipeline.rows, records.ROWS, topics)
-    last_dead, dead_times = _newest(pipeline.dead, records.DEAD_LETTERS, topics)
+    last_row, row_times = newest_coordinates(pipeline.rows, records.ROWS, topics)
+    last_dead, dead_times = newest_coordinates(pipeline.dead, records.DEAD_LETTERS, topics)
     check_coordinates(last_row, last_dead, view)
     unseen: Sequence[TopicPartition] = ()
     if lost:
@@ -436,7 +295,7 @@ def _from_table(
     # named them is lost: those below the rebuilt ledger go in with the floor (or on their own)
     owed = unadded(pipeline.rows, pipeline.dead, name, new) if lost else None
     if owed is not None and not dead_lost:
-        _add_unadded(pipeline, command, *owed)
+        add_unadded(pipeline.dead, name, *owed, command.max_attempts)
         owed = None
     if dead_lost:
         # first: a crash before the rows commit leaves the rows ledger lost, and the same command
@@ -466,31 +325,6 @@ def _from_table(
     return command.report("applied", snapshot_id, **more)
 
 
-def _add_unadded(pipeline: Pipeline, command: ResetCommand, sync: DeadLetterSync, dead_letters: pa.Table) -> None:
-    """Add ``dead_letters`` (a batch's, left in files by a crash; see :func:`ingest.dead_letters.unadded`)
-    to the intact dead-letter table, once: its ledger then remembers the batch's marker."""
-    name, dead = pipeline.config.pipeline, pipeline.dead
-    files = dead.write(dead_letters)
-
-    def attempt(number: int) -> None:
-        found = observe(dead, name)
-        if found is None or found.ledger.remembers(sync.sync_id):
-            return
-        ledger = replace(found.ledger, batch=found.ledger.batch + 1, resets=remembering(found.ledger, sync.sync_id))
-        summary = encode(name, ledger, BatchCounts(dead_letters=dead_letters.num_rows), {"synced-by": sync.sync_id})
-        dead.commit(Append(files, summary))
-
-    with_retries(
-        attempt,
-        command.max_attempts,
-        lambda: CommitGaveUp(
-            f"adding the dead letters a crash left in files to {dead.identifier} did not settle after "
-            f"{command.max_attempts} attempts; run the same reset again"
-        ),
-        f"dead letters {sync.sync_id} to {dead.identifier}",
-    )
-
-
 def _retention_hint(view: KafkaView, new: Mapping[TopicPartition, int]) -> str:
     below = {tp: view.partitions[tp].low for tp, o in new.items() if o < view.partitions[tp].low}
     if not below:
@@ -498,26 +332,6 @@ def _retention_hint(view: KafkaView, new: Mapping[TopicPartition, int]) -> str:
     return (
         ". Kafka no longer holds the records right after the newest row of those partitions, so the tables "
         "cannot tell whether they were ingested (as dead letters) or not. To resume at the earliest retained "
-        f"offset instead, accepting that loss, run: ingest reset --to-offsets {_spec({**new, **below})} --reason ..."
+        "offset instead, accepting that loss, run: ingest reset --to-offsets "
+        f"{offsets_spec({**new, **below})} --reason ..."
     )
-
-
-def _newest(
-    table: IcebergTable, columns: records.Coordinates, topics: Sequence[str]
-) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """Per partition of ``topics``: the newest offset ``table`` holds on its branch head, and the
-    newest record timestamp (ms). Only the four coordinate columns are read, aggregated in Arrow."""
-    topic, partition, offset, timestamp, _ = columns.names
-    data = table.scan_columns([topic, partition, offset, timestamp])
-    data = data.filter(pc.is_in(data[topic], pa.array(list(topics), pa.string())))
-    if data.num_rows == 0:
-        return {}, {}
-    grouped = data.group_by([topic, partition]).aggregate([(offset, "max"), (timestamp, "max")])
-    offsets: dict[TopicPartition, int] = {}
-    times: dict[TopicPartition, int] = {}
-    for row in grouped.to_pylist():  # one row per partition
-        tp = TopicPartition(row[topic], row[partition])
-        offsets[tp] = int(row[f"{offset}_max"])
-        if row[f"{timestamp}_max"] is not None:
-            times[tp] = int(row[f"{timestamp}_max"].timestamp() * 1000)
-    return offsets, times

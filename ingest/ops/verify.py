@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import records
+from ingest.assembly import Opened, routed_tables
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.coverage import Coverage, coverage
@@ -27,7 +28,6 @@ from ingest.errors import TopicIdChanged
 from ingest.iceberg.table import IcebergTable
 from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
-from ingest.pipeline import Pipeline
 from ingest.siblings import for_table
 
 #: how many offsets of each kind a verification report lists per partition
@@ -225,11 +225,11 @@ def nothing_to_verify(config: PipelineConfig) -> Verification:
     )
 
 
-def _rows_tables(pipeline: Pipeline) -> list[tuple[IcebergTable, int | None]]:
+def _rows_tables(pipeline: Opened) -> list[tuple[IcebergTable, int | None]]:
     """The tables the pipeline's rows are in, each with its head as read now: the rows table (at the
     head the ledger was just found on), or (``route_by``) every routed table."""
     tables = [(pipeline.rows, pipeline.rows.head().snapshot_id)]  # (route_by: the ledger's table has none)
-    for table in pipeline.routed_tables.values():
+    for table in routed_tables(pipeline).values():
         tables.append((table, table.refresh().snapshot_id))
     return tables
 
@@ -243,7 +243,7 @@ def _rows_coordinates(tables: list[tuple[IcebergTable, int | None]]) -> pa.Table
     return pa.concat_tables([empty, *scans], promote_options="permissive")
 
 
-def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
+def _owed_dead_letters(pipeline: Opened, found: Found) -> pa.Table | None:
     """The coordinates of the dead letters the rows head's batch has not added to the dead-letter
     table yet (see :mod:`ingest.batch_commit`): written, in files its marker names."""
     sync = found.ledger.sync
@@ -256,7 +256,7 @@ def _owed_dead_letters(pipeline: Pipeline, found: Found) -> pa.Table | None:
     return pipeline.dead.read_written(sync.files, [d.topic, d.partition, d.offset])
 
 
-def verify(pipeline: Pipeline) -> Verification:
+def verify(pipeline: Opened) -> Verification:
     """Every offset of the ledger's ranges that Kafka still holds is in the table or the dead
     letters exactly once (a backward reset adds one more copy of what it re-read), and no row lies
     outside them. Each table is judged at its head, as its readers see it: where offsets are wrong,

@@ -546,15 +546,15 @@ def stage_catchup(args: argparse.Namespace) -> dict[str, Any]:
     """A catch-up of two batches on one local engine: the first starts the workers, the second
     (timed) finds them running, as every later batch of ``ingest run --until-caught-up`` does."""
     from ingest import config as config_module
+    from ingest.assembly import open_pipeline
     from ingest.engines.local import processes as local_processes
-    from ingest.pipeline import Pipeline
     from ingest.runner import engine_for
 
     half = args.records // 2
     with tempfile.TemporaryDirectory() as tmp:
         overrides = {"batch": {"max_records": half, "chunk_records": max(1, half // 2)}}
         config = config_module.parse(_config(args, tmp) | overrides)
-        with engine_for(Pipeline.open(config)) as run:
+        with engine_for(open_pipeline(config)) as run:
             started = time.perf_counter()
             run.batch()
             first_s = time.perf_counter() - started
@@ -642,17 +642,17 @@ def stage_fixed(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     from ingest import config as config_module
+    from ingest.assembly import open_pipeline
     from ingest.committer import RowsCommit, commit_rows
     from ingest.core.ledger import BatchCounts
     from ingest.core.plan import Batch
     from ingest.kafka.admin import produce
-    from ingest.pipeline import Pipeline
     from tests.runs import one_batch
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = config_module.parse(_config(args, tmp) | {"topics": [args.topic + "-fixed"]})
-        pipeline = Pipeline.open(config)
+        pipeline = open_pipeline(config)
         one_batch(pipeline)  # pins the ledger
         for target in (10, 100, 1000):
             while len(pipeline.rows.table.metadata.snapshots) < target:
@@ -675,7 +675,7 @@ def stage_fixed(args: argparse.Namespace) -> dict[str, Any]:
 def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
     """Local-engine throughput against batch size, on the same topic."""
     from ingest import config as config_module
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
     from tests.runs import one_batch
 
     sizes = [s for s in (10_000, 100_000, 500_000, 2_000_000) if s <= args.records]
@@ -683,7 +683,7 @@ def stage_scaling(args: argparse.Namespace) -> dict[str, Any]:
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             config = config_module.parse(_config(args, tmp) | {"batch": {"max_records": size}})
-            pipeline = Pipeline.open(config)
+            pipeline = open_pipeline(config)
             started = time.perf_counter()
             result = one_batch(pipeline)
             rates[str(size)] = (result.records + result.dead_letters) / (time.perf_counter() - started)

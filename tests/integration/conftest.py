@@ -282,9 +282,9 @@ class Env:
 
     def counts(self) -> tuple[int, int]:
         """(rows, dead letters) in the tables, as a reader of the tables sees them."""
-        from ingest.pipeline import Pipeline
+        from ingest.assembly import open_pipeline
 
-        pipeline = Pipeline.open(self.config)
+        pipeline = open_pipeline(self.config)
         rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
@@ -294,9 +294,9 @@ class Env:
         a poison one as its dead letter (tests/content.py), and ``verify`` agrees; returns verify's
         document. ``lost``: per partition, the ``[start, end)`` of this topic that retention deleted
         unread (no row, no dead letter); ``foreign_rows``: rows another writer stored of other topics."""
-        from ingest.pipeline import Pipeline
+        from ingest.assembly import open_pipeline
 
-        pipeline = Pipeline.open(self.config)
+        pipeline = open_pipeline(self.config)
         rows = pipeline.rows.table.scan().to_arrow()
         dead = pipeline.dead.table.scan().to_arrow()
         ours = {sent.topic for sent in self.log.sent}
@@ -565,10 +565,10 @@ class Routed:
         )
 
     def counts(self, table: str) -> tuple[int, int]:
+        from ingest.assembly import open_pipeline
         from ingest.config import load
-        from ingest.pipeline import Pipeline
 
-        pipeline = Pipeline.open(load(self.path, table=table))
+        pipeline = open_pipeline(load(self.path, table=table))
         rows = pipeline.rows.table.scan(selected_fields=("_kafka_offset",)).to_arrow().num_rows
         dead = pipeline.dead.table.scan(selected_fields=("offset",)).to_arrow().num_rows
         return rows, dead
@@ -580,12 +580,12 @@ class Routed:
     def exact(self) -> None:
         """Each table holds exactly the records of its topics, by content (tests/content.py), and
         ``verify`` agrees."""
+        from ingest.assembly import open_pipeline
         from ingest.config import load
-        from ingest.pipeline import Pipeline
 
         for table in self.tables:
             assert self.counts(table) == (self.produced[table] - self.bad[table], self.bad[table]), table
-            pipeline = Pipeline.open(load(self.path, table=table))
+            pipeline = open_pipeline(load(self.path, table=table))
             rows, dead = pipeline.rows.table.scan().to_arrow(), pipeline.dead.table.scan().to_arrow()
             assert_holds(rows, dead, [sent for sent in self.env.log.sent if self.feeds(sent.topic) == table])
         result = self.cli("verify", "--json")

@@ -9,7 +9,7 @@ import yaml
 from ingest import api
 from ingest.errors import ExitCode, FatalError, TopicNotFound
 from ingest.iceberg.catalog import connect
-from ingest.ops.reset import ResetTarget
+from ingest.ops.reset_command import ResetTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 

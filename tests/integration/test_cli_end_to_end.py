@@ -83,13 +83,13 @@ def test_status_history_and_verify_report_what_landed(make_env) -> None:
 
 
 def test_dead_letters_keep_raw_record_and_error(make_env) -> None:
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
     env = make_env()
     env.produce(50, bad_every=5)
     assert env.cli("run").returncode == 0
 
-    dead = Pipeline.open(env.config).dead.table.scan().to_arrow().sort_by("offset").to_pylist()
+    dead = open_pipeline(env.config).dead.table.scan().to_arrow().sort_by("offset").to_pylist()
     assert len(dead) == 10
     by_value = {d["value"]: d for d in dead}
     assert "not valid JSON" in by_value[b"{not json"]["error"]
@@ -104,12 +104,12 @@ def test_dead_letters_keep_raw_record_and_error(make_env) -> None:
 
 
 def test_table_rows_carry_kafka_coordinates(make_env) -> None:
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
     env = make_env(partitions=2)
     env.produce(10)
     assert env.cli("run").returncode == 0
-    rows = Pipeline.open(env.config).rows.table.scan().to_arrow().sort_by("order_id").to_pylist()
+    rows = open_pipeline(env.config).rows.table.scan().to_arrow().sort_by("order_id").to_pylist()
     first = rows[0]
     assert first["_kafka_topic"] == env.topic
     assert first["_kafka_partition"] == 0 and first["_kafka_offset"] == 0
@@ -328,7 +328,7 @@ def _to_partition(env, partition: int, first: int, count: int, timestamp_ms: int
 def test_an_idle_partition_does_not_hold_data_complete_through_back(make_env) -> None:
     import time
 
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
     env = make_env(partitions=2, batch={"max_records": 50, "read_timeout_s": 20})
     idle_last = int(time.time() * 1000) - 3_600_000  # partition 1's records are an hour old
@@ -349,7 +349,7 @@ def test_an_idle_partition_does_not_hold_data_complete_through_back(make_env) ->
 
     status = json.loads(env.cli("status", "--json").stdout)
     assert [(p["partition"], p["lag"]) for p in status["partitions"]] == [(0, 30), (1, 0)]
-    rows = Pipeline.open(env.config).rows.scan_columns(["_kafka_partition", "_kafka_timestamp"]).to_pylist()
+    rows = open_pipeline(env.config).rows.scan_columns(["_kafka_partition", "_kafka_timestamp"]).to_pylist()
     busy_last = max(int(r["_kafka_timestamp"].timestamp() * 1000) for r in rows if r["_kafka_partition"] == 0)
     # the busy partition, behind, is complete through its newest committed record; the idle one,
     # read to its end again, no longer holds the table at its last record an hour ago

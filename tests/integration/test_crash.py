@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.catalog_ra
 
 
 def _snapshots(env, table: str) -> int:  # type: ignore[no-untyped-def]
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     chosen = pipeline.rows if table == "rows" else pipeline.dead
     return len(chosen.table.metadata.snapshots)
 
@@ -44,9 +44,9 @@ def test_sigkill_at_each_step_then_rerun(make_env, point: str) -> None:
 
 def _committed(env) -> int:  # type: ignore[no-untyped-def]
     """Offsets the rows table's ledger has passed, summed over partitions (0: none yet)."""
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    found = Pipeline.open(env.config).ledger()
+    found = open_pipeline(env.config).ledger()
     return sum(found.ledger.offsets.values()) if found is not None else 0
 
 

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from ingest import config as config_module
+from ingest.assembly import Opened, open_pipeline
 from ingest.core.plan import Batch
 from ingest.kafka.admin import produce
 from ingest.ops.replay import replay
-from ingest.pipeline import Pipeline
 from ingest.runner import engine_for
 from tests.integration.conftest import Env
 from tests.runs import catch_up, one_batch
@@ -36,7 +36,7 @@ def _variant(env: Env, name: str, change: Callable[[dict[str, Any]], None]) -> P
     return path
 
 
-def _pause_after_plan(pipeline: Pipeline, meanwhile: Callable[[], None]) -> None:
+def _pause_after_plan(pipeline: Opened, meanwhile: Callable[[], None]) -> None:
     """Make ``pipeline``'s next plan run ``meanwhile`` right after it: the copy was paused there."""
     plan = pipeline.plan
     armed = [True]
@@ -64,17 +64,17 @@ def test_a_copy_that_settles_a_rollback_late_keeps_the_dead_letters_landed_since
     remove those dead letters again, whatever the late copy does next (here its smaller batch)."""
     env = make_env(partitions=1, batch={"max_records": 300, "read_timeout_s": 20})
     env.produce(300, bad_every=10)
-    first = Pipeline.open(env.config)
+    first = open_pipeline(env.config)
     one_batch(first)
     s = first.ledger()
     assert s is not None
     env.produce(300, bad_every=10)
     one_batch(first)
-    with engine_for(Pipeline.open(env.config)) as run:
+    with engine_for(open_pipeline(env.config)) as run:
         assert replay(run, s.snapshot_id, rollback=True).action == "rolled-back"
 
-    late = Pipeline.open(config_module.load(_variant(env, "small", _cap(100))))
-    busy = Pipeline.open(env.config)
+    late = open_pipeline(config_module.load(_variant(env, "small", _cap(100))))
+    busy = open_pipeline(env.config)
     _pause_after_plan(late, lambda: one_batch(busy))  # it settles the rollback and lands [300, 600)
 
     one_batch(late)  # planned [300, 400) on the marker: fenced once it goes on
@@ -100,8 +100,8 @@ def test_a_copy_whose_batch_landed_under_another_decoding_adds_no_dead_letters(m
     produce(env.bootstrap, env.topic, records)
     env.produced = 100
 
-    old = Pipeline.open(config_module.load(required))
-    new = Pipeline.open(env.config)
+    old = open_pipeline(config_module.load(required))
+    new = open_pipeline(env.config)
     _pause_after_plan(old, lambda: one_batch(new))
 
     result = one_batch(old)

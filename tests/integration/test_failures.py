@@ -14,12 +14,12 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Message
 
+from ingest.assembly import open_pipeline
 from ingest.engines.local import LocalEngine
 from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker, free_port
 from ingest.kafka.source import KafkaSource
-from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
 from .conftest import POSTGRES_URI, REPO, Env
@@ -154,7 +154,7 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypat
         create_topic(broker.bootstrap_servers, env.topic, env.partitions)
         for _ in range(20):  # each partition's records in 20 record batches or more
             env.produce(100, bad_every=10)
-        pipeline = Pipeline.open(env.config)
+        pipeline = open_pipeline(env.config)
         assert broker.pid is not None
         real, read = KafkaSource._consumer, list[int]()
 
@@ -184,7 +184,7 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
     env = make_env(partitions=2, dead_letters={"max_ratio": 0.1})
     env.produce(100)
     assert env.cli("run").returncode == 0
-    before = Pipeline.open(env.config).rows.table.metadata
+    before = open_pipeline(env.config).rows.table.metadata
     env.produce(300, bad_every=1)
 
     stopped = env.cli("run", "--until-caught-up")
@@ -193,7 +193,7 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
     said = " ".join(stopped.stderr.split())
     assert "300 of its 300 records (100.0%) are dead letters, over dead_letters.max_ratio 0.1" in said
     assert "Nothing was committed; the records stay in Kafka. The commonest reasons: 60× " in said
-    after = Pipeline.open(env.config)
+    after = open_pipeline(env.config)
     assert len(after.rows.table.metadata.snapshots) == len(before.snapshots)
     assert after.dead.table.current_snapshot() is None
     data = yaml.safe_load(env.config_path.read_text())

@@ -13,8 +13,8 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.serializers import FromInputFile
 
+from ingest.assembly import open_pipeline
 from ingest.iceberg.held_catalog import HeldSqlCatalog
-from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
     env = make_env(batch={"max_records": 400})
     env.produce(1_200)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     for _ in range(3):
         assert one_batch(pipeline).status == "committed"
     before = pipeline.rows.refresh().snapshot_id
@@ -40,7 +40,7 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
 
     assert result.status == "committed"
     metadata = pipeline.rows.table.metadata  # what the commit returned: the catalog's metadata
-    reloaded = Pipeline.open(env.config).rows.table.metadata
+    reloaded = open_pipeline(env.config).rows.table.metadata
     for seen in (metadata, reloaded):
         assert [s.snapshot_id for s in seen.snapshots] == [*old_snapshots, result.snapshot_id]
         assert seen.refs["audit"].snapshot_id == first and seen.refs["audit"].snapshot_ref_type == "tag"
@@ -59,7 +59,7 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
 def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(make_env, monkeypatch) -> None:
     env = make_env(batch={"max_records": 400})
     env.produce(800)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     assert isinstance(pipeline.rows.catalog, HeldSqlCatalog)
     assert one_batch(pipeline).status == "committed"
     parsed: list[str] = []

@@ -88,9 +88,9 @@ class _Producing(threading.Thread):
 
 
 def _exact(env: Env, expected: int) -> None:
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    ids = Pipeline.open(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
+    ids = open_pipeline(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
     assert len(ids) == expected, f"{len(ids)} rows for {expected} acknowledged records"
     assert sorted(ids) == list(range(expected)), "a record is missing or doubled"
     env.verify()

@@ -15,11 +15,12 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
+from ingest.assembly import open_pipeline
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.errors import ExitCode, FatalError, TopicRecreated
 from ingest.iceberg.table import IcebergTable
-from ingest.ops.reset import ResetTarget, reset
-from ingest.pipeline import Pipeline
+from ingest.ops.reset import reset
+from ingest.ops.reset_command import ResetTarget
 from ingest.records import DEAD_LETTERS, ROWS
 from tests.integration.conftest import needs_apache_kafka
 
@@ -50,7 +51,7 @@ def _fails_closed(env: Any, table: str) -> None:
 
 def _assert_exactly_once(env: Any) -> None:
     assert env.counts() == (env.produced - env.bad, env.bad)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     for table, coordinates_of in ((pipeline.rows, ROWS), (pipeline.dead, DEAD_LETTERS)):
         columns = coordinates_of.names
         coordinates = table.scan_columns(list(columns[:3]))
@@ -68,7 +69,7 @@ def test_from_table_rebuilds_both_lost_ledgers_once_and_ingestion_resumes_exactl
     env = make_env(partitions=3)
     env.produce(903, bad_every=7)  # the last record, offset 300 of partition 2, is a dead letter
     assert env.cli("run", "--until-caught-up").returncode == 0
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
     _lose_ledger(pipeline.rows)
     _lose_ledger(pipeline.dead)
@@ -103,7 +104,7 @@ def test_from_table_after_a_crash_between_the_two_commits_then_both_ledgers_lost
     killed = env.cli("run", env={"INGEST_FAILPOINT": "between-commits"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     # the rows of offsets 200..399 are stored, their dead letters only in files the lost ledger named
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _lose_ledger(pipeline.rows)
     _lose_ledger(pipeline.dead)
     _fails_closed(env, pipeline.rows.identifier)
@@ -124,7 +125,7 @@ def test_lost_dead_letter_ledger_fails_closed_and_from_table_restores_only_the_f
     assert env.cli("run", "--until-caught-up").returncode == 0
     env.produce(400, bad_every=9)
     assert env.cli("run", env={"INGEST_FAILPOINT": "between-commits"}).returncode == -signal.SIGKILL
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     rows_ledger = pipeline.ledger()
     assert rows_ledger is not None
     _lose_ledger(pipeline.dead)
@@ -148,7 +149,7 @@ def test_partitions_with_no_record_in_the_tables_resume_at_their_low_watermark(m
     env.produce(2)  # one record each in partitions 0 and 1
     assert env.cli("run").returncode == 0
     env.produce(4)  # partitions 2 and 3 get their first records; nothing of them is ingested yet
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _lose_ledger(pipeline.rows)
     _fails_closed(env, pipeline.rows.identifier)
 
@@ -171,7 +172,7 @@ def test_to_offsets_over_a_lost_ledger_must_name_every_partition(make_env) -> No
     env = make_env(partitions=2)
     env.produce(200, bad_every=10)
     assert env.cli("run", "--until-caught-up").returncode == 0
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
     _lose_ledger(pipeline.rows)
     _fails_closed(env, pipeline.rows.identifier)
@@ -202,7 +203,7 @@ def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(make
     env = make_env(partitions=2)
     env.produce(200, bad_every=10)
     assert env.cli("run", "--until-caught-up").returncode == 0
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _lose_ledger(pipeline.rows)
     _lose_ledger(pipeline.dead)
     real = type(pipeline.source).describe(pipeline.source)

@@ -9,12 +9,12 @@ import time
 import pyarrow as pa
 import pytest
 
+from ingest.assembly import Opened, open_pipeline
 from ingest.config import MaintenanceSpec
 from ingest.iceberg.files import live_data_files, referenced_paths, stored_data_files
 from ingest.iceberg.table import IcebergTable
 from ingest.intents import Rewrite
 from ingest.ops.maintain import compact, expire, maintain, remove_orphans
-from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
 pytestmark = [
@@ -28,7 +28,7 @@ pytestmark = [
 AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 1}
 
 
-def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+def _batches(env, pipeline: Opened, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
     for _ in range(count):
         env.produce(size, bad_every=40)
         one_batch(pipeline)
@@ -36,7 +36,7 @@ def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # t
 
 def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
     env = make_env(partition_by=[])
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 6)
     before = pipeline.ledger()
     files_before = len(live_data_files(pipeline.rows))
@@ -62,9 +62,9 @@ def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
 
 def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) -> None:
     env = make_env(partition_by=[])
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 4)
-    other = Pipeline.open(env.config)
+    other = open_pipeline(env.config)
     table = pipeline.rows
     real = table.commit
     raced = []
@@ -90,7 +90,7 @@ def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) ->
 
 def test_expiry_keeps_the_ledger_reachable_below_foreign_snapshots(make_env) -> None:
     env = make_env(maintenance=AGGRESSIVE)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 5)
     table = pipeline.rows.table
     for _ in range(3):  # another writer's snapshots on top, without our ledger
@@ -110,7 +110,7 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
     env.produce(500, bad_every=40)
     killed = env.cli("run", env={"INGEST_FAILPOINT": "files-written"})
     assert killed.returncode == -signal.SIGKILL
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     stored = stored_data_files(pipeline.rows)
     assert stored and referenced_paths(pipeline.rows) == set()
 
@@ -125,7 +125,7 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
 def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_them(make_env) -> None:
     # on S3 the stored files' paths once came out as s3://lakelake/...: every live file looked unreferenced
     env = make_env()
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 2)
     live = referenced_paths(pipeline.rows)
     env.produce(300, bad_every=30)
@@ -145,7 +145,7 @@ def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_the
 
 def test_maintain_on_a_young_table_removes_nothing_in_use(make_env) -> None:
     env = make_env()
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 3)
     report = maintain(pipeline)
     assert report.table.orphans_removed == 0 and report.table.snapshots_expired == 0

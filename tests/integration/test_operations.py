@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 import yaml
 
+from ingest.assembly import Opened, open_pipeline
 from ingest.core.ledger import find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
@@ -22,7 +23,6 @@ from ingest.intents import Expire, MoveRef
 from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
 from ingest.ops.replay import ReplayResult
-from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import race, record
@@ -35,18 +35,18 @@ EXPIRE_ALL = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1}
 HOUR_MS = 3_600_000
 
 
-def _batches(env, pipeline: Pipeline, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+def _batches(env, pipeline: Opened, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
     for _ in range(count):
         env.produce(size, bad_every=40)
         one_batch(pipeline)
 
 
-def _run_all(pipeline: Pipeline) -> None:
+def _run_all(pipeline: Opened) -> None:
     for _ in catch_up(pipeline):
         pass
 
 
-def _head_id(pipeline: Pipeline) -> int:
+def _head_id(pipeline: Opened) -> int:
     found = pipeline.ledger()
     assert found is not None
     return found.snapshot_id
@@ -56,7 +56,7 @@ def _head_id(pipeline: Pipeline) -> int:
 def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
     env = make_env()
     env.produce(1_400, bad_every=7)
-    slow, fast = Pipeline.open(env.config), Pipeline.open(env.config)
+    slow, fast = open_pipeline(env.config), open_pipeline(env.config)
     # another tool on the same table (Spark users set this) turns pyiceberg's own commit retry on
     foreign = slow.rows.catalog.load_table(env.config.table)
     foreign.transaction().set_properties({"commit.retry.num-retries": "4"}).commit_transaction()
@@ -82,13 +82,13 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
 @pytest.mark.catalog_race
 def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) -> None:
     env = make_env(maintenance=EXPIRE_ALL)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1)
     snapshot_s = _head_id(pipeline)
     ledger_at_s = pipeline.ledger().ledger  # type: ignore[union-attr]
     rows_at_s = env.counts()
     _batches(env, pipeline, 3)
-    operator = Pipeline.open(env.config)
+    operator = open_pipeline(env.config)
     real = pipeline.rows.commit
     rolled: list[ReplayResult] = []
 
@@ -114,7 +114,7 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
 
 def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publishes(make_env) -> None:
     env = make_env(maintenance=EXPIRE_ALL)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1)
     snapshot_s = _head_id(pipeline)
     _batches(env, pipeline, 2)
@@ -144,7 +144,7 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
 def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
     orders = make_env()
     refunds = make_env(pipeline="refunds", table=orders.config.table)
-    mine, theirs = Pipeline.open(orders.config), Pipeline.open(refunds.config)
+    mine, theirs = open_pipeline(orders.config), open_pipeline(refunds.config)
     _batches(orders, mine, 1, size=500)
     snapshot_s = _head_id(mine)
     _batches(orders, mine, 1, size=500)
@@ -168,7 +168,7 @@ def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
 
 def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
     env = make_env(partition_by=[])
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1, size=500)
     snapshot_s = _head_id(pipeline)
     _batches(env, pipeline, 1, size=500)
@@ -188,11 +188,11 @@ def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
 @pytest.mark.catalog_race
 def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env) -> None:
     env = make_env()
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 2)
     snapshot_s = _head_id(pipeline)
     _batches(env, pipeline, 1)
-    other = Pipeline.open(env.config)
+    other = open_pipeline(env.config)
     real = pipeline.rows.commit
 
     def batch_lands_first(intent):  # type: ignore[no-untyped-def]
@@ -220,7 +220,7 @@ def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env) -> No
     reset_snapshot = json.loads(first.stdout)["snapshot_id"]
     env.produce(100)
     assert env.cli("run", "--until-caught-up").returncode == 0
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     maintain(pipeline, now=time.time() + 3_600)
     pipeline.rows.refresh()
     assert pipeline.rows.table.metadata.snapshot_by_id(reset_snapshot) is None  # expired
@@ -237,7 +237,7 @@ def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env) -> No
 def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> None:
     env = make_env()
     env.produce(300)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     batch = pipeline.plan()
     reset = env.cli("reset", "--to-latest", "--reason", "skip the backlog", "--json")
     assert reset.returncode == 0, reset.stderr
@@ -297,7 +297,7 @@ def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (418, 122)
     env.verify()
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     assert set(pipeline.dead.table.metadata.refs) == {"main"}
 
 
@@ -305,7 +305,7 @@ def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
 def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(4_000, bad_every=17)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     foreign = pipeline.rows.catalog.load_table(env.config.table)
     foreign.transaction().set_properties({"commit.retry.num-retries": "4"}).commit_transaction()
 

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
+from ingest.assembly import Opened, open_pipeline
 from ingest.config import BatchSpec
 from ingest.core.plan import Batch, KafkaView, Watermarks
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
-from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import needs_apache_kafka
@@ -29,7 +29,7 @@ from tests.runs import catch_up, one_batch
 pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 
 
-def _view(pipeline: Pipeline, change) -> KafkaView:  # type: ignore[no-untyped-def]
+def _view(pipeline: Opened, change) -> KafkaView:  # type: ignore[no-untyped-def]
     real = type(pipeline.source).describe(pipeline.source)
     return change(real)
 
@@ -37,7 +37,7 @@ def _view(pipeline: Pipeline, change) -> KafkaView:  # type: ignore[no-untyped-d
 class _InjectedSource:
     """The real Kafka adapter, reporting watermarks/cluster id the way a real cluster would."""
 
-    def __init__(self, pipeline: Pipeline, change) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, pipeline: Opened, change) -> None:  # type: ignore[no-untyped-def]
         self.pipeline, self.change = pipeline, change
 
     def __call__(self) -> KafkaView:
@@ -47,7 +47,7 @@ class _InjectedSource:
 def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
     env = make_env()
     env.produce(1_500, bad_every=100)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     for table in (pipeline.rows, pipeline.dead):
         real = table.commit
         calls = []
@@ -72,10 +72,10 @@ def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
 def test_foreign_commit_between_plan_and_commit(make_env) -> None:
     env = make_env()
     env.produce(1_000)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     env.produce(1_000)
-    other = Pipeline.open(env.config)
+    other = open_pipeline(env.config)
 
     class ForeignWriterMidBatch(LocalEngine):
         def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
@@ -109,8 +109,8 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
 def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
     env = make_env()
     env.produce(3_000, bad_every=7)
-    slow = Pipeline.open(env.config)
-    fast = Pipeline.open(env.config)
+    slow = open_pipeline(env.config)
+    fast = open_pipeline(env.config)
 
     class RacedEngine(LocalEngine):
         raced = False
@@ -136,8 +136,8 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
 def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=9)
-    slow = Pipeline.open(env.config)
-    fast = Pipeline.open(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
+    slow = open_pipeline(env.config)
+    fast = open_pipeline(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
 
     class RacedEngine(LocalEngine):
         raced = False
@@ -161,8 +161,8 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
 def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
     env = make_env(commit={"max_replans": 0})
     env.produce(500)
-    slow = Pipeline.open(env.config)
-    fast = Pipeline.open(env.config)
+    slow = open_pipeline(env.config)
+    fast = open_pipeline(env.config)
 
     class AlwaysRaced(LocalEngine):
         def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
@@ -181,7 +181,7 @@ def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
 def test_retention_loss_fails_closed_by_default(make_env) -> None:
     env = make_env(partitions=2)
     env.produce(200)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     env.produce(200)
     committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
@@ -199,7 +199,7 @@ def test_retention_loss_fails_closed_by_default(make_env) -> None:
 def test_retention_loss_with_skip_records_the_lost_range(make_env) -> None:
     env = make_env(partitions=2, on_data_loss="skip")
     env.produce(200)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     env.produce(200)
     committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
@@ -219,7 +219,7 @@ def test_retention_loss_with_skip_records_the_lost_range(make_env) -> None:
 def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
     env = make_env(partitions=2)
     env.produce(100)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
 
     def recreated(view: KafkaView) -> KafkaView:
@@ -240,7 +240,7 @@ def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
 def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
     env = make_env()
     env.produce(100)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     table = pipeline.rows.table.refresh()
     table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))  # foreign, no ledger
@@ -255,7 +255,7 @@ def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
 def test_new_partitions_start_at_earliest(make_env, monkeypatch) -> None:
     env = make_env(partitions=4)
     env.produce(400)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     hidden = sorted(type(pipeline.source).describe(pipeline.source).partitions)[-1]
 
     def fewer(view: KafkaView) -> KafkaView:  # the topic had 3 partitions at first

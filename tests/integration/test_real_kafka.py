@@ -50,9 +50,9 @@ def _send(producer: Producer, env: Env, first: int, count: int) -> None:
 
 
 def _order_ids(env: Env) -> set[int]:
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    ids = Pipeline.open(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
+    ids = open_pipeline(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
     assert len(ids) == len(set(ids))
     return set(ids)
 
@@ -306,9 +306,9 @@ def test_a_recreated_topic_holding_more_records_is_refused_until_reset_then_read
     assert env.cli("run", "--until-caught-up").returncode == 0
 
     assert env.counts() == (before[0] + 450, 0)  # exactly the new topic's records, each once
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    rows = Pipeline.open(env.config).rows.scan_columns(["order_id", "_kafka_topic"]).to_pylist()
+    rows = open_pipeline(env.config).rows.scan_columns(["order_id", "_kafka_topic"]).to_pylist()
     ids = [row["order_id"] for row in rows if row["_kafka_topic"] == env.topic]
     assert sorted(ids) == list(range(750))  # the old topic's 300 and the new one's 450
     env.verify()
@@ -434,9 +434,9 @@ def test_values_of_tens_of_megabytes_land_whole_and_one_over_max_value_bytes_is_
     result = env.cli("run", "--until-caught-up", "--json")
 
     assert result.returncode == 0, result.stderr
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     rows = pipeline.rows.table.scan(selected_fields=("order_id", "blob")).to_arrow().sort_by("order_id")
     assert rows.column("order_id").to_pylist() == [0, 1, 2, 3, 5]
     assert [len(b) for b in rows.column("blob").to_pylist()] == [7, 5 << 20, 7, 20 << 20, 7]
@@ -496,9 +496,9 @@ def test_a_record_batch_over_the_consumers_receive_limit_is_a_config_error_namin
     )
     assert found is not None and int(found.group(1).replace(",", "")) > 3_000_000, said
     assert "Nothing was committed; the records stay in Kafka" in said and "Traceback" not in said
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    assert Pipeline.open(env.config).ledger() is None
+    assert open_pipeline(env.config).ledger() is None
 
     data["kafka"] = {"bootstrap.servers": env.bootstrap}  # the fix the message names: librdkafka's default limit
     env.config_path.write_text(yaml.safe_dump(data))

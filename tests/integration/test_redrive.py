@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from ingest.assembly import open_pipeline
 from ingest.intents import Append, RemoveDeadLetters
 from ingest.ops.redrive import redrive
-from ingest.pipeline import Pipeline
 from tests.runs import one_batch
 
 from .conftest import SCHEMA, Env, contend
@@ -53,7 +53,7 @@ def _fix(env: Env) -> None:
 
 
 def _summaries(env: Env) -> tuple[dict[str, str], dict[str, str]]:
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     return (
         pipeline.rows.table.current_snapshot().summary.additional_properties,
         pipeline.dead.table.current_snapshot().summary.additional_properties,
@@ -87,7 +87,7 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
     assert dead["ingest.orders.synced-by"] == rows["ingest.orders.redrive-id"]  # the dead letters say what went
     assert dead["ingest.orders.redriven"] == "6"
     env.verify()
-    ids = Pipeline.open(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
+    ids = open_pipeline(env.config).rows.scan_columns(["order_id"])["order_id"].to_pylist()
     assert sorted(i for i in ids if i >= 40) == list(range(40, 46))
 
     again = _json(env, "redrive")  # an orchestrator's retry: nothing twice
@@ -141,10 +141,10 @@ def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_com
     env = _setup(make_env)
     _fix(env)
     env.produce(6)
-    running = Pipeline.open(env.config)
+    running = open_pipeline(env.config)
     planned = running.plan()  # a batch in flight on the ledger before the redrive
 
-    done = redrive(Pipeline.open(env.config))
+    done = redrive(open_pipeline(env.config))
 
     assert done.redriven == 6
     from ingest.runner import engine_for
@@ -169,11 +169,11 @@ def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env
     def overtaken(rows, max_records):  # type: ignore[no-untyped-def]
         if not raced:
             monkeypatch.setattr(module, "_groups", real)  # the other copy runs unhindered
-            raced.append(redrive(Pipeline.open(env.config)))
+            raced.append(redrive(open_pipeline(env.config)))
         yield from real(rows, max_records)
 
     monkeypatch.setattr(module, "_groups", overtaken)
-    mine = redrive(Pipeline.open(env.config))
+    mine = redrive(open_pipeline(env.config))
 
     assert raced[0].redriven == 6 and len(raced[0].snapshots) == 1
     assert mine.redriven == 6 and mine.snapshots == []  # decoded, but all taken by then
@@ -187,16 +187,16 @@ def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothi
     from ingest.errors import ExitCode
 
     env = _setup(make_env)
-    before = Pipeline.open(env.config).rows.branch_head("main")
+    before = open_pipeline(env.config).rows.branch_head("main")
     _fix(env)
     assert _json(env, "redrive")["redriven"] == 6
-    head = Pipeline.open(env.config).rows.branch_head("main")
+    head = open_pipeline(env.config).rows.branch_head("main")
 
     refused = env.cli("replay", "--from-snapshot", str(before), *([mode] if mode == "--rollback" else []))
 
     assert refused.returncode == ExitCode.FATAL, refused.stderr
     assert "ingest redrive" in refused.stderr and f"Replay from snapshot {head}" in refused.stderr
-    assert Pipeline.open(env.config).rows.branch_head("main") == head
+    assert open_pipeline(env.config).rows.branch_head("main") == head
     assert env.counts() == (38, 8)
     env.verify()
 
@@ -210,7 +210,7 @@ def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_delet
     from ingest.records import DEAD_LETTER_SCHEMA
 
     env = make_env(partitions=1)
-    dead = Pipeline.open(env.config).dead
+    dead = open_pipeline(env.config).dead
     offsets = [o for o in range(3 * MAX_SPANS) if o % 3 != 2]  # pairs: one range of two per three offsets
     n = len(offsets)
     letters = pa.table(

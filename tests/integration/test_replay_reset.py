@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from ingest import config as config_module
+from ingest.assembly import Opened, open_pipeline
 from ingest.errors import BranchGone, ReplayImpossible
 from ingest.kafka.admin import create_topic
-from ingest.pipeline import Pipeline
 from ingest.runner import engine_for
 from tests.integration.conftest import REPO, Env, needs_apache_kafka, produce_numbered
 from tests.runs import catch_up, one_batch, replay_on
@@ -23,7 +23,7 @@ from tests.runs import catch_up, one_batch, replay_on
 pytestmark = pytest.mark.integration
 
 
-def _run_all(pipeline: Pipeline) -> None:
+def _run_all(pipeline: Opened) -> None:
     for _ in catch_up(pipeline):
         pass
 
@@ -58,7 +58,7 @@ def test_reset_to_latest_skips_and_records_who_and_why(make_env) -> None:
     env.produce(100)
     result = env.cli("reset", "--to-latest", "--reason", "skip backlog", "--json")
     assert result.returncode == 0, result.stderr
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     summary = pipeline.rows.table.current_snapshot().summary.additional_properties
     assert summary["ingest.orders.reset-reason"] == "skip backlog"
     assert "@" in summary["ingest.orders.reset-by"]
@@ -71,7 +71,7 @@ def test_reset_to_latest_skips_and_records_who_and_why(make_env) -> None:
 def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=25)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     env.produce(1_000, bad_every=25)
@@ -101,7 +101,7 @@ def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> N
 def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
     env = make_env()
     env.produce(600, bad_every=30)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     ledger_s = pipeline.ledger().ledger  # type: ignore[union-attr]
@@ -128,13 +128,13 @@ def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env
     naming the branch, not a crash, and main holds every record once."""
     env = make_env(partitions=2)
     env.produce(400, bad_every=20)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     env.produce(400, bad_every=20)
     one_batch(pipeline)
     assert env.cli("replay", "--from-snapshot", str(snapshot_s)).returncode == 0  # the branch, caught up
-    with engine_for(Pipeline.open(env.config)) as second:
+    with engine_for(open_pipeline(env.config)) as second:
         on_branch = second.on_branch(f"replay-{snapshot_s}")  # the second copy, mid-replay
         env.produce(50)
         published = env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish")
@@ -179,7 +179,7 @@ class _TwoPipelines:
 
     def ledger_snapshot(self, refunds: bool = False) -> int:
         path = self.refunds_path if refunds else self.env.config_path
-        return Pipeline.open(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
+        return open_pipeline(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
 
     def exact(self) -> None:
         for refunds in (False, True):
@@ -222,7 +222,7 @@ def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(
     assert two.ingest("replay", "--from-snapshot", str(s_refunds), refunds=True).returncode == 0
     target = before_fork if rolled_back == "past-the-fork" else since_fork
     assert two.ingest("replay", "--from-snapshot", str(target), "--rollback").returncode == 0
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     heads = (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main"))
 
     published = two.ingest("replay", "--from-snapshot", str(s_refunds), "--publish", refunds=True)
@@ -230,7 +230,7 @@ def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(
     assert published.returncode == 65, published.stderr
     said = " ".join(published.stderr.split())
     assert "Nothing was changed" in said and f"publish of replay-{s_refunds}" in said
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     assert (pipeline.rows.branch_head("main"), pipeline.dead.branch_head("main")) == heads
     two.exact()
 
@@ -249,7 +249,7 @@ def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make
     assert two.ingest("run").returncode == 0
     s_orders = two.ledger_snapshot()
     assert two.ingest("maintain").returncode == 0
-    rows = Pipeline.open(env.config).rows
+    rows = open_pipeline(env.config).rows
     assert [s.snapshot_id for s in rows.ancestry()][1:] == [s_orders]  # the compaction, then S: its parent expired
     env.produce(100, bad_every=25)
     two.refund(50)
@@ -264,7 +264,7 @@ def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make
 def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env) -> None:
     env = make_env(partitions=2)
     env.produce(200)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
     env.produce(200)
@@ -324,7 +324,7 @@ def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(
         f"re-read on purpose (a backward reset): expected once more in the rows: {env.topic}[0] [10, 20)"
         in " ".join(said.stdout.split())
     )
-    rows = Pipeline.open(env.config).rows.table
+    rows = open_pipeline(env.config).rows.table
     copy = rows.scan(row_filter="_kafka_offset < 10", limit=1).to_arrow()  # a record the ledger read once
     rows.append(copy)  # a copy of its row: a duplicate no ledger accounts for
     env.produce(5)

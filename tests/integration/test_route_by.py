@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.pipeline import Pipeline
+from ingest.assembly import open_pipeline
 from tests.content import assert_holds
 from tests.integration.conftest import BAD_VALUES, Env, race
 
@@ -93,7 +93,7 @@ class RoutedByValue:
         for kind in ("click", "view"):
             rows = catalog.load_table(self.table(kind)).scan().to_arrow()
             assert_holds(rows, None, [sent for sent in self.env.log.sent if self.goes[sent.at] == kind])
-        assert_holds(None, Pipeline.open(self.env.config).dead.table.scan().to_arrow(), self.env.log.sent)
+        assert_holds(None, open_pipeline(self.env.config).dead.table.scan().to_arrow(), self.env.log.sent)
 
 
 def route(env: Env, **spec: Any) -> None:
@@ -143,7 +143,7 @@ def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying
     assert run.returncode == 0, run.stderr
     by_header.expected["dead"] += 30 + 20
     by_header.exact()
-    reasons = Counter(Pipeline.open(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
+    reasons = Counter(open_pipeline(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
     assert reasons["route_by: header 'kind' is 'buy', not one of route_by.allow ['click', 'view']"] == 300 - 3
     assert reasons["route_by: the record has no header 'kind' to pick its table by"] == 30
     assert reasons["route_by: header 'kind' is 'Click', not one of route_by.allow ['click', 'view']"] == 20
@@ -232,7 +232,7 @@ def test_maintain_compacts_and_expires_every_routed_table_keeping_the_floors(by_
 
 
 def _reasons(env: Env) -> Counter[str]:
-    return Counter(Pipeline.open(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
+    return Counter(open_pipeline(env.config).dead.table.scan().to_arrow()["error"].to_pylist())
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)

@@ -143,14 +143,14 @@ def test_files_written_for_an_evolution_another_writer_overtook_are_never_commit
     import pyarrow as pa
     from pyiceberg.types import StringType
 
+    from ingest.assembly import open_pipeline
     from ingest.errors import SchemaMoved
-    from ingest.pipeline import Pipeline
 
     env = make_env(partitions=1)
     _orders(env, 10)
     assert env.cli("run").returncode == 0
     _schema(env, {"name": "note", "type": "string"})
-    rows = Pipeline.open(env.config).rows  # will add `note` with the next commit
+    rows = open_pipeline(env.config).rows  # will add `note` with the next commit
     written = rows.detached().table.schema()
     files = rows.write(pa.Table.from_pylist([{}], schema=written.as_arrow()).drop_null())  # shape only
     assert written.find_field("note").field_id == 1 + _table(env).metadata.last_column_id

@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from ingest.assembly import open_pipeline
 from ingest.config import load
 from ingest.errors import ExitCode
 from ingest.intents import Append
-from ingest.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 
@@ -30,7 +30,7 @@ def test_a_created_table_has_them_and_every_file_is_sorted(make_env) -> None:
 
     assert env.cli("run", "--until-caught-up").returncode == 0
 
-    table = Pipeline.open(load(env.config_path)).rows.table
+    table = open_pipeline(load(env.config_path)).rows.table
     assert {k: table.properties[k] for k in PROPERTIES} == {k: str(v) for k, v in PROPERTIES.items()}
     assert table.properties["commit.retry.num-retries"] == "0"  # the pipeline's own, as before
     (field,) = table.sort_order().fields
@@ -103,7 +103,7 @@ def test_headers_true_keeps_each_records_headers_in_a_map_column(make_env, key_f
 
     assert env.cli("run").returncode == 0
 
-    pipeline = Pipeline.open(load(env.config_path))
+    pipeline = open_pipeline(load(env.config_path))
     rows = pipeline.rows.table.scan(selected_fields=("order_id", "_kafka_headers")).to_arrow().sort_by("order_id")
     assert rows["_kafka_headers"].to_pylist() == [
         [("trace", b"t-1"), ("origin", b"eu")],
@@ -144,7 +144,7 @@ def test_partitioning_evolves_only_when_asked_and_new_data_follows_it(make_env) 
     assert (evolved["status"], again["status"]) == ("evolved", "unchanged")
 
     assert env.cli("run", "--until-caught-up").returncode == 0
-    table = Pipeline.open(load(env.config_path)).rows.table
+    table = open_pipeline(load(env.config_path)).rows.table
     specs = {task.file.spec_id for task in table.scan().plan_files()}
     assert len(specs) == 2  # the files written before keep their spec; the new ones follow the new
     assert env.counts() == (100, 0)
@@ -167,14 +167,14 @@ def test_a_batch_whose_files_predate_a_partition_evolution_is_not_committed_unde
     env.produce(30)
     assert env.cli("run").returncode == 0
     env.produce(30)
-    pipeline = Pipeline.open(load(env.config_path))
+    pipeline = open_pipeline(load(env.config_path))
 
     class Evolving(LocalEngine):
         def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
             produced = super().produce(batch, fields)  # files under day(created_at)
             _change(env, partition_by=["day(created_at)", "bucket(4, order_id)"])
             assert env.cli("evolve-partitioning").returncode == 0
-            other = Pipeline.open(load(env.config_path)).rows
+            other = open_pipeline(load(env.config_path)).rows
             other.commit(Append([], {"note": "another writer"}))  # the head moves: the batch must observe again
             return produced
 
@@ -183,7 +183,7 @@ def test_a_batch_whose_files_predate_a_partition_evolution_is_not_committed_unde
 
     assert env.counts() == (30, 0)
     assert env.cli("run", "--until-caught-up").returncode == 0
-    table = Pipeline.open(load(env.config_path)).rows.table
+    table = open_pipeline(load(env.config_path)).rows.table
     newest = {task.file.spec_id for task in table.scan().plan_files() if task.file.record_count}
     assert len(newest) == 2 and env.counts() == (60, 0)
     env.verify()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ingest.assembly import open_pipeline
 from ingest.kafka.admin import produce
-from ingest.pipeline import Pipeline
 
 from .conftest import Env
 
@@ -48,7 +48,7 @@ def test_unknown_fields_captured_then_refused_then_redriven_into_the_column(make
     [batch] = _run(env)
 
     assert batch["unknown_fields"] == 10 and batch["records"] == 30
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     summary = pipeline.rows.table.current_snapshot().summary.additional_properties
     assert summary["ingest.orders.unknown-fields"] == "10"
     rows = pipeline.rows.scan_columns(["order_id", "_extra"]).sort_by("order_id").to_pylist()
@@ -66,6 +66,6 @@ def test_unknown_fields_captured_then_refused_then_redriven_into_the_column(make
     redriven = json.loads(env.cli("redrive", "--json").stdout)
     assert redriven["redriven"] == 4
     assert env.counts() == (42, 0)
-    rows = Pipeline.open(env.config).rows.scan_columns(["order_id", "_extra"]).to_pylist()
+    rows = open_pipeline(env.config).rows.scan_columns(["order_id", "_extra"]).to_pylist()
     assert sum(r["_extra"] is not None for r in rows) == 14
     env.verify()

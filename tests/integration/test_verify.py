@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.table import Table
 
-from ingest.pipeline import Pipeline
+from ingest.assembly import Opened, open_pipeline
 from ingest.render import PROBLEM_WORDS
 from tests.integration.conftest import Env
 
@@ -81,12 +81,12 @@ CORRUPTIONS: dict[str, Corruption] = {
 }
 
 
-def _caught_up(make_env: Any) -> tuple[Env, Pipeline]:
+def _caught_up(make_env: Any) -> tuple[Env, Opened]:
     env: Env = make_env(partitions=1, batch={"max_records": 15, "read_timeout_s": 20})
     env.produce(40, bad_every=5)
     assert env.cli("run", "--until-caught-up").returncode == 0
     env.verify()
-    return env, Pipeline.open(env.config)
+    return env, open_pipeline(env.config)
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())

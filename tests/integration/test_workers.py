@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest.assembly import open_pipeline
 from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine
 from ingest.engines.tasks import TaskOutput, TaskSpec
@@ -23,7 +24,6 @@ from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker
 from ingest.kafka.source import READ_CHUNK_RECORDS
-from ingest.pipeline import Pipeline
 from tests.integration.conftest import gone, workers_of
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ SHARED = {"max_records": 6_000, "chunk_records": 500, "workers": 3, "read_timeou
 def test_running_workers_take_equal_shares_before_anything_is_read(make_env, caplog) -> None:
     env = make_env(batch=SHARED)
     env.produce(6_000, bad_every=11)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
 
     with caplog.at_level(logging.INFO, logger="ingest.engines.local"), LocalEngine(env.config, pipeline.rows) as engine:
         engine.start_workers(wait=True)
@@ -115,7 +115,7 @@ def test_a_killed_worker_fails_the_batch_retryably(make_env, monkeypatch, point:
     """What the OOM killer does to a worker: the batch stops, nothing is committed, a rerun completes it."""
     env = make_env(batch=SHARED)
     env.produce(6_000, bad_every=11)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     monkeypatch.setenv("INGEST_WORKER_FAILPOINT", point)  # the workers inherit it
 
     with LocalEngine(env.config, pipeline.rows) as engine:
@@ -136,7 +136,7 @@ def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env) -> None:
     the catalog's URI, user and secrets stay in the process that commits."""
     env = make_env()
     config = env.config.model_copy(update={"catalog": {**env.config.catalog, "token": "catalog-s3cr3t"}})
-    rows = Pipeline.open(config).rows
+    rows = open_pipeline(config).rows
     assert rows.table.io.properties.get("token") == "catalog-s3cr3t"  # the committing process holds it
 
     shipped = pickle.dumps(
@@ -152,7 +152,7 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
     """A worker whose broker does not answer: the engine gets the worker's BrokerUnavailable, and the
     pool's processes are stopped."""
     env = make_env(batch={"read_timeout_s": 1})
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     unreachable = env.config.model_copy(update={"kafka": {"bootstrap.servers": "127.0.0.1:9"}})
     pool = WorkerPool(1)
     task = Task(
@@ -179,10 +179,10 @@ from ingest import config
 from ingest.core.ledger import TopicPartition
 from ingest.engines.tasks import TaskOutput, TaskSpec
 from ingest.engines.workers import Task, WorkerPool
-from ingest.pipeline import Pipeline
+from ingest.assembly import open_pipeline
 
 cfg = config.load(sys.argv[1])
-rows = Pipeline.open(cfg).rows.detached()
+rows = open_pipeline(cfg).rows.detached()
 handed = threading.Event()
 
 def hand_off(parts):

@@ -101,9 +101,9 @@ def spark_submit(
 
 def data_files_on_disk(env: Env) -> int:
     """Parquet files under the rows table's data directory, committed or not."""
-    from ingest.pipeline import Pipeline
+    from ingest.assembly import open_pipeline
 
-    location = Pipeline.open(env.config).rows.table.location().removeprefix("file://")
+    location = open_pipeline(env.config).rows.table.location().removeprefix("file://")
     return sum(1 for _ in Path(location, "data").rglob("*.parquet"))
 
 

@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.assembly import open_pipeline
 from ingest.failpoints import POINTS
-from ingest.pipeline import Pipeline
 from tests.integration.conftest import REPO, Routed, contend
 from tests.spark.conftest import KILLED_DRIVER, data_files_on_disk, spark_submit, spark_submit_command
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.spark]
 
 
 def _snapshots(env) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     return len(pipeline.rows.table.metadata.snapshots), len(pipeline.dead.table.metadata.snapshots)
 
 
@@ -81,7 +81,7 @@ def test_driver_killed_at_each_step_then_rerun(make_env, spark_process_env, poin
 
 def _committed(env) -> int:  # type: ignore[no-untyped-def]
     """Offsets the rows table's ledger has passed, summed over partitions (0: none yet)."""
-    found = Pipeline.open(env.config).ledger()
+    found = open_pipeline(env.config).ledger()
     return sum(found.ledger.offsets.values()) if found is not None else 0
 
 

@@ -15,13 +15,13 @@ from tests.runs import one_batch
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.assembly import Opened, open_pipeline
 from ingest.config import BatchSpec, FieldSpec
 from ingest.core.ledger import decode_counts, find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 from ingest.errors import ConfigError
 from ingest.kafka.admin import produce
-from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
@@ -42,13 +42,13 @@ def _sorted(table: pa.Table, *keys: str) -> pa.Table:
     return table.sort_by([(k, "ascending") for k in keys])
 
 
-def _partitions(pipeline: Pipeline) -> set[tuple[int, str]]:
+def _partitions(pipeline: Opened) -> set[tuple[int, str]]:
     """(spec id, partition values) of every live data file of the rows table."""
     table = pipeline.rows.table.refresh()
     return {(task.file.spec_id, repr(task.file.partition)) for task in table.scan().plan_files()}
 
 
-def _ledger_summary(pipeline: Pipeline) -> dict[str, object]:
+def _ledger_summary(pipeline: Opened) -> dict[str, object]:
     """What the head's ledger says of the batch: offsets, record times, counts, bytes, topic ids
     (not when each partition was read to its end, nor the marker's id and file names: each run's own)."""
     pipeline.rows.refresh()
@@ -71,8 +71,8 @@ def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spar
     env = make_env(batch={"max_records": 2_000})
     env.produce(3_000, bad_every=11)
     spark_conf.set(MAX_RECORDS_PER_PARTITION, "333")  # sub-ranges with odd boundaries
-    local = Pipeline.open(env.config)
-    on_spark = Pipeline.open(env.config.model_copy(update={"table": f"{env.topic}.spark_orders"}))
+    local = open_pipeline(env.config)
+    on_spark = open_pipeline(env.config.model_copy(update={"table": f"{env.topic}.spark_orders"}))
     engine = SparkEngine.create(on_spark.config, on_spark.rows, spark)
 
     local_results = [one_batch(local), one_batch(local)]
@@ -99,7 +99,7 @@ def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spar
 def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None:
     env = make_env(batch={"max_records": 700})
     env.produce(5_000, bad_every=13)
-    on_spark = Pipeline.open(env.config)
+    on_spark = open_pipeline(env.config)
     engine = SparkEngine.create(on_spark.config, on_spark.rows, spark)
 
     statuses = []
@@ -107,14 +107,14 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
         if i % 2 == 0:
             statuses.append(on_spark.run_batch(engine).status)
         else:
-            statuses.append(one_batch(Pipeline.open(env.config)).status)  # another process, local engine
+            statuses.append(one_batch(open_pipeline(env.config)).status)  # another process, local engine
     env.produce(1_000, bad_every=13)
     results = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
 
     assert statuses == ["committed"] * 4
     assert [r.batch for r in results] == list(range(5, 5 + len(results)))
     assert env.counts() == (6_000 - env.bad, env.bad)
-    history = Pipeline.open(env.config)
+    history = open_pipeline(env.config)
     env.verify()
     assert len(history.rows.table.metadata.snapshots) == 4 + len(results)
 
@@ -125,11 +125,11 @@ def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(ma
     route(env, field="kind", allow=["click", "view"])
     by_value = RoutedByValue(env)
     by_value.produce(1_500, kinds=("click",), poison_every=41)
-    on_spark = Pipeline.open(env.config)
+    on_spark = open_pipeline(env.config)
     engine = SparkEngine.create(on_spark.config, on_spark.target, spark)
 
     first = on_spark.run_batch(engine)  # creates the click table
-    local = one_batch(Pipeline.open(env.config))  # another process, local engine
+    local = one_batch(open_pipeline(env.config))  # another process, local engine
     by_value.produce(1_500)  # view now: its table is created by a Spark batch
     rest = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
 
@@ -141,8 +141,8 @@ def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(ma
 def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=9)
-    slow = Pipeline.open(env.config)
-    fast = Pipeline.open(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
+    slow = open_pipeline(env.config)
+    fast = open_pipeline(env.config.model_copy(update={"batch": BatchSpec(max_records=1_200)}))
 
     class RacedSparkEngine(SparkEngine):
         raced = False
@@ -177,7 +177,7 @@ def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, s
             producer.produce(env.topic, value=b'{"order_id": %d}' % n, key=b"k%d" % n, partition=0)
         producer.commit_transaction(30)
     spark_conf.set(MAX_RECORDS_PER_PARTITION, "4")  # 55 offsets (5 markers) in 14 tasks
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     engine = SparkEngine.create(pipeline.config, pipeline.rows, spark)
 
     planned = pipeline.plan()
@@ -194,7 +194,7 @@ def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, s
 def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> None:
     env = make_env(partitions=2)
     env.produce(1_000)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     engine = SparkEngine.create(pipeline.config, pipeline.rows, spark)
     batch = pipeline.plan()
 
@@ -215,9 +215,9 @@ def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> 
 def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds_it(make_env, spark) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000)
-    assert one_batch(Pipeline.open(env.config)).status == "committed"
+    assert one_batch(open_pipeline(env.config)).status == "committed"
     wider = env.config.model_copy(update={"schema_": [*env.config.schema_, FieldSpec(name="channel", type="string")]})
-    pipeline = Pipeline.open(wider)
+    pipeline = open_pipeline(wider)
     before = pipeline.rows.table.metadata
     engine = SparkEngine.create(wider, pipeline.rows, spark)
     values = [json.dumps({"order_id": i, "channel": f"c{i % 3}"}).encode() for i in range(1_000, 2_000)]
@@ -248,7 +248,7 @@ def test_spark_executors_decode_avro_and_the_batch_evolves_for_a_writer_schema_t
     env = avro_env(make_env, registry, batch={"max_records": 5_000})
     Avro(env, registry).produce(600, V1)
     Avro(env, registry, subject=f"{env.topic}-other").produce(400, v2(), version=2)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     engine = SparkEngine.create(env.config, pipeline.rows, spark)
 
     result = pipeline.run_batch(engine)

@@ -26,12 +26,12 @@ from tests.runs import catch_up
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.assembly import Opened, open_pipeline
 from ingest.batch_result import BatchResult
 from ingest.core.ledger import decode
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
-from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import Env
@@ -58,13 +58,13 @@ def _spark(env: Env, jars: list[Path], *statements: str) -> list[list[dict[str, 
     return call(jars, jdbc_catalog(env.config.catalog), *statements)
 
 
-def _catch_up(pipeline: Pipeline) -> list[BatchResult]:
+def _catch_up(pipeline: Opened) -> list[BatchResult]:
     results = list(catch_up(pipeline))
     assert results and all(r.status == "committed" for r in results), results
     return results
 
 
-def _snapshots(pipeline: Pipeline) -> list[Any]:
+def _snapshots(pipeline: Opened) -> list[Any]:
     """The rows table's snapshots, oldest first (pyiceberg ``Snapshot`` objects)."""
     pipeline.rows.refresh()
     return list(pipeline.rows.table.metadata.snapshots)
@@ -74,7 +74,7 @@ def _distinct(table: pa.Table) -> int:
     return int(table.group_by(table.column_names).aggregate([]).num_rows)
 
 
-def _assert_exactly_once(env: Env, pipeline: Pipeline) -> None:
+def _assert_exactly_once(env: Env, pipeline: Opened) -> None:
     """Every produced record is a row or a dead letter, once; ``ingest verify`` agrees."""
     pipeline.rows.refresh()
     pipeline.dead.refresh()
@@ -88,7 +88,7 @@ def _assert_exactly_once(env: Env, pipeline: Pipeline) -> None:
 def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 150})
     env.produce(600, bad_every=13)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _catch_up(pipeline)
     before = pipeline.ledger()
     assert before is not None
@@ -120,7 +120,7 @@ def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_ja
 def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 200})
     env.produce(600, bad_every=13)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _catch_up(pipeline)
     before = pipeline.ledger()
     assert before is not None
@@ -174,7 +174,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
 def test_spark_expiry_of_every_ledger_fails_closed_then_from_table_recovers(make_env, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 200})
     env.produce(400, bad_every=13)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _catch_up(pipeline)
     ours = _snapshots(pipeline)
     newest = datetime.fromtimestamp(max(s.timestamp_ms for s in ours) / 1000, tz=UTC)
@@ -213,7 +213,7 @@ def test_spark_expiry_of_every_ledger_fails_closed_then_from_table_recovers(make
     _assert_exactly_once(env, pipeline)
 
 
-def _written(pipeline: Pipeline) -> tuple[object, ...]:
+def _written(pipeline: Opened) -> tuple[object, ...]:
     """Everything a run could have written: snapshots and stored files of both tables."""
     pipeline.rows.refresh()
     pipeline.dead.refresh()
@@ -226,7 +226,7 @@ def _written(pipeline: Pipeline) -> tuple[object, ...]:
 def test_maintain_leaves_a_table_with_foreign_row_deletes_uncompacted(make_env, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 150})
     env.produce(600, bad_every=13)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     _catch_up(pipeline)
     table = f"{env.config.catalog['name']}.{env.config.table}"
     _spark(  # a merge-on-read writer: its DELETE writes position-delete files, no data file is rewritten

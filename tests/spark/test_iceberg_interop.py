@@ -15,8 +15,8 @@ from tests.runs import one_batch
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.assembly import open_pipeline
 from ingest.engines.spark import SparkEngine
-from ingest.pipeline import Pipeline
 from tests.spark.iceberg_jvm import iceberg_jars_fixture, jdbc_catalog, read  # noqa: F401  (fixture iceberg_jars)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog_kind, spark, iceberg_jars) -> None:
     env = make_env(batch={"max_records": 1_600})
     env.produce(3_000, bad_every=11)
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     first = one_batch(pipeline)  # local engine
     second = pipeline.run_batch(SparkEngine.create(pipeline.config, pipeline.rows, spark))
     assert (first.status, second.status) == ("committed", "committed")

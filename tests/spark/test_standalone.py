@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
-from ingest.pipeline import Pipeline
+from ingest.assembly import open_pipeline
 from tests import strict
 from tests.integration.conftest import REPO
 from tests.services.spark_standalone import SparkStandalone, SparkUnavailable
@@ -97,5 +97,5 @@ def test_spark_submit_on_a_standalone_cluster_killed_mid_batch_and_rerun(make_en
     # the tasks ran in executors on both workers, not in the driver
     after = _executor_logs(cluster)
     assert all(after[name] > before[name] for name in after), (before, after)
-    ledger = Pipeline.open(env.config).ledger()
+    ledger = open_pipeline(env.config).ledger()
     assert ledger is not None and ledger.ledger.batch == len(batches) + 1

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
+from ingest.assembly import open_pipeline
 from ingest.engines.spark import TASK_FAILURE_ENV
-from ingest.pipeline import Pipeline
 from tests.spark.conftest import spark_submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -24,7 +24,7 @@ def catalog_kind() -> str:
 
 def _files(env) -> tuple[set[str], set[str]]:  # type: ignore[no-untyped-def]
     """(data files the rows table references, Parquet files in its data directory)."""
-    table = Pipeline.open(env.config).rows.table
+    table = open_pipeline(env.config).rows.table
     committed = {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
     location = table.location().removeprefix("file://")
     return committed, {str(p) for p in Path(location, "data").rglob("*.parquet")}
@@ -55,7 +55,7 @@ def test_a_task_that_fails_without_retries_fails_the_batch_and_leaves_no_trace(m
 
     assert failed.returncode == 1, failed.stderr[-3000:]  # not a domain error: internal, never retried blindly
     assert "injected failure" in failed.stderr
-    pipeline = Pipeline.open(env.config)
+    pipeline = open_pipeline(env.config)
     assert (len(pipeline.rows.table.metadata.snapshots), len(pipeline.dead.table.metadata.snapshots)) == (0, 0)
     rerun = spark_submit(env, "--until-caught-up")
     assert rerun.returncode == 0, rerun.stderr[-3000:]

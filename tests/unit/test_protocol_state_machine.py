@@ -91,7 +91,8 @@ from ingest.core.ledger import (
 )
 from ingest.core.plan import Batch, KafkaView, Watermarks
 from ingest.errors import CommitGaveUp, FatalError, Fenced, SchemaAhead, SchemaMoved
-from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
+from ingest.ops.reset import move_ledger
+from ingest.ops.reset_command import ResetCommand, ResetTarget
 from ingest.ops.verify import Problem, expected_reads, judge_partition
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema

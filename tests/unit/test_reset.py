@@ -11,7 +11,8 @@ from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode, regi
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import ConfigError, TopicIdChanged
 from ingest.intents import Append
-from ingest.ops.reset import ResetCommand, ResetTarget, move_ledger
+from ingest.ops.reset import move_ledger
+from ingest.ops.reset_command import ResetCommand, ResetTarget
 from ingest.testing import MemoryCatalog, MemoryTable
 
 PIPELINE = "orders"

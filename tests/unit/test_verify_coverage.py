@@ -23,7 +23,8 @@ from ingest.config import parse
 from ingest.core.coverage import coverage
 from ingest.core.ledger import BatchCounts, TopicPartition, decode, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
-from ingest.ops.reset import ResetTarget, reset
+from ingest.ops.reset import reset
+from ingest.ops.reset_command import ResetTarget
 from ingest.ops.verify import expected_reads
 from ingest.testing import MemoryCatalog
 
