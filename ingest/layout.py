@@ -10,16 +10,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ingest import formats
-from ingest.config import (
-    REGISTRY_FORMATS,
-    ROUTE_VALUE,
-    ROUTE_VALUE_CHARS,
-    PipelineConfig,
-    TopicSource,
-    schema_file_text,
-)
+from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig, TopicSource, schema_file_text
 from ingest.core.ledger import registered_pipelines
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.formats import keys
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import partition_spec, rows_schema, sort_order

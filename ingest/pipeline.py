@@ -18,13 +18,14 @@ from ingest import failpoints
 from ingest.batch_commit import BatchCommit, commit_batch
 from ingest.batch_result import BatchResult
 from ingest.committer import HELD_S, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import Fenced, SchemaAhead, TooManyDeadLetters, TopicIdChanged, firsts_text
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, rows_schema
 from ingest.iceberg.table import IcebergTable

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
