@@ -12,13 +12,13 @@ def fields_of(writer: WriterSchema) -> list[Field]:
     if writer.kind == "AVRO":
         from ingest.formats import avro  # polars is imported only where Avro is read (~90 ms)
 
-        return avro.fields_of(writer.text, writer.references)
+        return avro.record_fields(writer.text, writer.references)
     if writer.kind == "PROTOBUF":
         from ingest.formats import protobuf
 
-        return protobuf.fields_of(writer)
+        return protobuf.message_fields(writer)
     if writer.kind == "JSON":
         from ingest.formats import json_schema
 
-        return json_schema.fields_of(writer.text, writer.references)
+        return json_schema.object_fields(writer.text, writer.references)
     raise ValueError(f"schema id {writer.schema_id} is a {writer.kind} schema, which this version cannot read yet")

@@ -13,7 +13,7 @@ with the reader's complaint.
 The decoded columns are then conformed to the table's fields by name (the writer's enums to
 strings, maps to Arrow maps, narrower numbers widened); a field the writer lacks is null. The
 framing, and which writer schemas may be conformed at all (by ``on_schema_change``), are the wire
-format's (:mod:`ingest.formats.wire`). The mapping from Avro to the table's types is :func:`fields_of`'s.
+format's (:mod:`ingest.formats.wire`). The mapping from Avro to the table's types is :func:`record_fields`'s.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def _renamed(node: _Node, renames: Mapping[str, str]) -> _Node:
     return replace(node, fields=[(apply.get(name, name), child) for name, child in node.fields])
 
 
-def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
+def record_fields(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
     """The table fields an Avro record schema maps to (raises :class:`Refused` saying what does not
     map): primitives as themselves (``bytes`` and ``fixed`` as binary), logical types as Iceberg's
     (decimal, date, time, timestamp(tz), uuid as string), a union with null as an optional field,
@@ -307,8 +307,9 @@ class AvroDecoder(RegistryDecoder):
     kind = "AVRO"
     label = "Avro"
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer.text, writer.references)
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        return record_fields(writer.text, writer.references)
 
     def plan(self, writer: WriterSchema) -> tuple[_Node, bytes]:
         """The writer's resolved type, and the envelope schema its values are decoded with."""

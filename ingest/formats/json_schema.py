@@ -4,7 +4,7 @@ confluent-kafka's ``JSONSerializer`` and Kafka Connect's ``JsonSchemaConverter``
 The body after the 5-byte prefix is a JSON document: the values of one schema id, stripped of
 their prefix, are decoded by the JSON decoder (:mod:`ingest.formats.json`, Arrow's vectorised JSON
 reader) against the table's fields, poison records split off with its reasons. The writer's JSON
-Schema decides only the table's fields (:func:`fields_of`) and whether its records fit the table.
+Schema decides only the table's fields (:func:`object_fields`) and whether its records fit the table.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class _Mapper:
             self.root = outer
 
 
-def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
+def object_fields(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
     """The table fields a JSON Schema of an object maps to (raises :class:`Refused` saying what does
     not): ``integer`` as long, ``number`` as double, ``boolean``, ``string`` (with ``format``
     ``date-time`` as timestamptz and ``date`` as date), objects with properties as structs, arrays as
@@ -144,8 +144,9 @@ class JsonSchemaDecoder(RegistryDecoder):
         super().__init__(*args, **kwargs)
         self._json = Decoder(self.fields, self.renames)  # JSON names the fields: read old names too
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer.text, writer.references)
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        return object_fields(writer.text, writer.references)
 
     def decode_group(
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]

@@ -173,7 +173,7 @@ def _fields(message: Descriptor) -> list[Field]:
     return fields
 
 
-def fields_of(writer: WriterSchema) -> list[Field]:
+def message_fields(writer: WriterSchema) -> list[Field]:
     """The table fields of the table's message of a Protobuf schema: scalars as their Iceberg types
     (unsigned 32-bit as long, unsigned 64-bit as decimal(20,0)), enums as their names, messages as
     structs, repeated fields as lists, maps as maps, ``Timestamp`` as timestamptz, the wrapper types
@@ -247,8 +247,9 @@ class ProtobufDecoder(RegistryDecoder):
     kind = "PROTOBUF"
     label = "Protobuf"
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer)
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        return message_fields(writer)
 
     def plan(self, writer: WriterSchema) -> tuple[Descriptor, type[Message], tuple[int, ...]]:
         """The table's message, its class, and its message indexes in the file."""

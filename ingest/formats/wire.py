@@ -160,8 +160,10 @@ class RegistryDecoder:
 
     # -- what a format supplies
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        """The table fields of a writer schema, under the writer's names (raises :class:`Refused`)."""
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        """The table fields of a writer schema of this format, under the writer's names (raises
+        :class:`Refused` saying what does not map)."""
         raise NotImplementedError
 
     def plan(self, writer: WriterSchema) -> Any:
@@ -193,7 +195,7 @@ class RegistryDecoder:
                 reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
             )
         try:
-            writer_fields = renamed(self.fields_of(writer), self.renames)
+            writer_fields = renamed(self.writer_fields(writer), self.renames)
         except Refused as error:
             return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
         merged = merge(self.fields, writer_fields)
