@@ -9,12 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ingest import formats
 from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig, TopicSource, schema_file_text
 from ingest.core.ledger import registered_pipelines
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.format_names import REGISTRY_FORMATS
-from ingest.formats import keys
+from ingest.formats.decoders import key_field, writer_fields
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import partition_spec, rows_schema, sort_order
 from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema
@@ -44,7 +43,7 @@ def _from_file(config: PipelineConfig) -> list[Field] | None:
         return None
     text = schema_file_text(config.schema_file)
     try:
-        own = renamed(formats.fields_of(WriterSchema(0, "AVRO", text)), config.renames)
+        own = renamed(writer_fields(WriterSchema(0, "AVRO", text)), config.renames)
     except ValueError as error:
         raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
     if config.schema_:
@@ -121,7 +120,7 @@ def _key_from(config: PipelineConfig, registry: SchemaRegistry | None) -> Field:
         return Field(KEY_COLUMN, "string", False)
     assert registry is not None  # config requires a registry then
     fix = "Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
-    merged = _merged_subjects(config, lambda t: latest_key(registry, t), lambda w: [keys.key_field(w)], "key", fix)
+    merged = _merged_subjects(config, lambda t: latest_key(registry, t), lambda w: [key_field(w)], "key", fix)
     return merged[0]
 
 
@@ -172,7 +171,7 @@ def _from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> l
     fields = _merged_subjects(
         config,
         lambda t: registry.latest(t.value_subject),
-        lambda w: renamed(formats.fields_of(w), config.renames),
+        lambda w: renamed(writer_fields(w), config.renames),
         "value",
         "Declare `schema:` for the fields you want, or fix the subject.",
     )
@@ -194,14 +193,14 @@ def evolved(
     for writer in writers:
         try:
             if key:  # the key column alone, in its place: the value columns are not the key writer's
-                column = merge([f for f in fields if f.name == KEY_COLUMN], [keys.key_field(writer)])
+                column = merge([f for f in fields if f.name == KEY_COLUMN], [key_field(writer)])
                 evolved = [
                     column.fields[0] if f.name == KEY_COLUMN else Field(f.name, f.type, f.required, f.doc)
                     for f in fields
                 ]
                 merged = Merged(tuple(evolved), column.problems)
             else:
-                merged = merge(fields, renamed(formats.fields_of(writer), renames))
+                merged = merge(fields, renamed(writer_fields(writer), renames))
         except ValueError as error:
             what = "a key column" if key else "a table's schema"
             raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None

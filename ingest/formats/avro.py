@@ -29,6 +29,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.format_names import FORMAT
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json, prefix
 from ingest.ports import WriterSchema
@@ -304,8 +305,7 @@ def _container(schema: bytes, values: Sequence[bytes], count: int | None = None)
 class AvroDecoder(RegistryDecoder):
     """Decodes Confluent-framed Avro values into rows of the table's ``fields``."""
 
-    kind = "AVRO"
-    label = "Avro"
+    format = FORMAT["avro"]
 
     @staticmethod
     def writer_fields(writer: WriterSchema) -> list[Field]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.format_names import FORMAT
 from ingest.formats.json import Decoder
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json
 from ingest.ports import WriterSchema
@@ -137,8 +138,7 @@ def object_fields(text: str, references: Sequence[tuple[str, WriterSchema]] = ()
 class JsonSchemaDecoder(RegistryDecoder):
     """Decodes Confluent-framed JSON values (JSON Schema in the registry) into rows of the table's ``fields``."""
 
-    kind = "JSON"
-    label = "JSON Schema"
+    format = FORMAT["json_schema"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

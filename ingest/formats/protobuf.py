@@ -38,6 +38,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from ingest.format_names import FORMAT
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies
 from ingest.ports import WriterSchema
 from ingest.records import OWN_COLUMNS, Field, renaming
@@ -244,8 +245,7 @@ def _indexes(value: bytes) -> tuple[tuple[int, ...], int]:
 class ProtobufDecoder(RegistryDecoder):
     """Decodes Confluent-framed Protobuf values into rows of the table's ``fields``."""
 
-    kind = "PROTOBUF"
-    label = "Protobuf"
+    format = FORMAT["protobuf"]
 
     @staticmethod
     def writer_fields(writer: WriterSchema) -> list[Field]:
