@@ -13,6 +13,7 @@ from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig, TopicS
 from ingest.core.ledger import registered_pipelines
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.format_names import REGISTRY_FORMATS
+from ingest.formats.avro_schema import record_fields
 from ingest.formats.decoders import key_field, writer_fields
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.schema import partition_spec, rows_schema, sort_order
@@ -43,7 +44,7 @@ def _from_file(config: PipelineConfig) -> list[Field] | None:
         return None
     text = schema_file_text(config.schema_file)
     try:
-        own = renamed(writer_fields(WriterSchema(0, "AVRO", text)), config.renames)
+        own = renamed(record_fields(text), config.renames)
     except ValueError as error:
         raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
     if config.schema_:

@@ -366,7 +366,8 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
 def stage_avro_decode(args: argparse.Namespace) -> dict[str, Any]:
     """The project's Avro decoder alone, on the same orders as Avro values, in chunks as the engine uses."""
 
-    from ingest.formats.avro import AvroDecoder, record_fields
+    from ingest.formats.avro import AvroDecoder
+    from ingest.formats.avro_schema import record_fields
     from ingest.kafka.registry import Registry
 
     registry = Registry({"url": args.registry})

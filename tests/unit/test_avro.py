@@ -17,7 +17,9 @@ import pyarrow as pa
 import pytest
 
 from ingest.errors import SchemaAhead, SchemaChangeRefused
-from ingest.formats.avro import AvroDecoder, AvroFileDecoder, Refused, record_fields
+from ingest.formats.avro import AvroDecoder, AvroFileDecoder
+from ingest.formats.avro_schema import record_fields
+from ingest.formats.wire import Refused
 from ingest.ports import WriterSchema
 from ingest.records import RawChunk
 
