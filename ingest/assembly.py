@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ingest.config import REGISTRY_FORMATS, ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig
+from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig
 from ingest.core.ledger import registered_pipelines
 from ingest.fields import from_schema_file, from_subjects, key_field_of, values_in_registry
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
 from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ingest import formats
-from ingest.config import REGISTRY_FORMATS, PipelineConfig, TopicSource, schema_file_text
+from ingest.config import PipelineConfig, TopicSource, schema_file_text
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
-from ingest.formats import keys
+from ingest.format_names import REGISTRY_FORMATS
+from ingest.formats.avro_schema import record_fields
+from ingest.formats.decoders import key_field, writer_fields
 from ingest.ports import SchemaRegistry, WriterSchema
 from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
 
@@ -22,7 +23,7 @@ def from_schema_file(config: PipelineConfig) -> list[Field] | None:
         return None
     text = schema_file_text(config.schema_file)
     try:
-        own = renamed(formats.fields_of(WriterSchema(0, "AVRO", text)), config.renames)
+        own = renamed(record_fields(text), config.renames)
     except ValueError as error:
         raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
     if config.schema_:
@@ -44,7 +45,7 @@ def key_field_of(config: PipelineConfig, registry: SchemaRegistry | None) -> Fie
         return Field(KEY_COLUMN, "string", False)
     assert registry is not None  # config requires a registry then
     fix = "Fix the subject, set `key_subject:`, or leave `key_format:` out to keep keys raw."
-    merged = _merged_subjects(config, lambda t: latest_key(registry, t), lambda w: [keys.key_field(w)], "key", fix)
+    merged = _merged_subjects(config, lambda t: latest_key(registry, t), lambda w: [key_field(w)], "key", fix)
     return merged[0]
 
 
@@ -95,7 +96,7 @@ def from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> li
     fields = _merged_subjects(
         config,
         lambda t: registry.latest(t.value_subject),
-        lambda w: renamed(formats.fields_of(w), config.renames),
+        lambda w: renamed(writer_fields(w), config.renames),
         "value",
         "Declare `schema:` for the fields you want, or fix the subject.",
     )
@@ -117,14 +118,14 @@ def evolved(
     for writer in writers:
         try:
             if key:  # the key column alone, in its place: the value columns are not the key writer's
-                column = merge([f for f in fields if f.name == KEY_COLUMN], [keys.key_field(writer)])
+                column = merge([f for f in fields if f.name == KEY_COLUMN], [key_field(writer)])
                 evolved = [
                     column.fields[0] if f.name == KEY_COLUMN else Field(f.name, f.type, f.required, f.doc)
                     for f in fields
                 ]
                 merged = Merged(tuple(evolved), column.problems)
             else:
-                merged = merge(fields, renamed(formats.fields_of(writer), renames))
+                merged = merge(fields, renamed(writer_fields(writer), renames))
         except ValueError as error:
             what = "a key column" if key else "a table's schema"
             raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None

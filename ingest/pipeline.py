@@ -20,7 +20,7 @@ from ingest import failpoints
 from ingest.batch_commit import BatchCommit, commit_batch
 from ingest.batch_result import BatchResult
 from ingest.committer import HELD_S, observe
-from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, decode, decode_counts, merge_timestamps
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
@@ -28,6 +28,7 @@ from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import Fenced, SchemaAhead, TooManyDeadLetters, TopicIdChanged, firsts_text
 from ingest.fields import evolved, latest_key, values_in_registry
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.logcontext import about
 from ingest.ports import Engine, LedgerTable, Produced, SchemaRegistry, Source, WriterSchema
 from ingest.records import Declared

@@ -19,7 +19,6 @@ from pydantic import (
 from ingest.config.sections import (
     NO_TOPICS,
     PIPELINE_TABLE_PROPERTIES,
-    REGISTRY_FORMATS,
     ROUTE_TYPES,
     TABLE_ID,
     BatchSpec,
@@ -36,6 +35,7 @@ from ingest.config.sections import (
     TopicSpec,
     has_map,
 )
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, parse_sort, parse_transform
 from ingest.type_names import arrow_type
 

@@ -17,6 +17,15 @@ from pydantic import (
     model_validator,
 )
 
+from ingest.format_names import (
+    FORMAT,
+    KEY_FORMATS,
+    REGISTRY_FORMATS,
+    SCHEMA_FILE_FORMATS,
+    KeyFormat,
+    ValueFormat,
+    spoken,
+)
 from ingest.records import OWN_COLUMNS
 from ingest.type_names import arrow_type, type_name
 
@@ -27,8 +36,7 @@ PIPELINE_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 #: what a batch does with records whose writer schema the table does not have
 OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
-#: value formats read through a Schema Registry (the Confluent wire format: magic byte, schema id)
-REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+_REGISTRY_KEYS = [name for name in KEY_FORMATS if FORMAT[name].registry]
 #: neither ``topics:`` nor ``topics_pattern:`` given
 NO_TOPICS = "required key is missing (or give `topics_pattern:`, a regular expression the topics' names match)"
 #: orphan-file removal never touches a file younger than this (``maintenance.orphan_age_hours``)
@@ -71,7 +79,7 @@ class _Encoding(Strict):
 
     #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
     #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
-    format: Literal["json", "avro", "protobuf", "json_schema"] = "json"
+    format: ValueFormat = "json"
     #: the registry subject the table's schema is derived from when ``schema:`` is omitted
     #: (default: ``<topic>-value``, the topic-name strategy)
     subject: str | None = None
@@ -80,20 +88,23 @@ class _Encoding(Strict):
     schema_file: str | None = None
     #: the keys' format, decoded into the column ``_kafka_key_decoded`` beside the raw ``_kafka_key``:
     #: ``string`` (UTF-8), or a registry format (the Confluent wire format); unset: keys stay raw bytes
-    key_format: Literal["string", "avro", "protobuf", "json_schema"] | None = None
+    key_format: KeyFormat | None = None
     #: the registry subject the key column's type is derived from (default: ``<topic>-key``)
     key_subject: str | None = None
 
     @model_validator(mode="after")
-    def _schema_file_is_avro(self) -> _Encoding:
-        if self.schema_file is not None and self.format != "avro":
-            raise ValueError(f"schema_file is for `format: avro` topics without a registry, not {self.format!r}")
+    def _schema_file_has_its_format(self) -> _Encoding:
+        if self.schema_file is not None and not FORMAT[self.format].schema_file:
+            raise ValueError(
+                f"schema_file is for `format: {spoken(SCHEMA_FILE_FORMATS)}` topics without a registry, not "
+                f"{self.format!r}"
+            )
         return self
 
     @model_validator(mode="after")
     def _key_subject_has_a_format(self) -> _Encoding:
         if self.key_subject is not None and self.key_format not in REGISTRY_FORMATS:
-            raise ValueError("key_subject is for keys in a registry format (key_format: avro, protobuf or json_schema)")
+            raise ValueError(f"key_subject is for keys in a registry format (key_format: {spoken(_REGISTRY_KEYS)})")
         return self
 
 

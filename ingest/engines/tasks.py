@@ -25,11 +25,13 @@ from ingest.config import OnSchemaChange, PipelineConfig, schema_file_text
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.errors import IngestError
-from ingest.formats.json import Decoder
+from ingest.format_names import REGISTRY_FORMATS
+from ingest.formats.decoders import Decoding, key_decoder, value_decoder
+from ingest.formats.keys import KeyedDecoder, value_fields
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
 from ingest.intents import DataFile
 from ingest.kafka.source import KafkaSource, Stops
-from ingest.ports import FileWriter, Produced, SchemaRegistry, ValueDecoder
+from ingest.ports import FileWriter, Produced, ValueDecoder
 from ingest.records import (
     DEAD_LETTER_SCHEMA,
     DEAD_LETTERS,
@@ -45,7 +47,6 @@ from ingest.route_by.decoding import Route, Routing, route_of
 from ingest.route_by.writing import RoutedTables
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
-    from ingest.formats.wire import RegistryDecoder
     from ingest.iceberg.table import IcebergTable
 
 
@@ -265,55 +266,25 @@ class TaskSpec:
         """The decoder of the keys and the values, the values into ``fields`` (the table's but the
         headers column; the keyed decoder's rows keep it, the column ``WithHeaders`` fills)."""
         registry = None
-        values_in_registry = self.format != "json" and self.schema_text is None
-        if values_in_registry or self.key_format not in (None, "string"):  # keys and values share the client
+        values_in_registry = self.format in REGISTRY_FORMATS and self.schema_text is None
+        if values_in_registry or self.key_format in REGISTRY_FORMATS:  # keys and values share the client
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
             registry = Registry(self.registry or {})  # config requires it for these formats
+        decoding = Decoding(
+            self.on_schema_change, self.renames, self.unknown_fields, frozenset(self.refuse), self.schema_text
+        )
         if self.key_format is None:
-            return self._values(fields, registry)
-        from ingest.formats import keys
-
-        values = self._values(keys.value_fields(fields), registry)
-        if self.key_format == "string":
-            return keys.KeyedDecoder(self._rows_fields(fields), values, keys.StringKeys())
-        assert registry is not None  # checked in config
+            return value_decoder(self.format, fields, decoding, registry)
+        values = value_decoder(self.format, value_fields(fields), decoding, registry)
         key = next(f for f in fields if f.name == KEY_COLUMN)  # the pipeline adds it
-        make = self._registry_format(self.key_format, {})
-        reader = keys.RegistryKeys(key, registry, make, avro=self.key_format == "avro")
-        return keys.KeyedDecoder(self._rows_fields(fields), values, reader)
+        keys = key_decoder(self.key_format, key, self.on_schema_change, registry)
+        return KeyedDecoder(self._rows_fields(fields), values, keys)
 
     def _rows_fields(self, fields: Sequence[Declared]) -> Sequence[Declared]:
         """The fields of the rows the keyed decoder makes: with ``headers``, the headers column too
         (``WithHeaders`` fills it); without, not even if the table has one (it stays null)."""
         return self.fields if self.headers else fields
-
-    def _values(self, fields: Sequence[Declared], registry: SchemaRegistry | None) -> ValueDecoder:
-        if self.format == "json":
-            return Decoder(fields, self.renames, self.unknown_fields, frozenset(self.refuse))
-        if self.schema_text is not None:
-            from ingest.formats.avro import AvroFileDecoder
-
-            return AvroFileDecoder(fields, self.schema_text, self.renames)
-        assert registry is not None  # checked in config
-        return self._registry_format(self.format, self.renames)(fields, registry)
-
-    def _registry_format(
-        self, name: str, renames: Mapping[str, str]
-    ) -> Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder]:
-        """A registry format's decoder, given the fields and the registry."""
-        # imported here: polars costs a JSON pipeline's workers ~90 ms at start
-        from ingest.formats.avro import AvroDecoder
-        from ingest.formats.json_schema import JsonSchemaDecoder
-        from ingest.formats.protobuf import ProtobufDecoder
-
-        formats: dict[str, type[RegistryDecoder]] = {
-            "avro": AvroDecoder,
-            "protobuf": ProtobufDecoder,
-            "json_schema": JsonSchemaDecoder,
-        }
-        decoder = formats[name]
-        return lambda fields, registry: decoder(fields, registry, self.on_schema_change, renames)
 
 
 #: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system

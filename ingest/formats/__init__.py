@@ -1,24 +1,6 @@
-"""Record value formats: each turns chunks of Kafka values into rows of the table's fields
-(:class:`ingest.ports.ValueDecoder`), and the registry formats map a writer schema to fields."""
+"""Record formats: each turns chunks of Kafka values (or keys) into rows of the table's fields
+(:class:`ingest.ports.ValueDecoder`), and the registry formats map a writer schema to fields.
 
-from __future__ import annotations
-
-from ingest.ports import WriterSchema
-from ingest.records import Field
-
-
-def fields_of(writer: WriterSchema) -> list[Field]:
-    """The table fields of a registry schema (raises ValueError saying what does not map)."""
-    if writer.kind == "AVRO":
-        from ingest.formats import avro  # polars is imported only where Avro is read (~90 ms)
-
-        return avro.fields_of(writer.text, writer.references)
-    if writer.kind == "PROTOBUF":
-        from ingest.formats import protobuf
-
-        return protobuf.fields_of(writer)
-    if writer.kind == "JSON":
-        from ingest.formats import json_schema
-
-        return json_schema.fields_of(writer.text, writer.references)
-    raise ValueError(f"schema id {writer.schema_id} is a {writer.kind} schema, which this version cannot read yet")
+The formats by name, with what each can do, are :data:`ingest.format_names.FORMATS`; how each
+one's decoders are made, under the same names, is :data:`ingest.formats.decoders.DECODERS`.
+"""

@@ -7,6 +7,10 @@ and those whose JSON kinds Arrow refuses for their fields whatever the value (a 
 ``double``: the usual drift) go straight to the dead letters, named. Arrow then reads the rest as
 one block again, and is still the judge of everything else: anything it refuses there is bisected
 until each bad record stands alone, and a value msgspec cannot parse is tried on its own.
+
+What Arrow's reader takes into a field of each type is :mod:`ingest.formats.json_kinds`'s; the
+values parsed one at a time (msgspec), and what is judged of them beside Arrow, are
+:mod:`ingest.formats.json_documents`'.
 """
 
 from __future__ import annotations
@@ -14,143 +18,22 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.config import FieldSpec
+from ingest.formats.json_documents import DocumentChecks, encode
+from ingest.formats.json_kinds import JSON_KINDS, Kind, nested, parse_type
 from ingest.formats.rows import assemble, dead_letters
 from ingest.records import EXTRA_COLUMN, Declared, Decoded, RawChunk, rows_schema
-from ingest.type_names import arrow_type, type_name
+from ingest.type_names import arrow_type
 
 #: below this many records a failing slice is parsed one record at a time
 _SINGLES = 16
-
-
-def _json_type(target: pa.DataType) -> pa.DataType:
-    """What Arrow's JSON reader parses a field of ``target`` type as, before the final (checked)
-    cast; nested types field by field."""
-    if pa.types.is_date(target):
-        return pa.string()
-    if pa.types.is_float32(target):
-        return pa.float64()
-    if pa.types.is_decimal(target):
-        # the reader checks precision before rescaling; parse wide, then cast with checks
-        return pa.decimal128(38, target.scale)
-    if pa.types.is_struct(target):
-        return pa.struct([field.with_type(_json_type(field.type)) for field in target])
-    if pa.types.is_list(target):
-        return pa.list_(target.value_field.with_type(_json_type(target.value_type)))
-    return target
-
-
-def _nested(target: pa.DataType) -> bool:
-    return bool(pa.types.is_struct(target) or pa.types.is_list(target))
-
-
-_JSON_KINDS = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", list: "array"}
-
-
-def _accepts(target: pa.DataType) -> tuple[type, ...] | None:
-    """The Python types (of a parsed JSON value) Arrow's reader can take into a field of ``target``;
-    any other kind it refuses whatever the value. None: not judged by kind (Arrow decides). Pinned
-    against Arrow itself by tests/unit/test_decode.py."""
-    if pa.types.is_boolean(target):
-        return (bool,)
-    if pa.types.is_integer(target) or pa.types.is_time(target):
-        return (int,)
-    if pa.types.is_floating(target):
-        return (int, float)
-    if pa.types.is_decimal(target):
-        return (int, float, str)
-    if (
-        pa.types.is_string(target)
-        or pa.types.is_binary(target)
-        or pa.types.is_date(target)
-        or pa.types.is_timestamp(target)
-    ):
-        return (str,)
-    if pa.types.is_struct(target):
-        return (dict,)
-    if pa.types.is_list(target):
-        return (list,)
-    return None
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """What a field's parsed JSON values must be for Arrow's reader to take them (built once per
-    field from its type, checked per record when a chunk holds poison)."""
-
-    accepted: tuple[type, ...]
-    type_name: str
-    children: tuple[tuple[str, _Kind], ...] = ()  # a struct's fields that are judged by kind
-    item: _Kind | None = None  # a list's items, if they are
-
-    @classmethod
-    def of(cls, target: pa.DataType) -> _Kind | None:
-        accepted = _accepts(target)
-        if accepted is None:
-            return None
-        if pa.types.is_struct(target):
-            children = tuple((f.name, kind) for f in target if (kind := cls.of(f.type)) is not None)
-            return cls(accepted, type_name(target), children=children)
-        if pa.types.is_list(target):
-            return cls(accepted, type_name(target), item=cls.of(target.value_type))
-        return cls(accepted, type_name(target))
-
-    def error(self, value: object, path: str) -> str | None:
-        """Why Arrow refuses ``value`` at ``path`` by its kind alone, nested fields included; None if
-        the kinds fit (the value itself may still be refused)."""
-        if type(value) not in self.accepted:  # exact: a JSON true is a bool, never an int
-            if value is None:
-                return None
-            got = json.dumps(value)[:80]
-            if type(value) is float and int in self.accepted:
-                return f"field {path!r}: cannot convert {got} to {self.type_name}: not an integer"
-            return (
-                f"field {path!r}: expected {self.type_name}, got a JSON {_JSON_KINDS.get(type(value), 'value')} {got}"
-            )
-        if self.children and isinstance(value, dict):
-            for name, child in self.children:
-                nested = value.get(name)
-                if nested is not None and (error := child.error(nested, f"{path}.{name}")):
-                    return error
-        elif self.item is not None and isinstance(value, list):
-            for i, item in enumerate(value):
-                if error := self.item.error(item, f"{path}[{i}]"):
-                    return error
-        return None
-
-
-#: a timestamp's text that is a date alone; one that ends in a zone (``Z``, ``+02:00``, ``-0530``)
-_DATE_ONLY = re.compile(r"\s*\d{4}-\d{2}-\d{2}\s*$")
-_ZONED = re.compile(r"(?:[Zz]|[+-]\d{2}(?::?\d{2})?)\s*$")
-
-
-def _document(value: bytes | None) -> dict[str, object] | None:
-    """``value`` parsed, if it is one JSON object (msgspec; Python's parser for what msgspec refuses
-    and Arrow may take: NaN, a byte order mark)."""
-    if not value:
-        return None
-    try:
-        document = msgspec.json.decode(value)
-    except msgspec.DecodeError:
-        try:  # invalid UTF-8 in a string Arrow does not read (an unknown field's) reads as U+FFFD
-            document = json.loads(value.decode("utf-8", errors="replace").strip().removeprefix("\ufeff"))
-        except ValueError:
-            return None
-    return document if isinstance(document, dict) else None
-
-
-def _encode(extra: dict[str, object] | None) -> str | None:
-    return None if extra is None else msgspec.json.encode(extra).decode()
 
 
 _NEWLINE, _BRACE = ord("\n"), ord("{")
@@ -206,24 +89,23 @@ class Decoder:
         parsed = [(f.name, f.type) for f in self.fields] + [
             (self._old[f.name], f.type) for f in self.fields if f.name in self._old
         ]
-        self._parse_schema = pa.schema([pa.field(name, _json_type(arrow_type(kind))) for name, kind in parsed])
+        self._parse_schema = pa.schema([pa.field(name, parse_type(arrow_type(kind))) for name, kind in parsed])
         self._options = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="ignore")
         #: the fast path's: fields the table does not declare come out as columns of their own,
         #: which tell which records have them (as fast as ignoring them)
         self._inferring = pj.ParseOptions(explicit_schema=self._parse_schema, unexpected_field_behavior="infer")
-        self._known = frozenset(self._parse_schema.names)
+        known = frozenset(self._parse_schema.names)
         self._schema = rows_schema(fields)
         self._field_schema = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in self.fields])
-        #: each parsed name with the type its values must fit (a renamed column's old name too)
-        self._kinds = [(name, kind) for name, declared in parsed if (kind := _Kind.of(arrow_type(declared)))]
-        #: timestamp columns whose text is checked (``refuse: [naive_timestamps, date_only_timestamps]``)
-        self._stamps = [
+        kinds = [(name, kind) for name, declared in parsed if (kind := Kind.of(arrow_type(declared)))]
+        stamps = [
             (name, t.tz is not None)
             for f in self.fields
             if pa.types.is_timestamp(t := arrow_type(f.type))
             for name in (f.name, *([self._old[f.name]] if f.name in self._old else []))
         ]
-        self._refuse = refuse & {"naive_timestamps", "date_only_timestamps"}
+        #: what is judged of values parsed one at a time: kinds, undeclared fields, timestamp text
+        self._checks = DocumentChecks(kinds, known, stamps, refuse & {"naive_timestamps", "date_only_timestamps"})
         self._probes: dict[str, Decoder] = {}  # one field's decoder, built once, to name what Arrow refused
 
     def decode(self, chunk: RawChunk) -> Decoded:
@@ -250,7 +132,7 @@ class Decoder:
                 self._isolate(candidates, index, parts, bad, unknown)
         else:
             self._parse(candidates, index, 0, len(candidates), parts, bad, payload)
-            unknown.update(i for indices, _ in parts for i in indices if self._extra_of(values[i]))
+            unknown.update(i for indices, _ in parts for i in indices if self._checks.extra_of(values[i]))
         if len(parts) == 1 and len(parts[0][0]) == len(values):
             good: Sequence[int] | None = None  # every record decoded: no gather needed
         else:
@@ -264,12 +146,12 @@ class Decoder:
         unknown.intersection_update(positions)  # a dead letter for another reason is not counted
         if unknown and self._unknown_fields == "dead_letter":
             for i in unknown:
-                names = ", ".join(map(repr, sorted(self._extra_of(values[i]) or {})[:5]))
+                names = ", ".join(map(repr, sorted(self._checks.extra_of(values[i]) or {})[:5]))
                 bad[i] = f"unknown field(s) {names}: the table does not declare them (unknown_fields: dead_letter)"
             fields = fields.filter(pa.array([i not in unknown for i in positions]))
             good = positions = [i for i in positions if i not in unknown]
-        if self._refuse and self._stamps:
-            refused = {i: why for i in positions if (why := self._lossy_timestamp(values[i]))}
+        if self._checks.refuse and self._checks.stamps:
+            refused = {i: why for i in positions if (why := self._checks.lossy_timestamp(values[i]))}
             if refused:
                 bad.update(refused)
                 fields = fields.filter(pa.array([i not in refused for i in positions]))
@@ -277,33 +159,11 @@ class Decoder:
         if self._extra_at is not None:
             captured = unknown if self._unknown_fields == "capture" else set()
             extra = pa.array(
-                [_encode(self._extra_of(values[i])) if i in captured else None for i in positions], pa.string()
+                [encode(self._checks.extra_of(values[i])) if i in captured else None for i in positions], pa.string()
             )
             fields = fields.add_column(self._extra_at, pa.field(EXTRA_COLUMN, pa.string()), extra)
         rows = assemble(chunk, good, fields, self._schema)
         return Decoded(rows=rows, dead_letters=dead_letters(chunk, bad), unknown=len(unknown))
-
-    def _lossy_timestamp(self, value: bytes | None) -> str | None:
-        """Why ``value``'s timestamp text is refused (``refuse:``): a date alone, or no zone; None if it is not."""
-        document = _document(value) or {}
-        for name, zoned in self._stamps:
-            text = document.get(name)
-            if not isinstance(text, str):
-                continue
-            date_only = _DATE_ONLY.match(text) is not None
-            if date_only and "date_only_timestamps" in self._refuse:
-                return f"field {name!r}: {text!r} is a date without a time (refuse: date_only_timestamps)"
-            if zoned and "naive_timestamps" in self._refuse and (date_only or not _ZONED.search(text)):
-                return f"field {name!r}: {text!r} has no zone offset (refuse: naive_timestamps)"
-        return None
-
-    def _extra_of(self, value: bytes | None) -> dict[str, object] | None:
-        """The fields of the JSON object ``value`` the table does not declare (None: none, or not an object)."""
-        document = _document(value)
-        if document is None:
-            return None
-        extra = {k: v for k, v in document.items() if k not in self._known and v is not None}
-        return extra or None
 
     def _isolate(
         self,
@@ -320,37 +180,12 @@ class Decoder:
         still refuses), and tries each value msgspec could not parse on its own: Arrow's verdict is
         the one that counts, so no record Arrow would take is ever dead-lettered here.
         """
-        decode = msgspec.json.decode
-        kept: list[bytes] = []
-        kept_index: list[int] = []
-        alone: list[int] = []  # positions in candidates msgspec could not parse: Arrow decides each
-        for k, value in enumerate(candidates):
-            try:
-                document = decode(value)
-            except msgspec.DecodeError:
-                alone.append(k)
-                continue
-            error = self._kind_error(document) if isinstance(document, dict) else None
-            if error is None:
-                kept.append(value)
-                kept_index.append(index[k])
-                if isinstance(document, dict) and any(
-                    v is not None for key, v in document.items() if key not in self._known
-                ):
-                    unknown.add(index[k])
-            else:
-                bad[index[k]] = error
+        kept, kept_index, alone = self._checks.sort(candidates, index, bad, unknown)
         self._parse(kept, kept_index, 0, len(kept), parts, bad)
         for k in alone:
             self._parse(candidates, index, k, k + 1, parts, bad)
-            if self._extra_of(candidates[k]):
+            if self._checks.extra_of(candidates[k]):
                 unknown.add(index[k])
-
-    def _kind_error(self, document: dict[str, object]) -> str | None:
-        for name, kind in self._kinds:
-            if (value := document.get(name)) is not None and (error := kind.error(value, name)):
-                return error
-        return None
 
     def _screen(self, values: list[bytes | None], bad: dict[int, str]) -> tuple[list[bytes], Sequence[int]]:
         """The values Arrow's reader may see: those that start like a JSON object.
@@ -415,8 +250,8 @@ class Decoder:
             raise _Bad(str(error)) from None
         if table.num_rows != hi - lo:
             raise _Bad(f"value holds {table.num_rows} JSON documents; expected one object")
-        if unknown is not None and table.num_columns > len(self._known):
-            extra = [table.column(name).is_valid() for name in table.column_names if name not in self._known]
+        if unknown is not None and table.num_columns > len(self._checks.known):
+            extra = [table.column(name).is_valid() for name in table.column_names if name not in self._checks.known]
             unknown.extend(np.flatnonzero(functools.reduce(pc.or_, extra).to_numpy(zero_copy_only=False)).tolist())
         return self._finish(table)
 
@@ -436,7 +271,7 @@ class Decoder:
                     ):
                         raise _Bad(f"field {spec.name!r}: value out of range for float")
                     column = converted
-                if pa.types.is_string(target) or _nested(target):
+                if pa.types.is_string(target) or nested(target):
                     column.validate(full=True)  # the reader does not check UTF-8 inside strings
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
                 raise _Bad(f"field {spec.name!r}: cannot convert to {spec.type}: {error}") from None
@@ -510,7 +345,7 @@ class Decoder:
             return f"JSON value is not an object (got {type(document).__name__})"
         if arrow_message.startswith("field "):
             return arrow_message  # already names the field
-        if reason := self._kind_error(document):
+        if reason := self._checks.kind_error(document):
             return reason  # as a big chunk's poison is named (_isolate)
         for spec in self.fields:  # find the field Arrow refused: parse each one on its own
             if spec.name not in document:
@@ -526,7 +361,7 @@ class Decoder:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
                 got = json.dumps(document[spec.name])[:80]
                 if "changed from" in str(error):
-                    kind = _JSON_KINDS.get(type(document[spec.name]), "value")
+                    kind = JSON_KINDS.get(type(document[spec.name]), "value")
                     return f"field {spec.name!r}: expected {spec.type}, got a JSON {kind} {got}"
                 reason = str(error).removeprefix("JSON parse error: ")
                 return f"field {spec.name!r}: cannot convert {got} to {spec.type}: {reason}"

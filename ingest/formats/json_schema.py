@@ -4,7 +4,7 @@ confluent-kafka's ``JSONSerializer`` and Kafka Connect's ``JsonSchemaConverter``
 The body after the 5-byte prefix is a JSON document: the values of one schema id, stripped of
 their prefix, are decoded by the JSON decoder (:mod:`ingest.formats.json`, Arrow's vectorised JSON
 reader) against the table's fields, poison records split off with its reasons. The writer's JSON
-Schema decides only the table's fields (:func:`fields_of`) and whether its records fit the table.
+Schema decides only the table's fields (:func:`object_fields`) and whether its records fit the table.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.format_names import FORMAT
 from ingest.formats.json import Decoder
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies, parse_json
 from ingest.ports import WriterSchema
@@ -103,7 +104,7 @@ class _Mapper:
             self.root = outer
 
 
-def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
+def object_fields(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) -> list[Field]:
     """The table fields a JSON Schema of an object maps to (raises :class:`Refused` saying what does
     not): ``integer`` as long, ``number`` as double, ``boolean``, ``string`` (with ``format``
     ``date-time`` as timestamptz and ``date`` as date), objects with properties as structs, arrays as
@@ -137,15 +138,15 @@ def fields_of(text: str, references: Sequence[tuple[str, WriterSchema]] = ()) ->
 class JsonSchemaDecoder(RegistryDecoder):
     """Decodes Confluent-framed JSON values (JSON Schema in the registry) into rows of the table's ``fields``."""
 
-    kind = "JSON"
-    label = "JSON Schema"
+    format = FORMAT["json_schema"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._json = Decoder(self.fields, self.renames)  # JSON names the fields: read old names too
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer.text, writer.references)
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        return object_fields(writer.text, writer.references)
 
     def decode_group(
         self, reading: Reading, values: list[bytes | None], index: Sequence[int], parts: Parts, bad: dict[int, str]

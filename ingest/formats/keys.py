@@ -18,14 +18,14 @@ table's order here.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from ingest import formats
+from ingest.config import OnSchemaChange
 from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused, firsts_text
 from ingest.formats.rows import dead_letters
 from ingest.formats.wire import RegistryDecoder
@@ -77,9 +77,8 @@ def wrapped(writer: WriterSchema) -> WriterSchema:
     return WriterSchema(writer.schema_id, writer.kind, json.dumps(record), writer.references)
 
 
-def key_field(writer: WriterSchema) -> Field:
-    """The key column of a key writer schema (raises ValueError saying what does not map)."""
-    fields = formats.fields_of(wrapped(writer))
+def key_column(writer: WriterSchema, fields: Sequence[Field]) -> Field:
+    """The key column of a key writer schema whose :func:`wrapped` form maps to ``fields``."""
     if writer.kind == "AVRO":
         return Field(KEY_COLUMN, fields[0].type, False)
     return Field(KEY_COLUMN, "struct<" + ", ".join(f"{f.name}: {f.type}" for f in fields) + ">", False)
@@ -100,22 +99,18 @@ class _Wrapped:
 
 
 class RegistryKeys:
-    """Keys in the Confluent wire format, read by the format's registry decoder (``make``: given
-    the fields and the registry) into the key column's fields."""
+    """Keys in the Confluent wire format, read by the format's registry decoder (``decoder``, with
+    ``on_change`` as for values) into the key column's fields."""
 
     def __init__(
-        self,
-        key: Declared,
-        registry: SchemaRegistry,
-        make: Callable[[Sequence[Declared], SchemaRegistry], RegistryDecoder],
-        *,
-        avro: bool,
+        self, key: Declared, registry: SchemaRegistry, decoder: type[RegistryDecoder], on_change: OnSchemaChange
     ) -> None:
         self.type = arrow_type(key.type)
         #: Avro keys are read wrapped (:func:`wrapped`): the column is the wrapper's one field
-        self.wrapped = avro
-        children = [pa.field(_VALUE, self.type)] if avro else list(self.type)
-        self.decoder = make([Field(f.name, type_name(f.type), False) for f in children], _Wrapped(registry))
+        self.wrapped = decoder.format.registry_kind == "AVRO"
+        children = [pa.field(_VALUE, self.type)] if self.wrapped else list(self.type)
+        fields = [Field(f.name, type_name(f.type), False) for f in children]
+        self.decoder = decoder(fields, _Wrapped(registry), on_change)
         self.decoder.part = "key"
 
     def decode(self, chunk: RawChunk) -> tuple[pa.Array, dict[int, str]]:

@@ -38,6 +38,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from ingest.format_names import FORMAT
 from ingest.formats.wire import PREFIX, Parts, Reading, Refused, RegistryDecoder, dependencies
 from ingest.ports import WriterSchema
 from ingest.records import OWN_COLUMNS, Field, renaming
@@ -173,7 +174,7 @@ def _fields(message: Descriptor) -> list[Field]:
     return fields
 
 
-def fields_of(writer: WriterSchema) -> list[Field]:
+def message_fields(writer: WriterSchema) -> list[Field]:
     """The table fields of the table's message of a Protobuf schema: scalars as their Iceberg types
     (unsigned 32-bit as long, unsigned 64-bit as decimal(20,0)), enums as their names, messages as
     structs, repeated fields as lists, maps as maps, ``Timestamp`` as timestamptz, the wrapper types
@@ -244,11 +245,11 @@ def _indexes(value: bytes) -> tuple[tuple[int, ...], int]:
 class ProtobufDecoder(RegistryDecoder):
     """Decodes Confluent-framed Protobuf values into rows of the table's ``fields``."""
 
-    kind = "PROTOBUF"
-    label = "Protobuf"
+    format = FORMAT["protobuf"]
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        return fields_of(writer)
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        return message_fields(writer)
 
     def plan(self, writer: WriterSchema) -> tuple[Descriptor, type[Message], tuple[int, ...]]:
         """The table's message, its class, and its message indexes in the file."""

@@ -16,13 +16,14 @@ import json
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from ingest.config import OnSchemaChange
 from ingest.errors import Firsts, SchemaAhead, SchemaChangeRefused, firsts_text
+from ingest.format_names import Format
 from ingest.formats.rows import assemble, dead_letters
 from ingest.ports import SchemaRegistry, WriterSchema
 from ingest.records import Declared, Decoded, Field, RawChunk, merge, renamed, rows_schema
@@ -135,10 +136,8 @@ def _firsts(chunk: RawChunk, positions: Sequence[int]) -> Firsts:
 class RegistryDecoder:
     """Decodes Confluent-framed values of one format into rows of the table's ``fields``."""
 
-    #: the registry's schema type this format reads (``AVRO``, ``JSON``, ``PROTOBUF``)
-    kind = ""
-    #: the format's name in messages
-    label = ""
+    #: the format decoded, its row of :data:`ingest.format_names.FORMATS` (its registry schema type, its label)
+    format: ClassVar[Format]
 
     def __init__(
         self,
@@ -160,8 +159,10 @@ class RegistryDecoder:
 
     # -- what a format supplies
 
-    def fields_of(self, writer: WriterSchema) -> list[Field]:
-        """The table fields of a writer schema, under the writer's names (raises :class:`Refused`)."""
+    @staticmethod
+    def writer_fields(writer: WriterSchema) -> list[Field]:
+        """The table fields of a writer schema of this format, under the writer's names (raises
+        :class:`Refused` saying what does not map)."""
         raise NotImplementedError
 
     def plan(self, writer: WriterSchema) -> Any:
@@ -187,13 +188,11 @@ class RegistryDecoder:
         writer = self.registry.by_id(schema_id)
         if writer is None:
             return Reading(schema_id, reason=f"unknown schema id {schema_id}: the Schema Registry has no such schema")
-        if writer.kind != self.kind:
-            return Reading(
-                schema_id,
-                reason=f"written with a {writer.kind} schema (id {schema_id}); this topic is read as {self.label}",
-            )
+        if writer.kind != self.format.registry_kind:
+            written = f"written with a {writer.kind} schema (id {schema_id})"
+            return Reading(schema_id, reason=f"{written}; this topic is read as {self.format.label}")
         try:
-            writer_fields = renamed(self.fields_of(writer), self.renames)
+            writer_fields = renamed(self.writer_fields(writer), self.renames)
         except Refused as error:
             return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
         merged = merge(self.fields, writer_fields)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingest.assembly import layout, open_pipeline
-from ingest.config import REGISTRY_FORMATS, PipelineConfig
+from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit

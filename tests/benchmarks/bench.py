@@ -366,12 +366,13 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
 def stage_avro_decode(args: argparse.Namespace) -> dict[str, Any]:
     """The project's Avro decoder alone, on the same orders as Avro values, in chunks as the engine uses."""
 
-    from ingest.formats.avro import AvroDecoder, fields_of
+    from ingest.formats.avro import AvroDecoder
+    from ingest.formats.avro_schema import record_fields
     from ingest.kafka.registry import Registry
 
     registry = Registry({"url": args.registry})
     writer = registry.latest(args.topic + AVRO_TOPIC + "-value")
-    decoder = AvroDecoder(fields_of(writer.text), registry, "evolve")
+    decoder = AvroDecoder(record_fields(writer.text), registry, "evolve")
     values = avro_payloads(writer.schema_id, args.records)
     return _decode_in_chunks(decoder, values)
 

@@ -17,7 +17,9 @@ import pyarrow as pa
 import pytest
 
 from ingest.errors import SchemaAhead, SchemaChangeRefused
-from ingest.formats.avro import AvroDecoder, AvroFileDecoder, Refused, fields_of
+from ingest.formats.avro import AvroDecoder, AvroFileDecoder
+from ingest.formats.avro_schema import record_fields
+from ingest.formats.wire import Refused
 from ingest.ports import WriterSchema
 from ingest.records import RawChunk
 
@@ -84,7 +86,7 @@ ORDER = record(
 
 
 def test_writer_schemas_map_to_table_fields_as_documented() -> None:
-    fields = {f.name: (f.type, f.required) for f in fields_of(json.dumps(ORDER))}
+    fields = {f.name: (f.type, f.required) for f in record_fields(json.dumps(ORDER))}
 
     assert fields == {
         "id": ("long", True),
@@ -122,7 +124,7 @@ def test_writer_schemas_map_to_table_fields_as_documented() -> None:
 )
 def test_what_has_no_table_form_is_refused_saying_why(schema: Any, says: str) -> None:
     with pytest.raises(Refused, match=says.replace("(", r"\(").replace(")", r"\)")):
-        fields_of(json.dumps(schema))
+        record_fields(json.dumps(schema))
 
 
 def order(i: int) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def order(i: int) -> dict[str, Any]:
 
 
 def test_a_chunk_decodes_into_rows_of_the_table_with_every_type() -> None:
-    decoder = AvroDecoder(fields_of(json.dumps(ORDER)), Registry((7, ORDER)), "evolve")
+    decoder = AvroDecoder(record_fields(json.dumps(ORDER)), Registry((7, ORDER)), "evolve")
 
     decoded = decoder.decode(chunk([framed(7, ORDER, order(i)) for i in range(6)]))
 
@@ -166,7 +168,7 @@ def test_a_chunk_decodes_into_rows_of_the_table_with_every_type() -> None:
 def test_records_of_an_older_writer_schema_fill_the_new_fields_with_nulls() -> None:
     old = record("O", ("id", "int"), ("address", record("A", ("city", "string"))))
     new = record("O", ("id", "long"), ("address", ADDRESS), ("note", ["null", "string"]))
-    decoder = AvroDecoder(fields_of(json.dumps(new)), Registry((1, old), (2, new)), "fail")
+    decoder = AvroDecoder(record_fields(json.dumps(new)), Registry((1, old), (2, new)), "fail")
 
     values = [
         framed(1, old, {"id": 1, "address": {"city": "a"}}),
@@ -184,7 +186,7 @@ def test_a_newer_writer_schema_asks_for_evolution_or_is_refused_or_set_aside() -
     old = record("O", ("id", "long"))
     new = record("O", ("id", "long"), ("note", ["null", "string"]))
     values = [framed(1, old, {"id": 1}), framed(2, new, {"id": 2, "note": "x"})]
-    table = fields_of(json.dumps(old))
+    table = record_fields(json.dumps(old))
 
     with pytest.raises(SchemaAhead) as ahead:
         AvroDecoder(table, Registry((1, old), (2, new)), "evolve").decode(chunk(values))
@@ -207,7 +209,7 @@ def test_a_type_iceberg_cannot_follow_stops_the_batch_unless_set_aside() -> None
     old = record("O", ("id", "long"))
     new = record("O", ("id", "string"))
     values = [framed(2, new, {"id": "x"})]
-    table = fields_of(json.dumps(old))
+    table = record_fields(json.dumps(old))
 
     with pytest.raises(SchemaChangeRefused, match="id: the table has long, the records string"):
         AvroDecoder(table, Registry((2, new)), "evolve").decode(chunk(values))
@@ -226,7 +228,7 @@ def test_poison_values_become_dead_letters_naming_the_cause() -> None:
     values[30] = b"\x00" + (8).to_bytes(4, "big") + good[30][5:]
     registry = Registry((7, ORDER))
     registry.schemas[8] = WriterSchema(8, "PROTOBUF", "syntax = 'proto3'; message M {}")
-    decoder = AvroDecoder(fields_of(json.dumps(ORDER)), registry, "evolve")
+    decoder = AvroDecoder(record_fields(json.dumps(ORDER)), registry, "evolve")
 
     decoded = decoder.decode(chunk(values))
 
@@ -256,7 +258,7 @@ def test_a_record_short_of_its_schema_that_still_decodes_misaligned_is_caught() 
     ids = [0, 1, 2, 300, 4, 5]
     values: list[bytes | None] = [framed(3, schema, {"id": i, "name": ""}) for i in ids]
     values[2] = values[2][:-1]  # type: ignore[index]
-    decoder = AvroDecoder(fields_of(json.dumps(schema)), Registry((3, schema)), "evolve")
+    decoder = AvroDecoder(record_fields(json.dumps(schema)), Registry((3, schema)), "evolve")
 
     decoded = decoder.decode(chunk(values))
 
@@ -280,7 +282,7 @@ def test_plain_avro_bodies_of_a_schema_file_decode_and_a_misaligned_one_is_caugh
     values: list[bytes | None] = [plain(schema, {"id": i, "name": ""}) for i in ids]
     values[2] = values[2][:-1]  # type: ignore[index]
     values[4] = None
-    decoder = AvroFileDecoder(fields_of(json.dumps(schema)), json.dumps(schema))
+    decoder = AvroFileDecoder(record_fields(json.dumps(schema)), json.dumps(schema))
 
     decoded = decoder.decode(chunk(values))
 
@@ -290,7 +292,7 @@ def test_plain_avro_bodies_of_a_schema_file_decode_and_a_misaligned_one_is_caugh
     )
     assert errors[2].startswith("does not decode as Avro with the schema file's schema")
     assert errors[4].startswith("value is null (a tombstone)")
-    every = AvroFileDecoder(fields_of(json.dumps(ORDER)), json.dumps(ORDER)).decode(
+    every = AvroFileDecoder(record_fields(json.dumps(ORDER)), json.dumps(ORDER)).decode(
         chunk([plain(ORDER, order(i)) for i in range(5)])
     )
     assert every.dead_letters.num_rows == 0 and every.rows.column("id").to_pylist() == list(range(5))
@@ -322,13 +324,13 @@ def test_named_types_of_referenced_schemas_resolve_and_decode() -> None:
         def latest(self, subject: str) -> WriterSchema:
             return paid
 
-    fields = fields_of(paid.text, paid.references)
+    fields = record_fields(paid.text, paid.references)
     rows = AvroDecoder(fields, One(), "fail").decode(chunk([out.getvalue()])).rows.to_pylist()
 
     assert {f.name: f.type for f in fields} == {"payment_id": "long", "total": "struct<currency: string, units: long>"}
     assert rows[0]["total"] == {"currency": "USD", "units": 12}
     with pytest.raises(Refused, match=r"unknown type 'shop\.Money'"):
-        fields_of(paid.text)
+        record_fields(paid.text)
 
 
 def test_a_renamed_field_reads_under_the_tables_name_and_a_writer_with_both_names_by_the_new_one() -> None:
@@ -345,4 +347,4 @@ def test_a_renamed_field_reads_under_the_tables_name_and_a_writer_with_both_name
     )
 
     assert rows.rows.select(["id", "quantity"]).to_pylist() == [{"id": 1, "quantity": 5}, {"id": 2, "quantity": 7}]
-    assert [f.name for f in renamed(fields_of(json.dumps(both)), renames)] == ["id", "quantity"]  # no qty column
+    assert [f.name for f in renamed(record_fields(json.dumps(both)), renames)] == ["id", "quantity"]  # no qty column

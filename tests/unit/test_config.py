@@ -171,7 +171,17 @@ def test_a_missing_required_key_is_named(key: str) -> None:
         ("renames", {"a": "c", "b": "c"}, "renames: two columns are renamed to the same name"),
         ("renames", {"amount": "total"}, "schema: declares 'amount', which renames: renames to 'total'"),
         ("renames", {"_kafka_key": "k"}, "renames: '_kafka_key' is a column the pipeline adds itself"),
-        ("topics", [{"name": "o", "key_subject": "o-key"}], "key_subject is for keys in a registry format"),
+        (
+            "topics",
+            [{"name": "o", "key_subject": "o-key"}],
+            "key_subject is for keys in a registry format (key_format: avro, protobuf or json_schema)",
+        ),
+        ("topics", [{"name": "o", "format": "xml"}], "Input should be 'json', 'avro', 'protobuf' or 'json_schema'"),
+        (
+            "topics",
+            [{"name": "o", "key_format": "json"}],
+            "Input should be 'string', 'avro', 'protobuf' or 'json_schema'",
+        ),
         ("topics", [{"name": "o", "key_format": "avro"}], "key_format 'avro' needs `schema_registry:`"),
         (
             "topics",

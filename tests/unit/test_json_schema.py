@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from ingest.errors import SchemaAhead
-from ingest.formats.json_schema import JsonSchemaDecoder, fields_of
+from ingest.formats.json_schema import JsonSchemaDecoder, object_fields
 from ingest.formats.wire import Refused
 from ingest.ports import WriterSchema
 from ingest.records import RawChunk
@@ -69,7 +69,7 @@ def chunk(values: list[bytes | None]) -> RawChunk:
 
 
 def test_json_schemas_map_to_table_fields() -> None:
-    fields = {f.name: (f.type, f.required) for f in fields_of(json.dumps(ORDER))}
+    fields = {f.name: (f.type, f.required) for f in object_fields(json.dumps(ORDER))}
 
     assert fields == {
         "order_id": ("long", True),
@@ -82,7 +82,7 @@ def test_json_schemas_map_to_table_fields() -> None:
         "tags": ("list<string>", False),
         "coupon": ("string", False),
     }
-    assert next(f.doc for f in fields_of(json.dumps(ORDER)) if f.name == "amount") == "in EUR"
+    assert next(f.doc for f in object_fields(json.dumps(ORDER)) if f.name == "amount") == "in EUR"
 
 
 @pytest.mark.parametrize(
@@ -98,11 +98,11 @@ def test_json_schemas_map_to_table_fields() -> None:
 )
 def test_what_has_no_table_form_is_refused_saying_why(schema: dict[str, Any], says: str) -> None:
     with pytest.raises(Refused, match=says.replace("(", r"\(").replace(")", r"\)")):
-        fields_of(json.dumps(schema))
+        object_fields(json.dumps(schema))
 
 
 def test_framed_json_decodes_into_rows_and_poison_into_dead_letters() -> None:
-    decoder = JsonSchemaDecoder(fields_of(json.dumps(ORDER)), Registry((3, ORDER)), "evolve")
+    decoder = JsonSchemaDecoder(object_fields(json.dumps(ORDER)), Registry((3, ORDER)), "evolve")
     good = {"order_id": 1, "amount": 2.5, "note": None, "address": {"city": "c", "zip": 7}, "tags": ["a"]}
     values: list[bytes | None] = [
         framed(3, good),
@@ -133,7 +133,7 @@ def test_framed_json_decodes_into_rows_and_poison_into_dead_letters() -> None:
 def test_a_writer_schema_with_a_new_property_asks_the_table_to_evolve() -> None:
     wider = json.loads(json.dumps(ORDER))
     wider["properties"]["channel"] = {"type": "string"}
-    decoder = JsonSchemaDecoder(fields_of(json.dumps(ORDER)), Registry((3, ORDER), (4, wider)), "evolve")
+    decoder = JsonSchemaDecoder(object_fields(json.dumps(ORDER)), Registry((3, ORDER), (4, wider)), "evolve")
 
     with pytest.raises(SchemaAhead) as ahead:
         decoder.decode(chunk([framed(4, {"order_id": 1, "amount": 1, "note": None, "address": {}})]))
@@ -153,6 +153,6 @@ def test_refs_into_referenced_documents_resolve_with_those_documents_own_local_r
     street_schema = WriterSchema(20, "JSON", json.dumps(street))
     address_schema = WriterSchema(21, "JSON", json.dumps(address), (("street.json", street_schema),))
 
-    fields = {f.name: f.type for f in fields_of(json.dumps(order), (("address.json", address_schema),))}
+    fields = {f.name: f.type for f in object_fields(json.dumps(order), (("address.json", address_schema),))}
 
     assert fields == {"order_id": "long", "ship_to": "struct<city: string, street: struct<name: string>>"}

@@ -16,8 +16,9 @@ import pytest
 
 from ingest.errors import SchemaAhead
 from ingest.formats.avro import AvroDecoder
+from ingest.formats.decoders import key_field
 from ingest.formats.json import Decoder
-from ingest.formats.keys import KeyedDecoder, RegistryKeys, StringKeys, key_field, value_fields
+from ingest.formats.keys import KeyedDecoder, RegistryKeys, StringKeys, value_fields
 from ingest.ports import WriterSchema
 from ingest.records import KEY_COLUMN, Field, RawChunk
 
@@ -90,7 +91,7 @@ def test_avro_record_keys_are_a_struct_and_their_poison_and_value_poison_are_dea
     key = key_field(WriterSchema(1, "AVRO", json.dumps(KEY_V1)))
     assert key == Field(KEY_COLUMN, "struct<tenant: string, id: long>", False)
     fields = [*FIELDS, key]
-    decoder = keyed(fields, RegistryKeys(key, Registry((1, KEY_V1)), lambda f, r: AvroDecoder(f, r, "fail"), avro=True))
+    decoder = keyed(fields, RegistryKeys(key, Registry((1, KEY_V1)), AvroDecoder, "fail"))
     keys = [avro(1, KEY_V1, {"tenant": "a", "id": i}) for i in range(4)]
     keys[1] = None
     keys[2] = b"\x00\x00\x00\x00\x09xx"  # an id the registry does not know
@@ -113,7 +114,7 @@ def test_a_primitive_avro_key_is_a_column_of_its_type_and_a_wider_writer_asks_to
     assert key == Field(KEY_COLUMN, "int", False)
     fields = [*FIELDS, key]
     registry = Registry((1, "int"), (2, "long"))
-    decoder = keyed(fields, RegistryKeys(key, registry, lambda f, r: AvroDecoder(f, r, "evolve"), avro=True))
+    decoder = keyed(fields, RegistryKeys(key, registry, AvroDecoder, "evolve"))
     values: list[bytes | None] = [b'{"id": 1}', b'{"id": 2}']
 
     rows = decoder.decode(chunk([avro(1, "int", 7), avro(1, "int", -3)], values)).rows
@@ -125,7 +126,7 @@ def test_a_primitive_avro_key_is_a_column_of_its_type_and_a_wider_writer_asks_to
     assert ahead.value.first == (("t", 0, 102),)  # where the record is, not where its key is among the keys
     assert str(ahead.value).startswith("record keys: ") and "(the first: t[0] at offset 102)" in str(ahead.value)
     widened = [*FIELDS, key_field(WriterSchema(2, "AVRO", '"long"'))]
-    evolved = keyed(widened, RegistryKeys(widened[-1], registry, lambda f, r: AvroDecoder(f, r, "evolve"), avro=True))
+    evolved = keyed(widened, RegistryKeys(widened[-1], registry, AvroDecoder, "evolve"))
     assert evolved.decode(chunk([avro(2, "long", 2**40)], values[:1])).rows.column(KEY_COLUMN).to_pylist() == [2**40]
 
 
@@ -152,7 +153,7 @@ def test_protobuf_keys_are_a_struct_of_the_messages_fields() -> None:
     key = key_field(line)
     assert key == Field(KEY_COLUMN, "struct<id: long, sku: string, qty: int>", False)
     fields = [*FIELDS, key]
-    decoder = keyed(fields, RegistryKeys(key, Protobufs(line), lambda f, r: ProtobufDecoder(f, r, "fail"), avro=False))
+    decoder = keyed(fields, RegistryKeys(key, Protobufs(line), ProtobufDecoder, "fail"))
     message = classes_of_line()(id=3, sku="s", qty=2)
 
     rows = decoder.decode(chunk([framed(5, message, indexes=b"\x00")], [b'{"id": 1}'])).rows
@@ -167,7 +168,7 @@ def test_an_optional_avro_record_key_is_read_as_the_struct_it_maps_to() -> None:
     key = key_field(WriterSchema(3, "AVRO", json.dumps(schema)))
     assert key == Field(KEY_COLUMN, "struct<tenant: string, id: long>", False)
     fields = [*FIELDS, key]
-    decoder = keyed(fields, RegistryKeys(key, Registry((3, schema)), lambda f, r: AvroDecoder(f, r, "fail"), avro=True))
+    decoder = keyed(fields, RegistryKeys(key, Registry((3, schema)), AvroDecoder, "fail"))
 
     keys = [avro(3, schema, {"tenant": "a", "id": 1}), avro(3, schema, None)]
     rows = decoder.decode(chunk(keys, [b'{"id": 1}', b'{"id": 2}'])).rows

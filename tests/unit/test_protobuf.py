@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2, timestamp_pb2, wrappers_pb2
 from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message_factory import GetMessageClass
 
-from ingest.formats.protobuf import ProtobufDecoder, fields_of
+from ingest.formats.protobuf import ProtobufDecoder, message_fields
 from ingest.formats.wire import Refused
 from ingest.ports import WriterSchema
 from ingest.records import Field
@@ -86,7 +86,7 @@ def framed(schema_id: int, message: Any, indexes: bytes = b"\x02\x02") -> bytes:
 
 
 def test_a_file_descriptor_maps_to_table_fields() -> None:
-    fields = {f.name: (f.type, f.required) for f in fields_of(writer(1, order_file()))}
+    fields = {f.name: (f.type, f.required) for f in message_fields(writer(1, order_file()))}
 
     assert fields == {
         "order_id": ("long", False),
@@ -102,9 +102,9 @@ def test_a_file_descriptor_maps_to_table_fields() -> None:
 
 def test_what_has_no_table_form_is_refused_saying_why() -> None:
     with pytest.raises(Refused, match=r"message shop\.Line contains itself"):
-        fields_of(writer(1, order_file(recursive=True)))
+        message_fields(writer(1, order_file(recursive=True)))
     with pytest.raises(Refused, match=r"came back as \.proto source"):
-        fields_of(WriterSchema(1, "PROTOBUF", 'syntax = "proto3"; message A { int64 a = 1; }'))
+        message_fields(WriterSchema(1, "PROTOBUF", 'syntax = "proto3"; message A { int64 a = 1; }'))
 
 
 def test_messages_decode_into_rows_and_poison_into_dead_letters() -> None:
@@ -121,7 +121,7 @@ def test_messages_decode_into_rows_and_poison_into_dead_letters() -> None:
         framed(1, first)[:-3],
         framed(1, order(order_id=4), indexes=b"\x00"),  # written as the file's first message (Line)
     ]
-    decoder = ProtobufDecoder(fields_of(writer(1, order_file())), Registry(writer(1, order_file())), "evolve")
+    decoder = ProtobufDecoder(message_fields(writer(1, order_file())), Registry(writer(1, order_file())), "evolve")
 
     decoded = decoder.decode(chunk(values))
 
@@ -141,7 +141,7 @@ def test_messages_decode_into_rows_and_poison_into_dead_letters() -> None:
 
 def test_a_writer_schema_with_a_new_field_reads_as_null_in_older_rows_once_the_table_has_it() -> None:
     old, new = writer(1, order_file()), writer(2, order_file(extra=True))
-    decoder = ProtobufDecoder(fields_of(new), Registry(old, new), "fail")
+    decoder = ProtobufDecoder(message_fields(new), Registry(old, new), "fail")
     values: list[bytes | None] = [
         framed(1, classes(order_file())(order_id=1)),
         framed(2, classes(order_file(extra=True))(order_id=2, coupon="c")),
@@ -186,18 +186,18 @@ def test_imported_files_are_built_from_the_schemas_references_by_their_import_na
         11, "PROTOBUF", writer(11, money).text, (("shop/currency.proto", writer(10, currency)),)
     )
     paid = WriterSchema(12, "PROTOBUF", writer(12, payment).text, (("shop/money.proto", money_schema),))
-    decoder = ProtobufDecoder(fields_of(paid), Registry(paid), "fail")
+    decoder = ProtobufDecoder(message_fields(paid), Registry(paid), "fail")
 
     rows = decoder.decode(chunk([framed(12, message, indexes=b"\x00")])).rows.to_pylist()
 
-    assert {f.name: f.type for f in fields_of(paid)} == {
+    assert {f.name: f.type for f in message_fields(paid)} == {
         "payment_id": "long",
         "total": "struct<currency: string, units: long>",
     }
     assert rows[0]["total"] == {"currency": "USD", "units": 12}
     unresolved = WriterSchema(12, "PROTOBUF", writer(12, payment).text)
     with pytest.raises(Refused, match=r"imports shop/money\.proto, which the registry holds no reference for"):
-        fields_of(unresolved)
+        message_fields(unresolved)
 
 
 def test_a_field_the_writer_renamed_decodes_into_the_tables_column_by_config() -> None:
