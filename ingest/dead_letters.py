@@ -36,17 +36,8 @@ from ingest.batch_commit import land_dead_letters, owed
 from ingest.carry_over import carry_over, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.config import PipelineConfig
-from ingest.core.ledger import (
-    AppliedReset,
-    BatchCounts,
-    DeadLetterSync,
-    Ledger,
-    TopicPartition,
-    decode_sync,
-    encode,
-    owed_property,
-    remembering,
-)
+from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
+from ingest.core.ledger_codec import decode_sync, encode, owed_property
 from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.ports import LedgerTable

@@ -18,7 +18,7 @@ from ingest.config import (
     TopicSource,
     schema_file_text,
 )
-from ingest.core.ledger import registered_pipelines
+from ingest.core.ledger_codec import registered_pipelines
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.formats import keys
 from ingest.iceberg.catalog import connect

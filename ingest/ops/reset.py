@@ -38,11 +38,9 @@ from ingest.core.ledger import (
     TopicPartition,
     carried,
     carried_origin,
-    encode,
-    find_ledger,
-    read_extra,
     remembering,
 )
+from ingest.core.ledger_codec import encode, find_ledger, read_extra
 from ingest.core.plan import Batch, KafkaView, changed_topics
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.dead_letters import settle, unadded

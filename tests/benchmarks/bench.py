@@ -720,7 +720,7 @@ def stage_partitions(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     from ingest import config as config_module
-    from ingest.core.ledger import ours
+    from ingest.core.ledger_codec import ours
     from ingest.runner import opened
 
     results: dict[str, Any] = {}

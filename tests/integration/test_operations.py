@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 import yaml
 
-from ingest.core.ledger import find_ledger
+from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError

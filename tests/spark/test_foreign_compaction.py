@@ -27,7 +27,7 @@ from tests.runs import catch_up
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.batch_result import BatchResult
-from ingest.core.ledger import decode
+from ingest.core.ledger_codec import decode
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
