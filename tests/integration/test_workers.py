@@ -16,7 +16,8 @@ import pytest
 
 from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine
-from ingest.engines.tasks import TaskOutput, TaskSpec
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import TaskOutput
 from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import BrokerUnavailable, WorkerLost
 from ingest.failpoints import POINTS
@@ -177,7 +178,8 @@ WORKER_STUCK = """
 import sys, threading
 from ingest import config
 from ingest.core.ledger import TopicPartition
-from ingest.engines.tasks import TaskOutput, TaskSpec
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import TaskOutput
 from ingest.engines.workers import Task, WorkerPool
 from ingest.pipeline import Pipeline
 
