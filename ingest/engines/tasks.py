@@ -24,7 +24,8 @@ from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.engines.task_spec import TaskSpec
 from ingest.errors import IngestError
-from ingest.kafka.source import KafkaSource, Stops
+from ingest.kafka.reading import Stops
+from ingest.kafka.source import KafkaSource
 from ingest.ports import DataFile, FileWriter, Produced, ValueDecoder
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
 from ingest.route_by.writing import RoutedTables

@@ -19,7 +19,8 @@ from ingest.config import REGISTRY_FORMATS, PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
-from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
+from ingest.kafka.settings import RESPONSE_OVERHEAD, receive_limit
+from ingest.kafka.source import KafkaSource
 from ingest.layout import layout
 from ingest.pipeline import Pipeline
 from ingest.records import KEY_COLUMN

@@ -23,7 +23,7 @@ from ingest.errors import BrokerUnavailable, WorkerLost
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker
-from ingest.kafka.source import READ_CHUNK_RECORDS
+from ingest.kafka.reading import READ_CHUNK_RECORDS
 from ingest.pipeline import Pipeline
 from tests.integration.conftest import gone, workers_of
 
