@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ingest.config import ROUTE_VALUE, ROUTE_VALUE_CHARS, PipelineConfig
-from ingest.core.ledger import registered_pipelines
+from ingest.core.ledger_codec import registered_pipelines
 from ingest.fields import from_schema_file, from_subjects, key_field_of, values_in_registry
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect

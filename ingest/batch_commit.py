@@ -36,17 +36,8 @@ import pyarrow.compute as pc
 from ingest import failpoints
 from ingest.committer import RowsCommit, commit_rows, observe
 from ingest.core.commit import Decision, dead_letter_step
-from ingest.core.ledger import (
-    BatchCounts,
-    DeadLetterSync,
-    Ledger,
-    TopicPartition,
-    encode,
-    encode_sync,
-    owed_property,
-    register,
-    remembering,
-)
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
+from ingest.core.ledger_codec import encode, encode_sync, owed_property, register
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp
 from ingest.intents import Append, DataFile

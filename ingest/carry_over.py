@@ -20,12 +20,11 @@ from __future__ import annotations
 import logging
 
 from ingest.core.expiry import MAIN
-from ingest.core.ledger import (
+from ingest.core.ledger import BatchCounts, SnapshotView
+from ingest.core.ledger_codec import (
     COMPACTION,
     MAINTENANCE_KEY,
     REAPPLIED_FROM_KEY,
-    BatchCounts,
-    SnapshotView,
     encode,
     find_ledger,
     ours,

@@ -14,18 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ingest.core.commit import Decision, decide
-from ingest.core.ledger import (
-    REGISTRY_PROPERTY,
-    BatchCounts,
-    Found,
-    Ledger,
-    TopicPartition,
-    encode,
-    find_ledger,
-    offsets_key,
-    register,
-    registered_pipelines,
-)
+from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition
+from ingest.core.ledger_codec import REGISTRY_PROPERTY, encode, find_ledger, offsets_key, register, registered_pipelines
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
 from ingest.intents import Append, DataFile

@@ -34,15 +34,8 @@ from ingest.carry_over import carry_over, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.expiry import MAIN
-from ingest.core.ledger import (
-    AppliedReset,
-    BatchCounts,
-    DeadLetterSync,
-    Ledger,
-    TopicPartition,
-    encode,
-    remembering,
-)
+from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
+from ingest.core.ledger_codec import encode
 from ingest.errors import CommitGaveUp
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters
 from ingest.ports import LedgerTable

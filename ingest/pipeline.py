@@ -22,7 +22,8 @@ from ingest.batch_result import BatchResult
 from ingest.committer import HELD_S, observe
 from ingest.config import PipelineConfig
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, decode, decode_counts, merge_timestamps
+from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition, merge_timestamps
+from ingest.core.ledger_codec import decode, decode_counts
 from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle

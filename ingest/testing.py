@@ -36,7 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
-from ingest.core.ledger import SnapshotView, TopicPartition, find_ledger
+from ingest.core.ledger import SnapshotView, TopicPartition
+from ingest.core.ledger_codec import find_ledger
 from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
 from ingest.intents import (
     Append,

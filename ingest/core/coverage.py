@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ingest.core.ledger import RESET_MEMORY, SnapshotView, TopicPartition, decode, read_extra
+from ingest.core.ledger import RESET_MEMORY, SnapshotView, TopicPartition
+from ingest.core.ledger_codec import decode, read_extra
 from ingest.core.ranges import Range
 
 

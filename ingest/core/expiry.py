@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ingest.core.ledger import SnapshotView, find_ledger
+from ingest.core.ledger import SnapshotView
+from ingest.core.ledger_codec import find_ledger
 
 MAIN = "main"
 

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 from ingest import failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
-from ingest.engines.tasks import TaskSpec, combine, hand_off, run_task
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import combine, hand_off, run_task
 from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import IngestError, WorkerLost
-from ingest.kafka.source import READ_CHUNK_RECORDS, KafkaSource, Stops
+from ingest.kafka.reading import READ_CHUNK_RECORDS, Stops
+from ingest.kafka.source import KafkaSource
 from ingest.ports import Produced
 from ingest.records import Declared
 from ingest.route_by.writing import RoutedTables

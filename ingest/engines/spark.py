@@ -45,7 +45,8 @@ from ingest import errors, failpoints
 from ingest.config import PipelineConfig
 from ingest.core.plan import Batch
 from ingest.core.ranges import TaskRange, split_ranges
-from ingest.engines.tasks import TaskOutput, TaskSpec, combine, run_task
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import TaskOutput, combine, run_task
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced

@@ -1,49 +1,34 @@
 """Turning planned ranges into data files: the work of every engine, in whatever process it runs.
 
-A *task* reads exact offset ranges ``[start, end)`` from Kafka, decodes them and writes Parquet data
-files into the table location, and returns what it made (:class:`TaskOutput`): file metadata, dead
-letters, counts. Nothing a task writes is visible until the pipeline commits the files it got back,
-so a task that fails, is killed, or runs twice leaves only unreferenced files (orphans), never
-duplicates. The local engine runs tasks in worker processes (or in-process for small batches), the
-Spark engine on executors; both combine the outputs with :func:`combine`, which refuses results that
-do not cover every task exactly once.
+A *task* reads exact offset ranges ``[start, end)`` from Kafka, decodes them as its
+:class:`~ingest.engines.task_spec.TaskSpec` says, writes Parquet data files into the table location,
+and returns what it made (:class:`TaskOutput`): file metadata, dead letters, counts. Nothing a task
+writes is visible until the pipeline commits the files it got back, so a task that fails, is killed,
+or runs twice leaves only unreferenced files (orphans), never duplicates. The local engine runs tasks
+in worker processes (or in-process for small batches), the Spark engine on executors; both combine
+the outputs with :func:`combine`, which refuses results that do not cover every task exactly once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
-from ingest.config import OnSchemaChange, PipelineConfig, schema_file_text
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
+from ingest.engines.task_spec import TaskSpec
 from ingest.errors import IngestError
-from ingest.format_names import REGISTRY_FORMATS
-from ingest.formats.decoders import Decoding, key_decoder, value_decoder
-from ingest.formats.keys import KeyedDecoder, value_fields
-from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
 from ingest.intents import DataFile
-from ingest.kafka.source import KafkaSource, Stops
+from ingest.kafka.reading import Stops
+from ingest.kafka.source import KafkaSource
 from ingest.ports import FileWriter, Produced, ValueDecoder
-from ingest.records import (
-    DEAD_LETTER_SCHEMA,
-    DEAD_LETTERS,
-    HEADERS_COLUMN,
-    KEY_COLUMN,
-    ROWS,
-    Coordinates,
-    Declared,
-    Field,
-    RawChunk,
-)
-from ingest.route_by.decoding import Route, Routing, route_of
+from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
 from ingest.route_by.writing import RoutedTables
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
@@ -189,102 +174,6 @@ def decode_and_write(
         write()
     dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
     return Produced(files, dead_letters, records, nbytes, timestamps, unknown)
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What a task needs from the pipeline's config, and nothing more: it crosses to worker
-    processes and Spark executors, so it carries no catalog properties (no catalog credentials)."""
-
-    #: librdkafka properties (a task reads Kafka with them)
-    kafka: Mapping[str, str | int | float | bool]
-    topics: tuple[str, ...]
-    group_id: str
-    read_timeout_s: float
-    #: the rows table's fields the values are decoded into (the table's schema, evolved for the batch)
-    fields: tuple[Field, ...]
-    #: decoded rows written together (see ``batch.chunk_records``)
-    chunk_records: int
-    #: the values' format (``format:`` of the topics)
-    format: str = "json"
-    #: Schema Registry client properties, for the registry formats
-    registry: Mapping[str, str | int | float | bool] | None = None
-    on_schema_change: OnSchemaChange = "evolve"
-    #: the writer schema of plain Avro values (``schema_file:``), as text: tasks may run where the file is not
-    schema_text: str | None = None
-    #: the keys' format (``key_format:`` of the topics), decoded into the key column; None: raw only
-    key_format: str | None = None
-    #: top-level fields the writers renamed, old name → the table's (``renames:``)
-    renames: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: a longer value is a dead letter (``dead_letters.max_value_bytes``); None: no limit of ours
-    max_value_bytes: int | None = None
-    #: JSON fields the table does not declare: dropped, captured into ``_extra``, or dead letters
-    unknown_fields: str = "drop"
-    #: values refused as dead letters (``refuse:``)
-    refuse: tuple[str, ...] = ()
-    #: each record's headers as the column ``_kafka_headers`` (``headers: true``)
-    headers: bool = False
-    #: ``route_by``: each row marked with the table its value names
-    route: Route | None = None
-
-    @classmethod
-    def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
-        return cls(
-            dict(config.kafka),
-            tuple(config.topics),
-            config.group_id,
-            config.batch.read_timeout_s,
-            tuple(Field(f.name, f.type, f.required, f.doc) for f in fields),
-            config.batch.chunk_records,
-            config.format,
-            dict(config.schema_registry) if config.schema_registry else None,
-            config.on_schema_change,
-            schema_file_text(config.schema_file) if config.schema_file else None,
-            config.key_format,
-            dict(config.renames),
-            config.dead_letter_policy.max_value_bytes,
-            config.unknown_fields,
-            tuple(config.refuse),
-            config.headers,
-            route_of(config),
-        )
-
-    def decoder(self, routed: RoutedTables | None = None) -> ValueDecoder:
-        """The decoder of this task's records: their values, and their keys with ``key_format``,
-        values over ``max_value_bytes`` set aside first; with ``route``, each row marked with its
-        table, but for the tables ``routed`` refuses (:class:`ingest.route_by.decoding.Routing`)."""
-        decoder = self._decoder([f for f in self.fields if f.name != HEADERS_COLUMN])
-        if "nan" in self.refuse:
-            decoder = NotFinite(decoder)
-        if self.max_value_bytes is not None:
-            decoder = SizeLimited(decoder, self.max_value_bytes)
-        if self.headers:
-            decoder = WithHeaders(decoder, self.fields)
-        return Routing(decoder, self.route, routed) if self.route is not None else decoder
-
-    def _decoder(self, fields: Sequence[Declared]) -> ValueDecoder:
-        """The decoder of the keys and the values, the values into ``fields`` (the table's but the
-        headers column; the keyed decoder's rows keep it, the column ``WithHeaders`` fills)."""
-        registry = None
-        values_in_registry = self.format in REGISTRY_FORMATS and self.schema_text is None
-        if values_in_registry or self.key_format in REGISTRY_FORMATS:  # keys and values share the client
-            from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
-
-            registry = Registry(self.registry or {})  # config requires it for these formats
-        decoding = Decoding(
-            self.on_schema_change, self.renames, self.unknown_fields, frozenset(self.refuse), self.schema_text
-        )
-        if self.key_format is None:
-            return value_decoder(self.format, fields, decoding, registry)
-        values = value_decoder(self.format, value_fields(fields), decoding, registry)
-        key = next(f for f in fields if f.name == KEY_COLUMN)  # the pipeline adds it
-        keys = key_decoder(self.key_format, key, self.on_schema_change, registry)
-        return KeyedDecoder(self._rows_fields(fields), values, keys)
-
-    def _rows_fields(self, fields: Sequence[Declared]) -> Sequence[Declared]:
-        """The fields of the rows the keyed decoder makes: with ``headers``, the headers column too
-        (``WithHeaders`` fills it); without, not even if the table has one (it stays null)."""
-        return self.fields if self.headers else fields
 
 
 #: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system

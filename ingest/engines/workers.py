@@ -40,7 +40,8 @@ from ingest.errors import IngestError, WorkerLost
 
 if TYPE_CHECKING:  # a worker imports them in main(), with the garbage collector paused
     from ingest.core.ranges import Range
-    from ingest.engines.tasks import TaskOutput, TaskSpec
+    from ingest.engines.task_spec import TaskSpec
+    from ingest.engines.tasks import TaskOutput
     from ingest.iceberg.table import IcebergTable
     from ingest.route_by.writing import RoutedTables
 

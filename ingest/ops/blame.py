@@ -16,7 +16,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import pyarrow as pa
 
-from ingest.core.ledger import SnapshotView, TopicPartition, offsets_key
+from ingest.core.ledger import SnapshotView, TopicPartition
+from ingest.core.ledger_codec import offsets_key
 from ingest.records import DEAD_LETTERS, Coordinates
 
 K = TypeVar("K", bound=Hashable)

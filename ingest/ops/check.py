@@ -21,7 +21,8 @@ from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
 from ingest.iceberg.table import IcebergTable
-from ingest.kafka.source import RESPONSE_OVERHEAD, KafkaSource, receive_limit
+from ingest.kafka.settings import RESPONSE_OVERHEAD, receive_limit
+from ingest.kafka.source import KafkaSource
 from ingest.records import KEY_COLUMN
 
 

@@ -21,7 +21,8 @@ from ingest.assembly import Opened, routed_tables
 from ingest.committer import observe
 from ingest.config import MaintenanceSpec
 from ingest.core.expiry import doomed, protected
-from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, encode, find_ledger, registered_pipelines
+from ingest.core.ledger import BatchCounts
+from ingest.core.ledger_codec import COMPACTION, MAINTENANCE_KEY, encode, find_ledger, registered_pipelines
 from ingest.dead_letters import settle
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg.files import (

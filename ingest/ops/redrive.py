@@ -44,9 +44,10 @@ import pyarrow.compute as pc
 from ingest import failpoints
 from ingest.assembly import Opened
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, encode, read_extra, register
+from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition
+from ingest.core.ledger_codec import encode, read_extra, register
 from ingest.dead_letters import settle
-from ingest.engines.tasks import TaskSpec
+from ingest.engines.task_spec import TaskSpec
 from ingest.errors import CommitGaveUp, SchemaAhead
 from ingest.iceberg.table import MAIN
 from ingest.intents import Append

@@ -43,7 +43,8 @@ from ingest.assembly import Opened
 from ingest.batch_result import BatchResult
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, encode, find_ledger, registered_pipelines
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Found
+from ingest.core.ledger_codec import encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
 from ingest.errors import (
     CatalogUnavailable,

@@ -14,7 +14,8 @@ from typing import Any
 from ingest import records
 from ingest.assembly import Opened
 from ingest.config import PipelineConfig
-from ingest.core.ledger import Found, TopicPartition, decode, decode_counts, read_extra
+from ingest.core.ledger import Found, TopicPartition
+from ingest.core.ledger_codec import decode, decode_counts, read_extra
 from ingest.core.plan import KafkaView
 from ingest.kafka.source import KafkaSource
 

@@ -34,9 +34,8 @@ from ingest.core.ledger import (
     TopicPartition,
     carried,
     carried_origin,
-    find_ledger,
-    read_extra,
 )
+from ingest.core.ledger_codec import find_ledger, read_extra
 from ingest.core.plan import Batch, KafkaView, changed_topics
 from ingest.core.rebuild import check_coordinates, rebuild_floor, rebuild_offsets
 from ingest.dead_letters import settle

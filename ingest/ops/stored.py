@@ -13,15 +13,8 @@ import pyarrow.compute as pc
 
 from ingest import records
 from ingest.committer import observe
-from ingest.core.ledger import (
-    BatchCounts,
-    DeadLetterSync,
-    TopicPartition,
-    decode_sync,
-    encode,
-    owed_property,
-    remembering,
-)
+from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, remembering
+from ingest.core.ledger_codec import decode_sync, encode, owed_property
 from ingest.errors import CommitGaveUp, WrittenFilesGone
 from ingest.iceberg.table import IcebergTable
 from ingest.intents import Append

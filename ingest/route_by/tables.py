@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from ingest import failpoints
 from ingest.committer import HELD_S, FloorCommit, commit_floor, observe
 from ingest.config import PipelineConfig
-from ingest.core.ledger import TopicPartition, registered_pipelines
+from ingest.core.ledger import TopicPartition
+from ingest.core.ledger_codec import registered_pipelines
 from ingest.core.plan import Batch
 from ingest.errors import TableMismatch
 from ingest.intents import DataFile

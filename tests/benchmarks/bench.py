@@ -115,7 +115,7 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer
 
     from ingest import nogc
-    from ingest.kafka.source import FETCH_DEFAULTS
+    from ingest.kafka.settings import FETCH_DEFAULTS
 
     consumer = Consumer(
         {"bootstrap.servers": args.bootstrap, "group.id": "bench-raw", "enable.auto.commit": False, **FETCH_DEFAULTS}
@@ -151,7 +151,7 @@ def stage_raw_count(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer
 
     from ingest import nogc
-    from ingest.kafka.source import FETCH_DEFAULTS
+    from ingest.kafka.settings import FETCH_DEFAULTS
 
     consumer = Consumer(
         {"bootstrap.servers": args.bootstrap, "group.id": "bench-count", "enable.auto.commit": False, **FETCH_DEFAULTS}
@@ -721,7 +721,7 @@ def stage_partitions(args: argparse.Namespace) -> dict[str, Any]:
     import statistics
 
     from ingest import config as config_module
-    from ingest.core.ledger import ours
+    from ingest.core.ledger_codec import ours
     from ingest.runner import opened
 
     results: dict[str, Any] = {}

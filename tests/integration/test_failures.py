@@ -18,8 +18,8 @@ from ingest.assembly import open_pipeline
 from ingest.engines.local import LocalEngine
 from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka.admin import create_topic
+from ingest.kafka.clients import Clients
 from ingest.kafka.embedded import EmbeddedBroker, free_port
-from ingest.kafka.source import KafkaSource
 from tests.runs import one_batch
 
 from .conftest import POSTGRES_URI, REPO, Env
@@ -156,12 +156,12 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypat
             env.produce(100, bad_every=10)
         pipeline = open_pipeline(env.config)
         assert broker.pid is not None
-        real, read = KafkaSource._consumer, list[int]()
+        real, read = Clients.consumer, list[int]()
 
-        def hanging(self: KafkaSource, sized_for: int | None = None) -> Any:
+        def hanging(self: Clients, sized_for: int | None = None) -> Any:
             return _HangsOnceRecordsCame(real(self, sized_for), broker.pid, read)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(KafkaSource, "_consumer", hanging)
+        monkeypatch.setattr(Clients, "consumer", hanging)
         try:
             with pytest.raises(BrokerUnavailable) as caught:
                 pipeline.run_batch(LocalEngine(pipeline.config, pipeline.rows))

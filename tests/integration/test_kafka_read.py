@@ -13,7 +13,8 @@ from ingest.core.ledger import TopicPartition
 from ingest.core.ranges import coverage_problem as combine_problem
 from ingest.engines.tasks import hand_off
 from ingest.kafka.admin import create_topic, produce
-from ingest.kafka.source import KafkaSource, Stops
+from ingest.kafka.reading import Stops
+from ingest.kafka.source import KafkaSource
 from ingest.records import RawChunk
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ingest.assembly import Opened, open_pipeline
-from ingest.core.ledger import find_ledger
+from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError

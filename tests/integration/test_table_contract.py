@@ -19,7 +19,8 @@ from pyiceberg.types import StringType
 
 from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, find_ledger
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import CommitConflict, SchemaMoved, WrittenFilesGone
 from ingest.iceberg.catalog import connect

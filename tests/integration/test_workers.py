@@ -17,13 +17,14 @@ import pytest
 from ingest.assembly import open_pipeline
 from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine
-from ingest.engines.tasks import TaskOutput, TaskSpec
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import TaskOutput
 from ingest.engines.workers import Task, WorkerPool
 from ingest.errors import BrokerUnavailable, WorkerLost
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker
-from ingest.kafka.source import READ_CHUNK_RECORDS
+from ingest.kafka.reading import READ_CHUNK_RECORDS
 from tests.integration.conftest import gone, workers_of
 
 pytestmark = pytest.mark.integration
@@ -177,7 +178,8 @@ WORKER_STUCK = """
 import sys, threading
 from ingest import config
 from ingest.core.ledger import TopicPartition
-from ingest.engines.tasks import TaskOutput, TaskSpec
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import TaskOutput
 from ingest.engines.workers import Task, WorkerPool
 from ingest.assembly import open_pipeline
 

@@ -44,7 +44,7 @@ import yaml
 from confluent_kafka import Producer
 
 from ingest.config import load
-from ingest.core.ledger import find_ledger
+from ingest.core.ledger_codec import find_ledger
 from ingest.iceberg.catalog import connect
 from ingest.iceberg.table import IcebergTable
 from ingest.kafka.admin import create_topic

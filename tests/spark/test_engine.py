@@ -17,7 +17,7 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.assembly import Opened, open_pipeline
 from ingest.config import BatchSpec, FieldSpec
-from ingest.core.ledger import decode_counts, find_ledger
+from ingest.core.ledger_codec import decode_counts, find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
 from ingest.errors import ConfigError

@@ -28,7 +28,7 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.assembly import Opened, open_pipeline
 from ingest.batch_result import BatchResult
-from ingest.core.ledger import decode
+from ingest.core.ledger_codec import decode
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode

@@ -83,7 +83,7 @@ def _failed(last_error: str) -> _JobFailed:
         _JavaException(
             "Job aborted due to stage failure: Task 0 in stage 3.0 failed 4 times, most recent failure: Lost task "
             "0.3 in stage 3.0 (TID 12) (127.0.0.1 executor driver): org.apache.spark.api.python.PythonException: "
-            'Traceback (most recent call last):\n  File "ingest/kafka/source.py", line 130, in _drain\n'
+            'Traceback (most recent call last):\n  File "ingest/kafka/reading.py", line 130, in _drain\n'
             + last_error
             + "\n"
         )

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ingest.batch_commit import BatchCommit, commit_batch, land_dead_letters
 from ingest.core.commit import Decision, dead_letter_step, decide
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, decode, encode, find_ledger
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.ledger_codec import decode, encode, find_ledger
 from ingest.core.plan import Batch
 from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
 

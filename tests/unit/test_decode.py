@@ -751,7 +751,7 @@ LOSSY = [
 
 @pytest.mark.parametrize("size", [6, 40], ids=["one-by-one", "whole-chunk"])
 def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -> None:
-    from ingest.engines.tasks import TaskSpec
+    from ingest.engines.task_spec import TaskSpec
 
     values: list[bytes | None] = [good(i) for i in range(size)]
     for value, _, _ in LOSSY:

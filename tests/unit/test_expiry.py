@@ -12,7 +12,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from ingest.core.expiry import MAIN, Ref, doomed, protected
-from ingest.core.ledger import BatchCounts, Ledger, SnapshotView, TopicPartition, encode, find_ledger
+from ingest.core.ledger import BatchCounts, Ledger, SnapshotView, TopicPartition
+from ingest.core.ledger_codec import encode, find_ledger
 
 PIPELINES = ("orders", "refunds")
 TP = TopicPartition("t", 0)

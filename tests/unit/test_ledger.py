@@ -1,4 +1,4 @@
-"""The ledger codec and the ancestry lookup (ingest.core.ledger): pure, nothing running."""
+"""The ledger codec and the ancestry lookup (ingest.core.ledger_codec): pure, nothing running."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.core.ledger import (
-    FORMAT_VERSION,
-    OWES_DEAD_LETTERS_FORMAT,
-    READABLE_FORMATS,
-    REGISTRY_PROPERTY,
     RESET_MEMORY,
     AppliedReset,
     BatchCounts,
@@ -25,6 +21,12 @@ from ingest.core.ledger import (
     LostRange,
     SnapshotView,
     TopicPartition,
+)
+from ingest.core.ledger_codec import (
+    FORMAT_VERSION,
+    OWES_DEAD_LETTERS_FORMAT,
+    READABLE_FORMATS,
+    REGISTRY_PROPERTY,
     decode,
     decode_counts,
     encode,

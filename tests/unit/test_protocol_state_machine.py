@@ -77,12 +77,10 @@ from ingest.batch_commit import land_dead_letters
 from ingest.config import PipelineConfig, parse
 from ingest.core.coverage import Coverage, coverage
 from ingest.core.expiry import MAIN, Ref, doomed, protected
-from ingest.core.ledger import (
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.ledger_codec import (
     COMPACTION,
     MAINTENANCE_KEY,
-    BatchCounts,
-    Ledger,
-    TopicPartition,
     decode,
     decode_counts,
     encode,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 import pytest
 
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, encode, register
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.ledger_codec import encode, register
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.errors import ConfigError, TopicIdChanged
 from ingest.intents import Append

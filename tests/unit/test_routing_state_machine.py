@@ -39,7 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ingest.config import PipelineConfig, parse
-from ingest.core.ledger import TopicPartition, find_ledger
+from ingest.core.ledger import TopicPartition
+from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch, KafkaView, Watermarks
 from ingest.errors import CommitGaveUp, Fenced
 from ingest.pipeline import Pipeline

@@ -16,8 +16,9 @@ from ingest.core.ledger import TopicPartition
 from ingest.core.ranges import coverage_problem as combine_problem
 from ingest.core.ranges import share
 from ingest.engines.local import processes
-from ingest.engines.tasks import TaskSpec, hand_off
-from ingest.kafka.source import Stops
+from ingest.engines.task_spec import TaskSpec
+from ingest.engines.tasks import hand_off
+from ingest.kafka.reading import Stops
 from ingest.records import HEADERS_COLUMN, HEADERS_TYPE, KEY_COLUMN, Field, RawChunk
 
 ranges_strategy = st.lists(

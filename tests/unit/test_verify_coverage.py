@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from ingest.committer import RowsCommit, commit_rows, observe
 from ingest.config import parse
 from ingest.core.coverage import coverage
-from ingest.core.ledger import BatchCounts, TopicPartition, decode, encode
+from ingest.core.ledger import BatchCounts, TopicPartition
+from ingest.core.ledger_codec import decode, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.reset import reset
 from ingest.ops.reset_command import ResetTarget

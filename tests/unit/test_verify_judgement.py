@@ -16,7 +16,8 @@ from ingest.batch_commit import BatchCommit, commit_batch
 from ingest.committer import observe
 from ingest.config import parse
 from ingest.core.coverage import Coverage
-from ingest.core.ledger import COMPACTION, MAINTENANCE_KEY, BatchCounts, Ledger, TopicPartition, encode
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.ledger_codec import COMPACTION, MAINTENANCE_KEY, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.blame import change_points
 from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
