@@ -22,7 +22,7 @@ from ingest.core.ledger import TopicPartition
 
 class DataFile(Protocol):
     """A data file written into a table's location and committed nowhere yet (pyiceberg's
-    ``DataFile`` satisfies it, and so does :class:`ingest.testing.MemoryFile`)."""
+    ``DataFile`` satisfies it, and so does :class:`ingest.testing.memory_state.MemoryFile`)."""
 
     @property
     def file_path(self) -> str: ...

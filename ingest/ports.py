@@ -4,7 +4,7 @@ The commit loop (:mod:`ingest.committer`) and the pipeline (:mod:`ingest.pipelin
 never on a concrete adapter. The adapters that satisfy them:
 
 * :class:`LedgerTable` (and :class:`RoutedTable`): :class:`ingest.iceberg.table.IcebergTable` (any
-  Iceberg catalog), and :class:`ingest.testing.MemoryTable` (in memory, with lost acknowledgements
+  Iceberg catalog), and :class:`ingest.testing.memory_table.MemoryTable` (in memory, with lost acknowledgements
   and foreign commits, for tests and for anyone checking their own integration);
 * :class:`Source`: :class:`ingest.kafka.source.KafkaSource`;
 * :class:`TableMaker`: :class:`ingest.assembly.IcebergTableMaker` (``route_by``'s tables);

@@ -29,7 +29,7 @@ from ingest.iceberg.table import IcebergTable
 from ingest.intents import Append, Expire, MoveRef
 from ingest.ports import LedgerTable
 from ingest.records import KAFKA_COLUMNS, Field
-from ingest.testing import MemoryCatalog
+from ingest.testing.memory_table import MemoryCatalog
 
 TP = TopicPartition("orders", 0)
 Handles = Callable[[], LedgerTable]

@@ -13,7 +13,8 @@ from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import decode, encode, find_ledger
 from ingest.core.plan import Batch
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable
+from ingest.testing.memory_state import Crashed, Fault
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
 P0 = TopicPartition("orders", 0)
 P1 = TopicPartition("orders", 1)

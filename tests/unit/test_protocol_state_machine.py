@@ -4,9 +4,10 @@ Each writer is a run of the real :class:`ingest.pipeline.Pipeline` (:meth:`~inge
 plan from the ledger, settle what the ledger it builds on owes the dead-letter table, produce the
 batch, evolve the table's schema to the registry's writer schemas, commit the rows with the ledger
 and the marker of its dead letters, then the dead letters, planned again when fenced) against
-in-memory tables (:mod:`ingest.testing`), with a model of Kafka and of the Schema Registry for
-source and an engine that reads the model under the writer's decoding. Nothing of the loop is
-mirrored here: a change to the order of its steps is a change to what this machine runs.
+in-memory tables, Kafka and Schema Registry (:mod:`ingest.testing`: the same fakes any
+integration can use), and an engine that reads the machine's model of the records under the
+writer's decoding. Nothing of the loop is mirrored here: a change to the order of its steps is a
+change to what this machine runs.
 
 What the machine varies:
 
@@ -45,7 +46,7 @@ What the machine varies:
   never be committed: :class:`~ingest.errors.SchemaMoved` ends that writer's run).
 
 Invariants after every step, against a model kept from every snapshot ever committed (expiry
-removes none of it from :attr:`ingest.testing.MemoryCatalog.log`): each batch starts where the
+removes none of it from :attr:`ingest.testing.memory_table.MemoryCatalog.log`): each batch starts where the
 ledger before it ended, each reset lands at most once; every record is in the rows table as many
 times as landed batches read it as a row under their decoding (once, unless a backward reset had
 it read again; never, if a forward reset skipped it), nothing else is; a record a landed batch
@@ -87,7 +88,7 @@ from ingest.core.ledger_codec import (
     find_ledger,
     registered_pipelines,
 )
-from ingest.core.plan import Batch, KafkaView, Watermarks
+from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, FatalError, Fenced, SchemaAhead, SchemaMoved
 from ingest.ops.reset import move_ledger
 from ingest.ops.reset_command import ResetCommand, ResetTarget
@@ -96,7 +97,9 @@ from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema
 from ingest.records import Declared
 from ingest.retry import without_backoff
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters, ticking
+from ingest.testing.memory_kafka import MemoryRegistry, MemorySource
+from ingest.testing.memory_state import Crashed, Fault, ticking
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable, owed_dead_letters
 
 PIPELINE = "orders"
 TOPIC = "orders"
@@ -236,30 +239,6 @@ def config_of(writer: int) -> PipelineConfig:
     )
 
 
-class Kafka:
-    """What the pipeline asks of Kafka and of the Schema Registry (:class:`ingest.kafka.source.KafkaSource`,
-    :class:`ingest.ports.SchemaRegistry`), answered from the machine's model."""
-
-    def __init__(self, machine: ProtocolMachine) -> None:
-        self.machine = machine
-
-    def describe(self) -> KafkaView:
-        return self.machine.kafka()
-
-    def offsets_for_time(self, tps: object, timestamp_ms: int) -> dict[TopicPartition, int]:
-        raise AssertionError("the machine starts at the earliest offsets")
-
-    def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
-        pass
-
-    def latest(self, subject: str) -> WriterSchema:
-        assert subject == f"{TOPIC}-value", subject
-        return writer_schema(self.machine.version)
-
-    def by_id(self, schema_id: int) -> WriterSchema | None:
-        return writer_schema(schema_id) if schema_id <= self.machine.version else None
-
-
 class Engine:
     """The engine of writer ``writer`` (:class:`ingest.ports.Engine`): reads its batch's records from
     the model of Kafka under its decoding and writes the rows into its rows table; what happens
@@ -301,16 +280,18 @@ class Engine:
 
 def new_pipeline(machine: ProtocolMachine, writer: int) -> tuple[Pipeline, Engine]:
     """A run of writer ``writer``: the real :class:`ingest.pipeline.Pipeline` on fresh handles."""
-    kafka = Kafka(machine)
     rows, dead = machine.rows.table(), machine.dead.table()
-    pipeline = Pipeline(config_of(writer), kafka, rows, dead, [], kafka)  # type: ignore[arg-type]
+    pipeline = Pipeline(config_of(writer), machine.source, rows, dead, [], machine.registry)
     return pipeline, Engine(machine, writer, rows)
 
 
 class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.high: dict[TopicPartition, int] = {}
+        #: Kafka (the ``high`` property: each partition's high watermark) and its Schema Registry
+        self.source = MemorySource(CLUSTER)
+        self.registry = MemoryRegistry()
+        self.registry.register(f"{TOPIC}-value", writer_schema(0))
         #: per partition, from which offset on records carry which writer schema version
         self.deployed: dict[TopicPartition, list[tuple[int, int]]] = {}
         self.version = 0
@@ -333,15 +314,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def version_of(self, tp: TopicPartition, offset: int) -> int:
         return max((v for start, v in self.deployed.get(tp, []) if start <= offset), default=0)
 
-    def kafka(self) -> KafkaView:
-        return KafkaView(CLUSTER, {tp: Watermarks(0, high) for tp, high in self.high.items()})
-
-    # what ``ingest reset`` asks of Kafka (:class:`ingest.ops.reset.OffsetsSource`)
-    def describe(self) -> KafkaView:
-        return self.kafka()
-
-    def offsets_for_time(self, tps: object, timestamp_ms: int) -> dict[TopicPartition, int]:
-        raise AssertionError("the machine resets to offsets, earliest or latest only")
+    @property
+    def high(self) -> dict[TopicPartition, int]:
+        """Each partition's high watermark."""
+        return {tp: marks.high for tp, marks in self.source.partitions.items()}
 
     def run_batch(self, i: int) -> bool:
         """One batch of writer ``i``: the real :meth:`ingest.pipeline.Pipeline.run_batch`; a crash, a
@@ -393,7 +369,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.alter_schema()
         elif what == "produce":
             tp = self.data.draw(st.sampled_from(sorted(self.high)), label="partition")
-            self.high[tp] += self.data.draw(st.integers(1, 8), label="records")
+            self.source.produce(tp, self.data.draw(st.integers(1, 8), label="records"))
         elif what == "deploy":
             self.deploy_writer_schema()
         elif what == "reset" and self.depth == 0 and self.corruption is None:
@@ -461,7 +437,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 if ledger is not None:
                     land_dead_letters(dead, rows, PIPELINE, ledger, MAX_ATTEMPTS)
 
-            result = move_ledger(rows, self, command, settle)
+            result = move_ledger(rows, self.source, command, settle)
             event(f"reset: {result.status}")
         except Crashed:
             event("a reset crashed during its commit")
@@ -475,7 +451,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @initialize(highs=st.lists(st.integers(0, 12), min_size=1, max_size=MAX_PARTITIONS), batches=st.integers(0, 3))
     def a_pipeline_that_may_have_run_before(self, highs: list[int], batches: int) -> None:
         """Kafka holds some records; the pipeline may have committed a few batches without faults."""
-        self.high = {TopicPartition(TOPIC, p): high for p, high in enumerate(highs)}
+        for p, high in enumerate(highs):
+            self.source.produce(TopicPartition(TOPIC, p), high)
         for _ in range(batches):
             if not self.run_batch(0):
                 break
@@ -483,13 +460,14 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(partition=st.integers(0, MAX_PARTITIONS - 1), n=st.integers(1, 8))
     def produce(self, partition: int, n: int) -> None:
         tp = TopicPartition(TOPIC, partition % len(self.high))
-        self.high[tp] += n
+        self.source.produce(tp, n)
 
     @rule()
     def deploy_writer_schema(self) -> None:
         """The producing service deploys a writer schema with one more column: records produced from
         now on carry it."""
         self.version += 1
+        self.registry.register(f"{TOPIC}-value", writer_schema(self.version))
         for tp, high in self.high.items():
             self.deployed.setdefault(tp, []).append((high, self.version))
 
@@ -501,7 +479,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 6))
     def add_partition(self, n: int) -> None:
         tp = TopicPartition(TOPIC, len(self.high))
-        self.high[tp] = n
+        self.source.produce(tp, n)
         self.deployed[tp] = [(0, self.version)]
 
     @precondition(lambda self: self.corruption is None)

@@ -14,7 +14,7 @@ from ingest.errors import ConfigError, TopicIdChanged
 from ingest.intents import Append
 from ingest.ops.reset import move_ledger
 from ingest.ops.reset_command import ResetCommand, ResetTarget
-from ingest.testing import MemoryCatalog, MemoryTable
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
 PIPELINE = "orders"
 O0, O1, O2 = (TopicPartition("orders", p) for p in range(3))

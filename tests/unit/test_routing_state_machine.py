@@ -41,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import find_ledger
-from ingest.core.plan import Batch, KafkaView, Watermarks
+from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, Fenced
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
@@ -49,7 +49,9 @@ from ingest.records import ROUTE_COLUMN, Declared
 from ingest.retry import without_backoff
 from ingest.route_by.tables import Routes
 from ingest.route_by.writing import RoutedTables
-from ingest.testing import Crashed, Fault, MemoryCatalog, MemoryTable, owed_dead_letters, ticking
+from ingest.testing.memory_kafka import MemorySource
+from ingest.testing.memory_state import Crashed, Fault, ticking
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable, owed_dead_letters
 
 PIPELINE = "events"
 TOPIC = "events"
@@ -100,22 +102,6 @@ def config_of(writer: int) -> PipelineConfig:
             "commit": {"max_attempts": MAX_ATTEMPTS},
         }
     )
-
-
-class Kafka:
-    """What the pipeline asks of Kafka (:class:`ingest.kafka.source.KafkaSource`), from the model."""
-
-    def __init__(self, machine: RoutingMachine) -> None:
-        self.machine = machine
-
-    def describe(self) -> KafkaView:
-        return self.machine.kafka()
-
-    def offsets_for_time(self, tps: object, timestamp_ms: int) -> dict[TopicPartition, int]:
-        raise AssertionError("the machine starts at the earliest offsets")
-
-    def commit_advisory(self, offsets: object) -> None:
-        pass
 
 
 class Maker:
@@ -179,7 +165,7 @@ class Engine:
 class RoutingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.high: dict[TopicPartition, int] = {}
+        self.source = MemorySource(CLUSTER)  # Kafka: the ``high`` property is each partition's high watermark
         self.ledger = MemoryCatalog("lake.events_ledger")
         self.dead = MemoryCatalog("lake.events_dead_letter")
         #: the routed tables, as records first name them
@@ -205,12 +191,13 @@ class RoutingMachine(RuleBasedStateMachine):
         """A run of writer ``i`` on fresh handles: it opens the routed tables there are."""
         config = config_of(i)
         routes = Routes(config, Maker(self), {name: catalog.table() for name, catalog in self.tables.items()})
-        kafka = Kafka(self)
-        pipeline = Pipeline(config, kafka, self.ledger.table(), self.dead.table(), config.schema_, None, routes)  # type: ignore[arg-type]
+        pipeline = Pipeline(config, self.source, self.ledger.table(), self.dead.table(), config.schema_, None, routes)
         return pipeline, Engine(self, i, routes.tables)
 
-    def kafka(self) -> KafkaView:
-        return KafkaView(CLUSTER, {tp: Watermarks(0, high) for tp, high in self.high.items()})
+    @property
+    def high(self) -> dict[TopicPartition, int]:
+        """Each partition's high watermark."""
+        return {tp: marks.high for tp, marks in self.source.partitions.items()}
 
     def run_batch(self, i: int) -> bool:
         """One batch of writer ``i`` (the real loop); a crash or a commit that gave up ends its run.
@@ -250,7 +237,7 @@ class RoutingMachine(RuleBasedStateMachine):
                 self.depth -= 1
         elif what == "produce":
             tp = self.data.draw(st.sampled_from(sorted(self.high)), label="partition")
-            self.high[tp] += self.data.draw(st.integers(1, 8), label="records")
+            self.source.produce(tp, self.data.draw(st.integers(1, 8), label="records"))
 
     @staticmethod
     def handles_of(pipeline: Pipeline) -> list[object]:
@@ -272,16 +259,17 @@ class RoutingMachine(RuleBasedStateMachine):
 
     @initialize(highs=st.lists(st.integers(0, 12), min_size=1, max_size=MAX_PARTITIONS))
     def kafka_holds_some_records(self, highs: list[int]) -> None:
-        self.high = {TopicPartition(TOPIC, p): high for p, high in enumerate(highs)}
+        for p, high in enumerate(highs):
+            self.source.produce(TopicPartition(TOPIC, p), high)
 
     @rule(partition=st.integers(0, MAX_PARTITIONS - 1), n=st.integers(1, 8))
     def produce(self, partition: int, n: int) -> None:
-        self.high[TopicPartition(TOPIC, partition % len(self.high))] += n
+        self.source.produce(TopicPartition(TOPIC, partition % len(self.high)), n)
 
     @precondition(lambda self: len(self.high) < MAX_PARTITIONS)
     @rule(n=st.integers(0, 6))
     def add_partition(self, n: int) -> None:
-        self.high[TopicPartition(TOPIC, len(self.high))] = n
+        self.source.produce(TopicPartition(TOPIC, len(self.high)), n)
 
     @rule(data=st.data(), writer=st.integers(0, WRITERS - 1))
     def a_batch(self, data: st.DataObject, writer: int) -> None:

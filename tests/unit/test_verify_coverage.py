@@ -27,7 +27,7 @@ from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.reset import reset
 from ingest.ops.reset_command import ResetTarget
 from ingest.ops.verify import expected_reads
-from ingest.testing import MemoryCatalog
+from ingest.testing.memory_table import MemoryCatalog
 
 TOPIC = "orders"
 PARTITIONS = [TopicPartition(TOPIC, p) for p in range(2)]

@@ -23,7 +23,7 @@ from ingest.ops.blame import change_points
 from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
 from ingest.pipeline import Pipeline
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates
-from ingest.testing import MemoryCatalog
+from ingest.testing.memory_table import MemoryCatalog
 
 TP = TopicPartition("orders", 0)
 #: the ledger's end: offsets 0..9 were read once

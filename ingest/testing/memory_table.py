@@ -29,11 +29,9 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal, overload
+from typing import overload
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition
@@ -51,60 +49,22 @@ from ingest.intents import (
     RewindDeadLetters,
     Rewrite,
     SnapshotIntent,
-    Spans,
 )
 from ingest.ports import Head
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Declared
-
-#: a table's schema: its columns' names, in the order of their field ids
-Columns = tuple[str, ...]
-
-#: what befalls one commit attempt:
-#: ``ok`` applied and acknowledged; ``ack-lost`` applied, but the writer sees an error that leaves
-#: the outcome open (a timeout, a 5xx); ``unknown`` not applied, with the same error;
-#: ``crash-before`` / ``crash-after`` the writer's process dies (:class:`Crashed`) before the
-#: commit reaches the catalog / after it was applied
-Fault = Literal["ok", "ack-lost", "unknown", "crash-before", "crash-after"]
-
-
-class Crashed(BaseException):
-    """The writer's process died here (think SIGKILL): nothing after this point runs. A
-    ``BaseException``, so no ``except Exception`` in the code under test survives it."""
-
-
-@dataclass(frozen=True)
-class MemoryFile:
-    """A data file held in memory: invisible until a commit references it."""
-
-    file_path: str
-    record_count: int
-    data: pa.Table
-    #: the schema the file was written with (its columns' field ids are their positions here)
-    schema: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class MemorySnapshot:
-    snapshot_id: int
-    parent_id: int | None
-    summary: Mapping[str, str]
-    timestamp_ms: int
-    #: every file the snapshot references (its parent's and the ones it added)
-    files: tuple[MemoryFile, ...]
-    operation: str = "append"
-    #: the table's schema when the snapshot was committed
-    schema: Columns = ()
-
-
-@dataclass
-class _State:
-    snapshots: dict[int, MemorySnapshot] = field(default_factory=dict)
-    refs: dict[str, int] = field(default_factory=dict)
-    properties: dict[str, str] = field(default_factory=dict)
-    schema: Columns = ()
-
-    def copy(self) -> _State:
-        return _State(dict(self.snapshots), dict(self.refs), dict(self.properties), self.schema)
+from ingest.testing.memory_state import (
+    Columns,
+    Crashed,
+    Fault,
+    MemoryFile,
+    MemorySnapshot,
+    TableState,
+    evolved_columns,
+    in_spans,
+    memory_file,
+    past,
+    without,
+)
 
 
 def _no_fault(table: MemoryTable) -> Fault:
@@ -116,7 +76,7 @@ class MemoryCatalog:
 
     def __init__(self, identifier: str = "memory.table") -> None:
         self.identifier = identifier
-        self._state = _State()
+        self._state = TableState()
         self._ids = itertools.count(1)
         self._files = itertools.count(1)
         #: every data file a handle wrote, by path (what storage holds, committed or not)
@@ -154,7 +114,7 @@ class MemoryCatalog:
     def delete(self, summary: Mapping[str, str], doomed: Callable[[pa.Table], pa.Array], branch: str = MAIN) -> int:
         """A commit by another writer that removes the rows ``doomed`` picks (a mask over a file's data)."""
         head = self._state.refs.get(branch)
-        files, operation = _without(self._state.snapshots[head].files if head is not None else (), doomed)
+        files, operation = without(self._state.snapshots[head].files if head is not None else (), doomed)
         return self._apply(head, branch, summary, files, {}, operation)
 
     def set_ref(self, branch: str, snapshot_id: int) -> None:
@@ -163,7 +123,7 @@ class MemoryCatalog:
 
     def alter_schema(self, *columns: str) -> None:
         """Another tool's ``ALTER TABLE … ADD COLUMN``: a new schema, and no snapshot."""
-        self._state.schema = _evolved(self._state.schema, columns)
+        self._state.schema = evolved_columns(self._state.schema, columns)
 
     def expire(self, snapshot_ids: Sequence[int]) -> None:
         """Remove snapshots (their metadata: later snapshots keep referencing their files)."""
@@ -200,7 +160,7 @@ class MemoryCatalog:
 
     # --- the handles' side --------------------------------------------------------------------
 
-    def _load(self) -> _State:
+    def _load(self) -> TableState:
         return self._state.copy()
 
     def _new_file(self, data: pa.Table, schema: Columns = ()) -> MemoryFile:
@@ -230,17 +190,6 @@ class MemoryCatalog:
         self._state.refs[branch] = snapshot_id
         self._state.properties.update(properties)
         return snapshot_id
-
-
-def _evolved(schema: Columns, columns: Sequence[str]) -> Columns:
-    """``schema`` with the ``columns`` it lacks appended (each taking the next field id)."""
-    return schema + tuple(c for c in dict.fromkeys(columns) if c not in schema)
-
-
-def _memory_file(data_file: DataFile) -> MemoryFile:
-    if not isinstance(data_file, MemoryFile):
-        raise TypeError(f"{data_file!r} was not written by a memory table; it cannot be committed to one")
-    return data_file
 
 
 class MemoryTable:
@@ -296,11 +245,11 @@ class MemoryTable:
 
     def evolve_to(self, fields: Sequence[Declared]) -> None:
         wanted = tuple(f.name for f in fields)
-        self._wanted = wanted if _evolved(self._held.schema, wanted) != self._held.schema else None
+        self._wanted = wanted if evolved_columns(self._held.schema, wanted) != self._held.schema else None
 
     def _staged(self) -> Columns:
         """The schema this handle's next commit gives the table, from the schema it holds."""
-        return _evolved(self._held.schema, self._wanted) if self._wanted is not None else self._held.schema
+        return evolved_columns(self._held.schema, self._wanted) if self._wanted is not None else self._held.schema
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[DataFile]:
         if self._wanted is not None:
@@ -321,7 +270,7 @@ class MemoryTable:
     ) -> pa.Table:
         """The coordinates (named as ``columns`` says) of the records in ``spans`` at ``snapshot_id``."""
         data = self._coordinates(columns, snapshot_id)
-        return data.filter(_in_spans(data, columns, spans))
+        return data.filter(in_spans(data, columns, spans))
 
     def scan_columns(self, columns: Sequence[str], snapshot_id: int | None = None) -> pa.Table:
         """The coordinate ``columns`` (the rows table's or the dead-letter table's) of every record at
@@ -337,7 +286,7 @@ class MemoryTable:
 
     def read_written(self, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
         """``columns`` of data files written and not committed yet."""
-        data = [_memory_file(f).data.select(list(columns)) for f in self.adopt(paths)]
+        data = [memory_file(f).data.select(list(columns)) for f in self.adopt(paths)]
         return pa.concat_tables(data) if data else pa.table({c: [] for c in columns})
 
     @overload
@@ -360,7 +309,7 @@ class MemoryTable:
         else:
             snapshot_id = self._snapshot(intent)
         self._held = self.catalog._load()
-        if self._wanted is not None and _evolved(self._held.schema, self._wanted) == self._held.schema:
+        if self._wanted is not None and evolved_columns(self._held.schema, self._wanted) == self._held.schema:
             self._wanted = self._written_with = None  # the table took the evolution
         self._loaded_at = -math.inf  # like IcebergTable: a commit is not a fresh observation
         if fault == "crash-after":
@@ -389,17 +338,17 @@ class MemoryTable:
         operation = "append"
         match intent:
             case Append(files, _, properties):
-                after = live + tuple(_memory_file(f) for f in files)
+                after = live + tuple(memory_file(f) for f in files)
             case Reapply(snapshot_id, _):
                 after = live + self._added_by(snapshot_id)
             case Rewrite(remove, add, _):
                 gone = {f.file_path for f in remove}
-                after = tuple(f for f in live if f.file_path not in gone) + tuple(_memory_file(f) for f in add)
+                after = tuple(f for f in live if f.file_path not in gone) + tuple(memory_file(f) for f in add)
                 operation = "replace"
             case RewindDeadLetters(topics, to, _):
-                after, operation = _without(live, lambda data: _past(data, topics, to))
+                after, operation = without(live, lambda data: past(data, topics, to))
             case RemoveDeadLetters(spans, _):
-                after, operation = _without(live, lambda data: _in_spans(data, DEAD_LETTERS, spans))
+                after, operation = without(live, lambda data: in_spans(data, DEAD_LETTERS, spans))
         return self.catalog._apply(held, self._branch, intent.summary, after, properties, operation, staged)
 
     def _added_by(self, snapshot_id: int) -> tuple[MemoryFile, ...]:
@@ -427,58 +376,6 @@ class MemoryTable:
                 if refs != self._held.refs or any(f"replay-{i}" in refs for i in snapshot_ids):
                     raise CommitConflict(f"{self.identifier}: the refs changed since this handle loaded them")
                 self.catalog.expire(snapshot_ids)
-
-
-def _past(data: pa.Table, topics: Sequence[str], to: Mapping[TopicPartition, int]) -> pa.Array:
-    """Dead letters of ``topics`` at or past ``to`` (every one of a partition ``to`` does not name)."""
-    d = DEAD_LETTERS
-    doomed = pa.array([False] * data.num_rows, pa.bool_())
-    for topic in topics:
-        mine = pc.equal(data[d.topic], topic)
-        named = [tp.partition for tp in to if tp.topic == topic]
-        rest = pc.invert(pc.is_in(data[d.partition], pa.array(named, data[d.partition].type)))
-        for tp, end in to.items():
-            if tp.topic == topic:
-                rest = pc.or_(
-                    rest, pc.and_(pc.equal(data[d.partition], tp.partition), pc.greater_equal(data[d.offset], end))
-                )
-        doomed = pc.or_(doomed, pc.and_(mine, rest))
-    return doomed
-
-
-def _in_spans(data: pa.Table, c: Coordinates, spans: Spans) -> pa.Array:
-    keep = pa.array([False] * data.num_rows, pa.bool_())
-    for tp, ranges in spans.items():
-        mine = pc.and_(pc.equal(data[c.topic], tp.topic), pc.equal(data[c.partition], tp.partition))
-        for start, end in ranges:
-            inside = pc.and_(pc.greater_equal(data[c.offset], start), pc.less(data[c.offset], end))
-            keep = pc.or_(keep, pc.and_(mine, inside))
-    return keep
-
-
-def _without(
-    files: tuple[MemoryFile, ...], doomed: Callable[[pa.Table], pa.Array]
-) -> tuple[tuple[MemoryFile, ...], str]:
-    """``files`` without the rows ``doomed`` picks (a file that keeps some is rewritten), and the
-    snapshot's operation, as Iceberg names it: ``overwrite`` if a file was rewritten, else ``delete``."""
-    kept = []
-    rewritten = False
-    for f in files:
-        data = f.data.filter(pc.invert(doomed(f.data)))
-        if data.num_rows == f.record_count:
-            kept.append(f)
-        elif data.num_rows:
-            kept.append(replace(f, record_count=data.num_rows, data=data))
-            rewritten = True
-    return tuple(kept), "overwrite" if rewritten else "delete"
-
-
-def ticking(step_s: float = 0.25) -> Callable[[], float]:
-    """A clock for :attr:`MemoryCatalog.monotonic` that moves ``step_s`` at each reading: what a
-    handle loaded stays fresh for a number of readings whatever the speed of the machine, so a test
-    that must replay exactly (a Hypothesis state machine) takes the same paths every time."""
-    ticks = itertools.count()
-    return lambda: next(ticks) * step_s
 
 
 def owed_dead_letters(rows: MemoryCatalog, dead: MemoryCatalog, pipeline: str) -> pa.Table | None:
