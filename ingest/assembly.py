@@ -18,6 +18,7 @@ from ingest.core.ledger_codec import registered_pipelines
 from ingest.fields import from_schema_file, from_subjects, key_field_of, values_in_registry
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
+from ingest.iceberg.layout import existing, exists, fields_of, load_or_create, misfit, names_in, open_table
 from ingest.iceberg.schema import dead_letter_schema, partition_spec, rows_schema, sort_order
 from ingest.iceberg.table import Catalog, IcebergTable, PartitionSpec, Schema
 from ingest.kafka.source import KafkaSource
@@ -73,11 +74,11 @@ def layout(config: PipelineConfig, *, catalog_absent: bool = False) -> Layout:
     from_file = from_schema_file(config)  # checked against `schema:` too
     fields: list[Declared] = list(config.schema_ or from_file or [])
     if not fields and catalog is not None:
-        own = IcebergTable.fields_of(catalog, config.table) or []
+        own = fields_of(catalog, config.table) or []
         fields = list(renamed([f for f in own if f.name != KEY_COLUMN], config.renames))
     fields = fields or list(from_subjects(config, registry))
     if config.key_format is not None:  # the key column as the table has it, or as the keys are
-        had = IcebergTable.fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
+        had = fields_of(catalog, config.table, only=[KEY_COLUMN]) if catalog is not None else None
         fields = [*fields, *(had or [key_field_of(config, registry)])]
     if config.headers and all(f.name != HEADERS_COLUMN for f in fields):
         fields = [
@@ -106,7 +107,7 @@ class IcebergTableMaker:
 
     def open(self, name: str, fields: Sequence[Declared]) -> IcebergTable:
         schema = rows_schema(fields)
-        return IcebergTable.load_or_create(
+        return load_or_create(
             self.catalog,
             name,
             schema,
@@ -120,7 +121,7 @@ class IcebergTableMaker:
         assert isinstance(table, IcebergTable), table
         schema = rows_schema(fields)
         spec = partition_spec(schema, self.config.partition_by)
-        return table.misfit(schema, spec, self.config.table_properties, self.sort_by)
+        return misfit(table, schema, spec, self.config.table_properties, self.sort_by)
 
 
 def routes(config: PipelineConfig, planned: Layout) -> Routes:
@@ -132,11 +133,11 @@ def routes(config: PipelineConfig, planned: Layout) -> Routes:
     prefix, _, suffix = config.route_by.table.partition(ROUTE_VALUE)
     routed = Routes(config, IcebergTableMaker(planned.catalog, config, planned.sort_by), {})
     names = []
-    for name in IcebergTable.names_in(planned.catalog, config.route_by.namespace):
+    for name in names_in(planned.catalog, config.route_by.namespace):
         value = name[len(prefix) : len(name) - len(suffix)]
         if not (name.startswith(prefix) and name.endswith(suffix) and ROUTE_VALUE_CHARS.fullmatch(value)):
             continue
-        table = IcebergTable.existing(planned.catalog, name)
+        table = existing(planned.catalog, name)
         if table is not None and config.pipeline in registered_pipelines(table.head().properties):
             names.append(name)
     routed.create(names, planned.fields)
@@ -148,16 +149,16 @@ def open_pipeline(config: PipelineConfig) -> Opened:
     planned = layout(config)
     catalog = planned.catalog
     assert catalog is not None
-    dead = IcebergTable.open(catalog, config.dead_letters, dead_letter_schema())
+    dead = open_table(catalog, config.dead_letters, dead_letter_schema())
 
     def sibling(name: str) -> IcebergTable | None:
-        return IcebergTable.existing(catalog, name)
+        return existing(catalog, name)
 
     if config.route_by is not None:
-        ledger = IcebergTable.open(catalog, config.table, rows_schema([]))  # the ledger's: no rows
+        ledger = open_table(catalog, config.table, rows_schema([]))  # the ledger's: no rows
         routed = routes(config, planned)
         return Pipeline(config, planned.source, ledger, dead, planned.fields, planned.registry, routed, sibling)
-    rows = IcebergTable.open(
+    rows = open_table(
         catalog,
         config.table,
         planned.schema,
@@ -174,7 +175,7 @@ def open_existing(config: PipelineConfig) -> Opened | None:
     commands (``status``, ``history``, ``verify``) open."""
     if absent(config.catalog) is not None:  # opening the catalog would create its file
         return None
-    if not IcebergTable.exists(connect(config.catalog, config.commit.request_timeout_s), config.table):
+    if not exists(connect(config.catalog, config.commit.request_timeout_s), config.table):
         return None
     return open_pipeline(config)  # the dead-letter table too: missing (renamed in the config?), it is created empty
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.exceptions import ResolveError, ValidationError
 from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _pyarrow_to_schema_without_ids
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
@@ -304,3 +305,14 @@ def describe_change(before: Schema, after: Schema) -> str:
             if was.field_type != field.field_type:
                 parts.append(f"{field.name}: {was.field_type}→{field.field_type}")
     return "; ".join(parts) or "nested columns"
+
+
+def sorted_by(data: pa.Table, keys: Sequence[records.SortKey]) -> pa.Table:
+    """``data`` in the order of ``keys`` (the columns it has): ascending with nulls first,
+    descending with nulls last, as Iceberg's sort orders default."""
+    order = [
+        (k.column, "descending", "at_end") if k.descending else (k.column, "ascending", "at_start")
+        for k in keys
+        if k.column in data.column_names
+    ]
+    return data.take(pc.sort_indices(data, sort_keys=order)) if order else data

@@ -11,80 +11,68 @@ the branch head, ref moves require the ref's old target, expiry requires every r
 is ever retried by the library: pyiceberg's own retry rebases an append onto the new head and lands
 a second copy of the batch, and it reads ``commit.retry.num-retries`` from the table's properties,
 which any other writer may change. So each commit is built on metadata whose properties say
-``0`` (:func:`_no_library_retry`), whatever the table's own properties say.
+``0`` (:func:`~ingest.iceberg.commits.without_library_retries`), whatever the table's own properties say.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as Catalog  # re-exported: a pipeline's layout names these
 from pyiceberg.exceptions import (
     CommitFailedException,
-    NamespaceAlreadyExistsError,
-    NoSuchNamespaceError,
-    NoSuchTableError,
-    TableAlreadyExistsError,
 )
-from pyiceberg.expressions import In
 from pyiceberg.io.pyarrow import (
     _dataframe_to_data_files,
     parquet_file_to_data_file,
 )
 from pyiceberg.manifest import DataFile as DataFile  # re-exported: engines pass these around
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.partitioning import PartitionSpec as PartitionSpec
 from pyiceberg.schema import Schema as Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.table.sorting import SortOrder
 from pyiceberg.table.update import AssertTableUUID, TableRequirement, TableUpdate
 
 from ingest import nogc, records
 from ingest.config import PIPELINE_TABLE_PROPERTIES
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
-from ingest.core.expiry import Ref
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import (
     BranchGone,
     CatalogUnavailable,
     CommitConflict,
     CommitUnknown,
-    ConfigError,
     SchemaMoved,
-    TableMismatch,
     WrittenFilesGone,
 )
-from ingest.iceberg.commits import files_added, in_spans, is_, ref_change, stage
+from ingest.iceberg.commits import (
+    files_added,
+    head_only,
+    in_spans,
+    ref_change,
+    refused_as_conflict,
+    stage,
+    without_library_retries,
+)
 from ingest.iceberg.schema import (
-    declared_fields,
     describe_change,
-    described_spec,
-    partition_spec,
     rows_schema,
-    sort_difference,
     sort_keys,
-    sort_order,
-    spec_difference,
+    sorted_by,
     stage_evolution,
-    stage_spec,
 )
 from ingest.intents import Append, Expire, MoveRef, Reapply, RefIntent, RemoveRef, SnapshotIntent
 from ingest.intents import DataFile as WrittenFile
 from ingest.ports import Head
-from ingest.records import Declared, Field, SortKey
+from ingest.records import Declared
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +81,17 @@ NO_LIBRARY_RETRIES = PIPELINE_TABLE_PROPERTIES
 STORAGE_PROPERTIES = ("s3.", "gcs.", "adls.", "hdfs.", "hf.", "oss.", "client.", "pyarrow.", "py-io-impl")
 
 
-def _no_library_retry(table: Table, metadata: TableMetadata | None = None) -> Table:
-    """``table`` (over ``metadata``, default its own) as a base for one commit that pyiceberg
-    must not retry: pyiceberg reads the retry count from the base metadata's properties when the
-    commit is made. The override is never written: the catalog applies only the commit's updates
-    to its own current metadata."""
-    metadata = metadata if metadata is not None else table.metadata
-    exact = metadata.model_copy(update={"properties": {**metadata.properties, **NO_LIBRARY_RETRIES}})
-    return Table(table.name(), exact, table.metadata_location, table.io, table.catalog, table.config)
-
-
 class IcebergTable:
     """One Iceberg table as the protocol uses it (main branch)."""
 
     def __init__(
-        self, catalog: Catalog, identifier: str, table: Table, branch: str = MAIN, loaded_at: float = -math.inf
+        self,
+        catalog: Catalog,
+        identifier: str,
+        table: Table,
+        branch: str = MAIN,
+        loaded_at: float = -math.inf,
+        renames: Mapping[str, str] | None = None,
     ) -> None:
         self.catalog = catalog
         self.identifier = identifier
@@ -125,7 +109,7 @@ class IcebergTable:
         #: the held metadata the evolved one for writes was derived from, and that evolved metadata
         self._for_writes: tuple[TableMetadata, TableMetadata] | None = None
         #: top-level columns the evolution renames first, old name → new (``renames:``)
-        self._renames: dict[str, str] = {}
+        self._renames: dict[str, str] = dict(renames or {})
         #: the partition spec data files were last written under, through this handle or its
         #: detached copies (files crossing processes lose their own spec id)
         self._files_spec: int | None = None
@@ -143,9 +127,11 @@ class IcebergTable:
         take them in the same commit as the first data written so (never alone: a crash leaves
         neither a schema without its data nor data without its schema). Raises
         :class:`TableMismatch` where the table cannot evolve so."""
-        self._evolve_to(rows_schema(fields))
+        self.take_schema(rows_schema(fields))
 
-    def _evolve_to(self, schema: Schema) -> None:
+    def take_schema(self, schema: Schema) -> None:
+        """Write rows of ``schema`` from now on (see :meth:`evolve_to`); :class:`TableMismatch` where
+        the table's schema cannot evolve to take it."""
         decided = (self._table.metadata.current_schema_id, schema)
         if decided == self._decided:  # (a routed table is checked before every batch: each staging copies metadata)
             return
@@ -183,7 +169,7 @@ class IcebergTable:
         """A transaction for one commit on ``metadata`` (default: what the handle holds), with the
         library's retries off and the schema evolution staged first. Raises :class:`SchemaMoved`
         if files were written with an evolved schema this commit would not give the table."""
-        transaction = _no_library_retry(self._table, metadata).transaction()
+        transaction = without_library_retries(self._table, metadata).transaction()
         if self._wanted is not None:
             stage_evolution(transaction, self.identifier, self._wanted, self._renames)
             if self._written_with is not None and transaction.table_metadata.schema() != self._written_with:
@@ -206,173 +192,14 @@ class IcebergTable:
         table.io = type(io)(properties={k: v for k, v in io.properties.items() if k.startswith(STORAGE_PROPERTIES)})
         return IcebergTable(None, self.identifier, table, self.branch)  # type: ignore[arg-type]
 
-    @classmethod
-    def open(
-        cls,
-        catalog: Catalog,
-        identifier: str,
-        schema: Schema,
-        spec: PartitionSpec | None = None,
-        renames: Mapping[str, str] | None = None,
-        properties: Mapping[str, str] | None = None,
-        sort_by: Sequence[SortKey] = (),
-    ) -> IcebergTable:
-        """Load the table, creating it (and its namespace) if missing; its columns renamed by
-        ``renames`` (old → new) with the next commit, before it takes ``schema``. An existing table
-        whose partitioning differs from ``spec`` (when given), whose value of one of ``properties``
-        differs, or whose sort order is not ``sort_by`` (when given) is refused (:class:`TableMismatch`,
-        saying so: :meth:`misfit`), as is one whose schema cannot evolve to take ``schema``."""
-        handle = cls.load_or_create(catalog, identifier, schema, spec, renames, properties, sort_by)
-        why = handle.misfit(schema, spec, properties, sort_by)
-        if why is not None:
-            raise TableMismatch(why)
-        handle._evolve_to(schema)
-        return handle
-
-    @classmethod
-    def load_or_create(
-        cls,
-        catalog: Catalog,
-        identifier: str,
-        schema: Schema,
-        spec: PartitionSpec | None = None,
-        renames: Mapping[str, str] | None = None,
-        properties: Mapping[str, str] | None = None,
-        sort_by: Sequence[SortKey] = (),
-    ) -> IcebergTable:
-        """The table as it is, created (with its namespace) if missing, for :meth:`open`'s arguments;
-        nothing about it checked.
-
-        A table this creates gets ``properties``, the sort order ``sort_by`` and
-        ``commit.retry.num-retries=0``, which tells other tools that library retries are unsafe
-        here; an existing table is not changed (every commit made here forces the retries off itself)."""
-        try:
-            table = _load_or_create(
-                catalog,
-                identifier,
-                schema,
-                spec or UNPARTITIONED_PARTITION_SPEC,
-                {**(properties or {}), **NO_LIBRARY_RETRIES},
-                sort_order(schema, sort_by),
-            )
-        except (ConfigError, TableMismatch):
-            raise
-        except Exception as error:
-            raise CatalogUnavailable(f"cannot load or create table {identifier}: {error}") from None
-        handle = cls(catalog, identifier, table, loaded_at=time.monotonic())
-        handle._renames = dict(renames or {})
-        return handle
-
-    def misfit(
-        self,
-        schema: Schema,
-        spec: PartitionSpec | None,
-        properties: Mapping[str, str] | None,
-        sort_by: Sequence[SortKey],
-    ) -> str | None:
-        """Why the table as the handle holds it cannot take rows of ``schema`` laid out so (None: it
-        can): its partitioning is not ``spec`` (of ``schema``'s columns, when given), its value of one
-        of ``properties`` differs, or its sort order is not ``sort_by`` (when given). Whether its
-        schema can evolve to take the rows is :meth:`evolve_to`'s to say."""
-        table, identifier, renames = self._table, self.identifier, self._renames
-        difference = None
-        if spec is not None:
-            difference = spec_difference(table.schema(), table.spec(), schema, spec, renames)
-        if difference is not None:
-            return (
-                f"table {identifier}: {difference}. A table's partitioning does not change with the config: "
-                "set `partition_by:` to the table's, or evolve the table's spec to the config's (`ingest "
-                "evolve-partitioning -c CONFIG`, not yet with `route_by`; or your engine's ALTER TABLE ... ADD/DROP "
-                "PARTITION FIELD); new data then follows it, files written before keep theirs."
-            )
-        had = {**table.properties, "format-version": str(table.format_version)}  # pyiceberg keeps it apart
-        differ = {k: v for k, v in (properties or {}).items() if had.get(k) != v}
-        if differ:
-            found = ", ".join(f"{k} = {had.get(k)!r} (config: {v!r})" for k, v in sorted(differ.items()))
-            wanted = ", ".join(f"'{k}'='{v}'" for k, v in sorted(differ.items()))
-            return (
-                f"table {identifier}: its properties differ from `table_properties:`: {found}. Set them in the "
-                f"config as the table has them, or change the table (Spark: ALTER TABLE {identifier} SET "
-                f"TBLPROPERTIES ({wanted}))."
-            )
-        unsorted = sort_difference(table.schema(), table.sort_order(), sort_by, renames) if sort_by else None
-        if unsorted is not None:
-            return (
-                f"table {identifier}: {unsorted}. Set `sort_by:` as the table's, or change the table's sort "
-                f"order with your engine (Spark: ALTER TABLE {identifier} WRITE ORDERED BY ...)."
-            )
-        return None
-
-    def evolve_partitioning(self, partition_by: Sequence[str], *, dry_run: bool = False) -> tuple[list[str], list[str]]:
-        """Evolve the table's partition spec to ``partition_by`` (of columns the table has), in one
-        metadata commit that requires the table's current spec; with ``dry_run``, only say how.
-        Returns the spec before and after as ``transform(column)`` items (the same if the table
-        has it already: nothing is committed). New data files follow the new spec; files written
-        before keep theirs (Iceberg plans scans over both)."""
-        self.refresh()
-        schema, spec = self._table.schema(), self._table.spec()
-        for item in partition_by:
-            transform = records.parse_transform(item)
-            if transform is not None and transform.column not in schema.column_names:
-                raise ConfigError(
-                    f"partition_by: {item!r} refers to {transform.column!r}, which {self.identifier} does not have "
-                    "yet: run a batch first (it adds the column), then evolve the partitioning"
-                )
-        before, wanted = described_spec(schema, spec), partition_spec(schema, partition_by)
-        if spec_difference(schema, spec, schema, wanted) is None or dry_run:
-            return before, described_spec(schema, wanted)
-        with nogc.paused():
-            transaction = _no_library_retry(self._table, None).transaction()
-            try:
-                stage_spec(transaction, schema, spec, wanted)
-            except ValueError as error:  # what pyiceberg's spec update refuses (a name taken, say)
-                raise ConfigError(f"partition_by: {self.identifier} cannot take it: {error}") from None
-            self._commit(transaction)
-        return before, described_spec(self._table.schema(), self._table.spec())
-
-    @classmethod
-    def existing(cls, catalog: Catalog, identifier: str) -> IcebergTable | None:
-        """The table if it exists (loaded as it is, nothing created or changed), else None."""
-        try:
-            return cls(catalog, identifier, catalog.load_table(identifier), loaded_at=time.monotonic())
-        except NoSuchTableError:
-            return None
-        except Exception as error:
-            raise CatalogUnavailable(f"cannot load table {identifier}: {error}") from None
-
-    @staticmethod
-    def names_in(catalog: Catalog, namespace: str) -> list[str]:
-        """The tables of ``namespace`` (none if it does not exist), as ``namespace.table``."""
-        try:
-            return sorted(".".join(ident) for ident in catalog.list_tables(namespace))
-        except NoSuchNamespaceError:
-            return []
-        except Exception as error:
-            raise CatalogUnavailable(f"cannot list the tables of namespace {namespace}: {error}") from None
-
-    @staticmethod
-    def exists(catalog: Catalog, identifier: str) -> bool:
-        try:
-            return bool(catalog.table_exists(identifier))
-        except Exception as error:
-            raise CatalogUnavailable(f"cannot look up table {identifier}: {error}") from None
-
-    @staticmethod
-    def fields_of(catalog: Catalog, identifier: str, only: Collection[str] | None = None) -> list[Field] | None:
-        """The declared fields of the rows table ``identifier`` (with ``only``, just those named so);
-        None if there is no such table."""
-        try:
-            return declared_fields(catalog.load_table(identifier).schema(), only)
-        except NoSuchTableError:
-            return None
-        except TableMismatch:
-            raise
-        except Exception as error:
-            raise CatalogUnavailable(f"cannot load table {identifier}: {error}") from None
-
     @property
     def table(self) -> Table:
         return self._table
+
+    @property
+    def renames(self) -> Mapping[str, str]:
+        """Top-level columns the next commit's schema evolution renames first, old name → new."""
+        return self._renames
 
     def refresh(self, max_age_s: float = 0.0) -> Head:
         """The branch head after loading the metadata again, unless what the handle holds came
@@ -411,18 +238,8 @@ class IcebergTable:
             snapshot = metadata.snapshot_by_id(snapshot_id)
             if snapshot is None:  # parent expired: the chain is broken here
                 return
-            yield _view(snapshot)
+            yield snapshot_view(snapshot)
             snapshot_id = snapshot.parent_snapshot_id
-
-    def all_snapshots(self) -> list[SnapshotView]:
-        return [_view(s) for s in self._table.metadata.snapshots]
-
-    def refs(self) -> list[Ref]:
-        """Every branch and tag, as the handle last read them."""
-        return [
-            Ref(name, ref.snapshot_id, ref.snapshot_ref_type == SnapshotRefType.BRANCH)
-            for name, ref in sorted(self._table.metadata.refs.items())
-        ]
 
     def write(self, data: pa.Table, target_file_bytes: int | None = None) -> list[WrittenFile]:
         """Parquet files under unique names in the table location; invisible until committed."""
@@ -432,7 +249,7 @@ class IcebergTable:
         self._files_spec = metadata.default_spec_id
         keys = sort_keys(metadata.schema(), metadata.sort_order())
         if keys:  # each file sorted as the table's sort order says (ours, or one another tool set)
-            data = _sorted(data, keys)
+            data = sorted_by(data, keys)
         if target_file_bytes is not None:
             properties = {**metadata.properties, "write.target-file-size-bytes": str(target_file_bytes)}
             metadata = metadata.model_copy(update={"properties": properties})
@@ -461,17 +278,6 @@ class IcebergTable:
                 raise CatalogUnavailable(f"{self.identifier}: cannot read data file {path}: {error}") from None
         return adopted
 
-    def read_written(self, paths: Sequence[str], columns: Sequence[str]) -> pa.Table:
-        """``columns`` of data files :meth:`write` wrote and no snapshot references yet."""
-        files = self.adopt(paths)
-        arrow = self._table.schema().as_arrow()
-        schema = pa.schema([arrow.field(c) for c in columns])
-        tables = [schema.empty_table()]
-        for data_file in files:
-            with self._table.io.new_input(data_file.file_path).open() as stream:
-                tables.append(pq.read_table(stream, columns=list(columns)).cast(schema))
-        return pa.concat_tables(tables)
-
     @overload
     def commit(self, intent: SnapshotIntent) -> int: ...
 
@@ -489,14 +295,14 @@ class IcebergTable:
                 self._commit_updates(*ref_change(intent, self._table))
             return None
         # the catalog loads, deep-copies and writes the whole metadata
-        with nogc.paused(), _refused_as_conflict():
+        with nogc.paused(), refused_as_conflict():
             # an append reads only the head: cut the metadata to it (a delete or a rewrite reads files)
             appends = isinstance(intent, Append | Reapply)
-            transaction = self._transaction(self._head_only() if appends else None)
+            transaction = self._transaction(head_only(self._table.metadata, self.branch) if appends else None)
             added = files_added(intent, self._table)
             self._same_spec(added, transaction)
             snapshot_id = stage(transaction, intent, self._table, self.branch, added)
-            self._commit(transaction)
+            self.commit_transaction(transaction)
         if snapshot_id is None:
             snapshot_id = self.branch_head(self.branch)
             assert snapshot_id is not None, "a committed snapshot is the branch head"
@@ -513,29 +319,9 @@ class IcebergTable:
                 "under the one before; nothing was committed, and the next run writes them under the new spec"
             )
 
-    def _head_only(self) -> TableMetadata:
-        """This table's metadata cut to the branch head: what an append to that head needs.
-
-        pyiceberg's ``Transaction`` re-derives, and deep-copies, the whole table metadata each time
-        it reads it (about fifteen times per append), so an append's cost grew with the number of
-        snapshots (~1 s at 1,000). An append reads only the head snapshot (its manifest list and
-        summary totals), the schema, spec and properties; the catalog applies the resulting
-        updates to its own, complete metadata under the same head requirement, so the committed
-        table is the same. The handle returned by the commit holds the catalog's full metadata.
-        """
-        metadata = self._table.metadata
-        head = self.branch_head(self.branch)
-        return metadata.model_copy(
-            update={
-                "snapshots": [s for s in metadata.snapshots if s.snapshot_id == head],
-                "refs": {self.branch: metadata.refs[self.branch]} if head is not None else {},
-                "snapshot_log": [],
-                "metadata_log": [],
-            }
-        )
-
-    def _commit(self, transaction: Transaction) -> None:
-        """Commit with the catalog's own requirements; map the outcome to conflict or unknown."""
+    def commit_transaction(self, transaction: Transaction) -> None:
+        """Commit ``transaction`` (built on :func:`~ingest.iceberg.commits.without_library_retries`)
+        with the catalog's own requirements; map the outcome to conflict or unknown."""
         try:
             self._table = transaction.commit_transaction()
             self._loaded_at = -math.inf
@@ -566,32 +352,6 @@ class IcebergTable:
         )
         self._loaded_at = -math.inf
 
-    def snapshot_summary(self, snapshot_id: int) -> dict[str, str] | None:
-        snapshot = self._table.metadata.snapshot_by_id(snapshot_id)
-        if snapshot is None:
-            return None
-        return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
-
-    def snapshot_as_of(self, timestamp_ms: int) -> int | None:
-        """The main branch's snapshot current at ``timestamp_ms`` (from the snapshot log)."""
-        current = None
-        for entry in self._table.metadata.snapshot_log:
-            if entry.timestamp_ms <= timestamp_ms:
-                current = entry.snapshot_id
-        return current
-
-    def dead_letters_of(self, topics: Collection[str], columns: Sequence[str] | None = None) -> pa.Table:
-        """The dead letters of ``topics`` on the branch head (``columns`` of the dead-letter table; all by default)."""
-        head = self.branch_head(self.branch)
-        if head is None or not topics:
-            empty = self._table.schema().as_arrow().empty_table()
-            return empty.select(list(columns)) if columns else empty
-        return self._table.scan(
-            row_filter=is_(In, records.DEAD_LETTERS.topic, set(topics)),
-            snapshot_id=head,
-            selected_fields=tuple(columns) if columns else ("*",),
-        ).to_arrow()
-
     def dead_letter_coordinates(self, spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> pa.Table:
         """The coordinates (topic, partition, offset) of the dead letters in ``spans`` on the branch head."""
         return self.coordinates_in(records.DEAD_LETTERS, spans, self.branch_head(self.branch))
@@ -620,17 +380,7 @@ class IcebergTable:
         return self._table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id).to_arrow()
 
 
-@contextlib.contextmanager
-def _refused_as_conflict() -> Iterator[None]:
-    """A requirement pyiceberg checks against the held metadata while it builds a commit (the
-    branch's head, its existence) fails as the catalog's would: a conflict, to be observed again."""
-    try:
-        yield
-    except CommitFailedException as error:
-        raise CommitConflict(str(error)) from None
-
-
-def _view(snapshot: Snapshot) -> SnapshotView:
+def snapshot_view(snapshot: Snapshot) -> SnapshotView:
     summary = snapshot.summary
     return SnapshotView(
         snapshot.snapshot_id,
@@ -638,42 +388,3 @@ def _view(snapshot: Snapshot) -> SnapshotView:
         snapshot.timestamp_ms,
         str(summary.operation.value) if summary is not None else None,
     )
-
-
-def _sorted(data: pa.Table, keys: Sequence[SortKey]) -> pa.Table:
-    """``data`` in the order of ``keys`` (the columns it has): ascending with nulls first,
-    descending with nulls last, as Iceberg's sort orders default."""
-    order = [
-        (k.column, "descending", "at_end") if k.descending else (k.column, "ascending", "at_start")
-        for k in keys
-        if k.column in data.column_names
-    ]
-    return data.take(pc.sort_indices(data, sort_keys=order)) if order else data
-
-
-def _load_or_create(
-    catalog: Catalog,
-    identifier: str,
-    schema: Schema,
-    spec: PartitionSpec,
-    properties: Mapping[str, str],
-    order: SortOrder,
-) -> Table:
-    try:
-        return catalog.load_table(identifier)
-    except NoSuchTableError:
-        pass
-    namespace = identifier.rsplit(".", 1)[0]
-    try:
-        catalog.create_namespace(namespace)
-    except NamespaceAlreadyExistsError:
-        pass
-    except Exception:  # SqlCatalog checks, then inserts: a concurrent copy can win in between
-        if not catalog.namespace_exists(namespace):
-            raise
-    try:
-        return catalog.create_table(
-            identifier, schema=schema, partition_spec=spec, sort_order=order, properties=dict(properties)
-        )
-    except TableAlreadyExistsError:  # a concurrent copy of the pipeline created it first
-        return catalog.load_table(identifier)

@@ -20,7 +20,7 @@ from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.iceberg.catalog import absent, connect
-from ingest.iceberg.table import IcebergTable
+from ingest.iceberg.layout import exists
 from ingest.kafka.settings import RESPONSE_OVERHEAD, receive_limit
 from ingest.kafka.source import KafkaSource
 from ingest.records import KEY_COLUMN
@@ -118,7 +118,7 @@ def check(config: PipelineConfig) -> CheckResult:
     def tables() -> str:
         catalog = connect(config.catalog, config.commit.request_timeout_s) if file is None else None
         names = (config.table, config.dead_letters)
-        exists = {t: catalog is not None and IcebergTable.exists(catalog, t) for t in names}
+        exists = {t: catalog is not None and exists(catalog, t) for t in names}
         if all(exists.values()):
             pipeline = open_pipeline(config)  # loads, and stages what the next batch would evolve: commits nothing
             columns = [f.name for f in pipeline.fields]

@@ -34,6 +34,7 @@ from ingest.iceberg.files import (
     stored_data_files,
     unreferenced,
 )
+from ingest.iceberg.reading import all_snapshots, refs, snapshot_summary
 from ingest.iceberg.table import DataFile, IcebergTable
 from ingest.intents import DataFile as WrittenFile
 from ingest.intents import Expire, Rewrite
@@ -57,9 +58,9 @@ def restamped_summary(table: IcebergTable, operation: str) -> dict[str, str]:
 
 def _doomed(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
     pipelines = registered_pipelines(table.head().properties)
-    keep = protected(table.refs(), table.ancestry, pipelines)
+    keep = protected(refs(table), table.ancestry, pipelines)
     cutoff = now_ms - int(spec.snapshot_retention_hours * 3_600_000)
-    return doomed(table.all_snapshots(), keep, spec.keep_last_snapshots, cutoff)
+    return doomed(all_snapshots(table), keep, spec.keep_last_snapshots, cutoff)
 
 
 def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]:
@@ -76,7 +77,7 @@ def expire(table: IcebergTable, spec: MaintenanceSpec, now_ms: int) -> list[int]
             table.commit(Expire(doomed))
         except (CommitConflict, CommitUnknown):
             table.refresh()
-            if doomed and all(table.snapshot_summary(i) is None for i in doomed):
+            if doomed and all(snapshot_summary(table, i) is None for i in doomed):
                 return doomed  # the unknown outcome was a success
             raise
         return doomed

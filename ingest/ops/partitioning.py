@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ingest.assembly import layout
 from ingest.config import PipelineConfig
 from ingest.iceberg.catalog import absent
-from ingest.iceberg.table import IcebergTable
+from ingest.iceberg.layout import evolve_spec, exists, open_table
 
 Evolution = Literal["evolved", "unchanged", "dry-run", "no-table"]
 
@@ -45,10 +45,10 @@ def evolve_partitioning(config: PipelineConfig, *, dry_run: bool = False) -> Rep
         return Repartitioned(config.pipeline, config.table, "no-table")
     planned = layout(config)  # the transforms checked against the columns' types, before any change
     assert planned.catalog is not None
-    if not IcebergTable.exists(planned.catalog, config.table):
+    if not exists(planned.catalog, config.table):
         return Repartitioned(config.pipeline, config.table, "no-table")
     # its spec not checked: it is what changes here
-    rows = IcebergTable.open(planned.catalog, config.table, planned.schema, renames=config.renames)
-    before, after = rows.evolve_partitioning(config.partition_by, dry_run=dry_run)
+    rows = open_table(planned.catalog, config.table, planned.schema, renames=config.renames)
+    before, after = evolve_spec(rows, config.partition_by, dry_run=dry_run)
     status: Evolution = "unchanged" if before == after else "dry-run" if dry_run else "evolved"
     return Repartitioned(config.pipeline, config.table, status, tuple(before), tuple(after))

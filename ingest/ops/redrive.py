@@ -49,6 +49,7 @@ from ingest.core.ledger_codec import encode, read_extra, register
 from ingest.dead_letters import settle
 from ingest.engines.task_spec import TaskSpec
 from ingest.errors import CommitGaveUp, SchemaAhead
+from ingest.iceberg.reading import dead_letters_of
 from ingest.iceberg.table import MAIN
 from ingest.intents import Append
 from ingest.pipeline import MAX_SCHEMA_CATCH_UPS
@@ -97,7 +98,7 @@ def redrive(pipeline: Opened, *, dry_run: bool = False) -> Redrive:
     if not dry_run:  # a step the dead-letter table owes (an interrupted redrive's removal, say) first
         settle(pipeline.dead, pipeline.rows, config, found.ledger, config.commit.max_attempts)
     pipeline.dead.refresh()
-    dead = _below(pipeline.dead.dead_letters_of(config.topics_in(found.ledger.topics)), found.ledger.offsets)
+    dead = _below(dead_letters_of(pipeline.dead, config.topics_in(found.ledger.topics)), found.ledger.offsets)
     pending = found.ledger.sync.redriven if found.ledger.sync is not None else None
     if dry_run and pending:  # an interrupted redrive's, not removed yet: in the rows already
         dead = dead.filter(pc.invert(_within(dead, DEAD_LETTERS.offset, pending)))

@@ -56,6 +56,7 @@ from ingest.errors import (
     ReplayImpossible,
     RollbackRefused,
 )
+from ingest.iceberg.reading import snapshot_as_of, snapshot_summary
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef, RemoveRef
 from ingest.retry import Again, with_retries
@@ -68,11 +69,11 @@ PUBLISH_ATTEMPTS = 5
 def resolve_snapshot(table: IcebergTable, snapshot_id: int | None, as_of_ms: int | None) -> int:
     if snapshot_id is None:
         assert as_of_ms is not None
-        found = table.snapshot_as_of(as_of_ms)
+        found = snapshot_as_of(table, as_of_ms)
         if found is None:
             raise ConfigError(f"--as-of: main has no snapshot at or before {as_of_ms} ms")
         return found
-    if table.snapshot_summary(snapshot_id) is None:
+    if snapshot_summary(table, snapshot_id) is None:
         raise ConfigError(f"--from-snapshot: table {table.identifier} has no snapshot {snapshot_id}")
     return snapshot_id
 

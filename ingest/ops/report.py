@@ -17,6 +17,7 @@ from ingest.config import PipelineConfig
 from ingest.core.ledger import Found, TopicPartition
 from ingest.core.ledger_codec import decode, decode_counts, read_extra
 from ingest.core.plan import KafkaView
+from ingest.iceberg.reading import dead_letters_of
 from ingest.kafka.source import KafkaSource
 
 
@@ -122,7 +123,7 @@ def dead_letter_count(pipeline: Opened, found: Found | None) -> DeadLetterCount:
     d = records.DEAD_LETTERS
     pipeline.dead.refresh()
     topics = pipeline.config.topics_in(found.ledger.topics if found is not None else ())
-    dead = pipeline.dead.dead_letters_of(topics, [d.timestamp, d.offset, "error"])
+    dead = dead_letters_of(pipeline.dead, topics, [d.timestamp, d.offset, "error"])
     if dead.num_rows == 0:
         return DeadLetterCount(0)
     newest = dead.sort_by([(d.timestamp, "descending"), (d.offset, "descending")]).slice(0, NEWEST_DEAD_LETTERS)

@@ -16,6 +16,7 @@ from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition, remembering
 from ingest.core.ledger_codec import decode_sync, encode, owed_property
 from ingest.errors import CommitGaveUp, WrittenFilesGone
+from ingest.iceberg.reading import read_written
 from ingest.iceberg.table import IcebergTable
 from ingest.intents import Append
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS
@@ -57,7 +58,7 @@ def unadded(
         return None
     d, r = DEAD_LETTERS, ROWS
     try:
-        written = dead.read_written(sync.files, DEAD_LETTER_SCHEMA.names)
+        written = read_written(dead, sync.files, DEAD_LETTER_SCHEMA.names)
     except WrittenFilesGone:
         log.warning(
             "the files of the newest dead letters of %r (%s) are gone: if they were not added to %s before its "

@@ -25,6 +25,7 @@ from ingest.core.ledger import Found, TopicPartition
 from ingest.core.plan import Watermarks, check_topic_ids
 from ingest.core.ranges import Range
 from ingest.errors import TopicIdChanged
+from ingest.iceberg.reading import read_written
 from ingest.iceberg.table import IcebergTable
 from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
@@ -253,7 +254,7 @@ def _owed_dead_letters(pipeline: Opened, found: Found) -> pa.Table | None:
     if floor is not None and floor.ledger.remembers(sync.sync_id):
         return None
     d = records.DEAD_LETTERS
-    return pipeline.dead.read_written(sync.files, [d.topic, d.partition, d.offset])
+    return read_written(pipeline.dead, sync.files, [d.topic, d.partition, d.offset])
 
 
 def verify(pipeline: Opened) -> Verification:

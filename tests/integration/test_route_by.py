@@ -190,9 +190,9 @@ def test_three_racing_copies_with_different_caps(by_value: RoutedByValue) -> Non
 
 def _exists(by_value: RoutedByValue, kind: str) -> bool:
     from ingest.iceberg.catalog import connect
-    from ingest.iceberg.table import IcebergTable
+    from ingest.iceberg.layout import exists
 
-    return IcebergTable.exists(connect(by_value.env.config.catalog), by_value.table(kind))
+    return exists(connect(by_value.env.config.catalog), by_value.table(kind))
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
@@ -247,8 +247,8 @@ def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it
     by_value: RoutedByValue, differs: str, says: str
 ) -> None:
     from ingest.iceberg.catalog import connect
+    from ingest.iceberg.layout import evolve_spec, open_table
     from ingest.iceberg.schema import partition_spec, rows_schema
-    from ingest.iceberg.table import IcebergTable
     from ingest.records import Field
 
     env = by_value.env
@@ -260,7 +260,7 @@ def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it
         fields = [Field(f.name, "string", f.required) if f.name == "amount" else f for f in fields]
     schema = rows_schema(fields)
     spec = partition_spec(schema, ["day(created_at)"]) if differs == "schema" else None
-    view = IcebergTable.open(catalog, by_value.table("view"), schema, spec)
+    view = open_table(catalog, by_value.table("view"), schema, spec)
     by_value.produce(1_200, poison_every=97)
 
     run = by_value.cli("run", "--until-caught-up")
@@ -276,7 +276,7 @@ def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it
     env.verify()
 
     if differs == "partitioning":  # fixed: records read from now on go into it
-        view.evolve_partitioning(["day(created_at)"])
+        evolve_spec(view, ["day(created_at)"])
     else:  # dropped: the pipeline creates it as the config says
         catalog.drop_table(by_value.table("view"))
     by_value.produce(900, poison_every=97)

@@ -24,6 +24,7 @@ from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import CommitConflict, SchemaMoved, WrittenFilesGone
 from ingest.iceberg.catalog import connect
+from ingest.iceberg.layout import open_table
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
 from ingest.intents import Append, Expire, MoveRef
@@ -75,14 +76,14 @@ def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         {"name": "contract", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()}
     )
     schema = rows_schema([])
-    IcebergTable.open(catalog, "contract.orders", schema)
+    open_table(catalog, "contract.orders", schema)
 
     def alter(name: str) -> None:
         with catalog.load_table("contract.orders").update_schema() as update:
             update.add_column(name, StringType())
 
     def opened() -> IcebergTable:
-        return IcebergTable.open(catalog, "contract.orders", schema)
+        return open_table(catalog, "contract.orders", schema)
 
     def iceberg_offsets(branch: str) -> list[int]:
         table = opened()

@@ -46,7 +46,7 @@ from confluent_kafka import Producer
 from ingest.config import load
 from ingest.core.ledger_codec import find_ledger
 from ingest.iceberg.catalog import connect
-from ingest.iceberg.table import IcebergTable
+from ingest.iceberg.layout import existing
 from ingest.kafka.admin import create_topic
 from tests.services import kafka as kafka_service
 
@@ -161,7 +161,7 @@ def _finish(process: subprocess.Popen[str], what: str, allowed: set[int], tally:
 
 def _ledger_snapshots(config_path: Path) -> list[int]:
     config = load(config_path)
-    table = IcebergTable.existing(connect(config.catalog), config.table)
+    table = existing(connect(config.catalog), config.table)
     if table is None:
         return []
     found = []
@@ -175,7 +175,7 @@ def _ledger_snapshots(config_path: Path) -> list[int]:
 
 def _foreign_retries(config_path: Path) -> None:
     config = load(config_path)
-    table = IcebergTable.existing(connect(config.catalog), config.table)
+    table = existing(connect(config.catalog), config.table)
     if table is not None:
         with table.table.transaction() as transaction:
             transaction.set_properties({"commit.retry.num-retries": "4"})
@@ -234,8 +234,8 @@ def _catch_up(path: Path, tally: Tally) -> None:
 def _check(config_path: Path, produced: Produced, topic: str, tally: Tally) -> dict[str, int]:
     config = load(config_path)
     catalog = connect(config.catalog)
-    rows_table = IcebergTable.existing(catalog, config.table)
-    dead_table = IcebergTable.existing(catalog, config.dead_letters)
+    rows_table = existing(catalog, config.table)
+    dead_table = existing(catalog, config.dead_letters)
     assert rows_table is not None and dead_table is not None
     rows = rows_table.scan_columns(["_kafka_topic", "_kafka_partition", "_kafka_offset", "order_id"]).to_pylist()
     dead = dead_table.scan_columns(["topic", "partition", "offset"]).to_pylist()

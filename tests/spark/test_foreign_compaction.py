@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from ingest.iceberg.files import live_data_files, live_files, stored_data_files
+from ingest.iceberg.reading import all_snapshots
 from tests.runs import catch_up
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
@@ -218,7 +219,7 @@ def _written(pipeline: Opened) -> tuple[object, ...]:
     pipeline.rows.refresh()
     pipeline.dead.refresh()
     return tuple(
-        (sorted(s.snapshot_id for s in table.all_snapshots()), sorted(path for path, _ in stored_data_files(table)))
+        (sorted(s.snapshot_id for s in all_snapshots(table)), sorted(path for path, _ in stored_data_files(table)))
         for table in (pipeline.rows, pipeline.dead)
     )
 

@@ -6,8 +6,7 @@ import pyarrow as pa
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.iceberg.schema import rows_schema, sort_difference, sort_keys, sort_order
-from ingest.iceberg.table import _sorted
+from ingest.iceberg.schema import rows_schema, sort_difference, sort_keys, sort_order, sorted_by
 from ingest.records import Field, SortKey, parse_sort
 
 SCHEMA = rows_schema([Field("customer", "long"), Field("at", "timestamptz"), Field("tags", "list<string>")])
@@ -43,8 +42,8 @@ def test_not_a_sort_key() -> None:
 def test_files_are_written_in_the_order_nulls_first_ascending_last_descending() -> None:
     data = pa.table({"customer": [2, None, 1, 2, 2], "at": [1, 2, None, None, 4]})
 
-    ascending = _sorted(data, [SortKey("customer"), SortKey("at", descending=True)])
-    descending = _sorted(data, [SortKey("customer", descending=True)])
+    ascending = sorted_by(data, [SortKey("customer"), SortKey("at", descending=True)])
+    descending = sorted_by(data, [SortKey("customer", descending=True)])
 
     assert ascending.to_pylist() == [
         {"customer": None, "at": 2},
