@@ -20,7 +20,7 @@ Every function takes a :class:`~ingest.config.PipelineConfig` or the path of a Y
   :class:`~ingest.ops.report.Status`, :class:`~ingest.ops.report.BatchEntry`,
   :class:`~ingest.ops.verify.Verification`, :class:`~ingest.ops.check.CheckResult`,
   :class:`~ingest.ops.reset_command.ResetResult`, :class:`~ingest.ops.redrive.Redrive`,
-  :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay.ReplayResult`,
+  :class:`~ingest.ops.maintain.Maintenance`, :class:`~ingest.ops.replay_result.ReplayResult`,
   :class:`~ingest.ops.partitioning.Repartitioned`; each
   ``as_dict()`` is what ``--json`` prints.
 * **Errors** are the classes of :mod:`ingest.errors`: a :class:`~ingest.errors.RetryableError`
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ingest.ops.maintain import Maintenance
     from ingest.ops.partitioning import Repartitioned
     from ingest.ops.redrive import Redrive
-    from ingest.ops.replay import ReplayResult
+    from ingest.ops.replay_result import ReplayResult
     from ingest.ops.report import BatchEntry, Status
     from ingest.ops.reset_command import ResetResult, ResetTarget
     from ingest.ops.verify import Verification

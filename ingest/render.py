@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # what is rendered, by type: a run's output imports none of t
     from ingest.ops.maintain import Maintenance
     from ingest.ops.partitioning import Repartitioned
     from ingest.ops.redrive import Redrive
-    from ingest.ops.replay import ReplayResult
+    from ingest.ops.replay_result import ReplayResult
     from ingest.ops.report import BatchEntry, Status
     from ingest.ops.reset_command import ResetResult
     from ingest.ops.verify import Verification

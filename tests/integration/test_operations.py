@@ -22,7 +22,7 @@ from ingest.errors import PublishRefused, RetryableError
 from ingest.intents import Expire, MoveRef
 from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
-from ingest.ops.replay import ReplayResult
+from ingest.ops.replay_result import ReplayResult
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import race, record
