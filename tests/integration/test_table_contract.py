@@ -24,10 +24,11 @@ from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import CommitConflict, SchemaMoved, WrittenFilesGone
 from ingest.iceberg.catalog import connect
+from ingest.iceberg.files import live_data_files
 from ingest.iceberg.layout import open_table
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
-from ingest.intents import Append, Expire, MoveRef
+from ingest.intents import Append, DataFile, Expire, MoveRef, Reapply, RemoveRef, Rewrite
 from ingest.ports import LedgerTable
 from ingest.records import KAFKA_COLUMNS, Field
 from ingest.testing.memory_table import MemoryCatalog
@@ -50,6 +51,8 @@ class Table:
     delete: Callable[[int, int], None]
     expire: Callable[[list[int]], None]
     branch: Callable[[str, int], None]
+    #: the data files main's head references, as the table lists them (what a compaction removes)
+    live: Callable[[], list[DataFile]]
 
 
 @pytest.fixture(params=["memory", "iceberg"])
@@ -70,6 +73,7 @@ def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
             lambda lo, hi: memory.delete({}, lambda data: _between(data["_kafka_offset"], lo, hi)),
             memory.expire,
             memory.set_ref,
+            lambda: list(memory.live_files()),
         )
         return
     catalog = connect(
@@ -103,7 +107,8 @@ def table_under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
         opened().commit(MoveRef(name, snapshot_id, expected=None))
 
     yield Table(opened, lambda: [f.name for f in catalog.load_table("contract.orders").schema().fields], alter,
-                lambda name: opened().on_branch(name), iceberg_offsets, delete, expire, branch)  # fmt: skip
+                lambda name: opened().on_branch(name), iceberg_offsets, delete, expire, branch,
+                lambda: list(live_data_files(opened())))  # fmt: skip
 
 
 @pytest.fixture
@@ -324,3 +329,55 @@ def test_files_written_earlier_are_adopted_by_path_and_a_file_gone_is_said(table
     assert table_under_test.offsets("main") == [0, 1, 2, 3]
     with pytest.raises(WrittenFilesGone):
         later.adopt([paths[0].replace(".parquet", "-gone.parquet")])
+
+
+# --- every commit intent, by compare-and-swap on what the handle read ------------------------------
+
+
+def test_a_ref_moves_and_goes_only_from_where_the_handle_saw_it(table_under_test: Table) -> None:
+    first, second, _ = _three_commits(table_under_test.handles())
+    table = table_under_test.handles()
+    table.refresh()
+    table.commit(MoveRef("replay-1", first, expected=None))
+
+    with pytest.raises(CommitConflict):  # it exists now: "create it" no longer holds
+        table.commit(MoveRef("replay-1", second, expected=None))
+    with pytest.raises(CommitConflict):
+        table.commit(RemoveRef("replay-1", expected=second))
+    table.commit(MoveRef("replay-1", second, expected=first))
+    assert table_under_test.offsets("replay-1") == list(range(10))
+    table.commit(RemoveRef("replay-1", expected=second))
+    reader = table_under_test.handles()
+    reader.refresh()
+    assert reader.branch_head("replay-1") is None
+
+
+def test_a_rewrite_replaces_files_by_the_same_rows_on_the_head_it_read(table_under_test: Table) -> None:
+    writer = table_under_test.handles()
+    writer.refresh()
+    writer.commit(Append(writer.write(rows(0, 5)), {}))
+    files = table_under_test.live()
+    stale = table_under_test.handles()
+    stale.refresh()
+    writer.commit(Append(writer.write(rows(5, 10)), {}))
+
+    with pytest.raises(CommitConflict):  # the head moved since it read it
+        stale.commit(Rewrite(files, stale.write(rows(0, 5)), {"ingest.maintenance": "compaction"}))
+    stale.refresh()
+    rewritten = stale.commit(Rewrite(files, stale.write(rows(0, 5)), {"ingest.maintenance": "compaction"}))
+
+    assert stale.head().snapshot_id == rewritten
+    assert table_under_test.offsets("main") == list(range(10))
+
+
+def test_reapply_adds_again_on_a_branch_the_files_a_snapshot_of_main_added(table_under_test: Table) -> None:
+    first, _, third = _three_commits(table_under_test.handles())
+    table_under_test.branch("replay-1", first)
+    on_branch = table_under_test.on_branch("replay-1")
+    on_branch.refresh()
+
+    landed = on_branch.commit(Reapply(third, {"ingest.reapplied-from": str(third)}))
+
+    assert table_under_test.offsets("replay-1") == [*range(5), *range(10, 15)]
+    assert next(on_branch.ancestry()).summary.get("ingest.reapplied-from") == str(third)
+    assert on_branch.head().snapshot_id == landed
