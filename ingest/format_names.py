@@ -71,3 +71,7 @@ def spoken(names: Iterable[str]) -> str:
     """``a, b or c``: names as a message lists them."""
     *rest, last = names
     return f"{', '.join(rest)} or {last}" if rest else last
+
+
+#: what a batch does with records whose writer schema the table does not have
+OnSchemaChange = Literal["evolve", "fail", "dead_letter"]

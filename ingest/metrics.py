@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,16 +35,42 @@ from prometheus_client import (
 from prometheus_client import write_to_textfile as write_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.config import MetricsSpec
 from ingest.core.ledger import TopicPartition
 
 log = logging.getLogger(__name__)
 
 
+class Exports(Protocol):
+    """Where a run's metrics go (``metrics:``, :class:`ingest.config.MetricsSpec`)."""
+
+    @property
+    def textfile(self) -> str | None:
+        """A node_exporter textfile collector file, written atomically."""
+        ...
+
+    @property
+    def pushgateway(self) -> str | None:
+        """A Pushgateway URL, pushed under :attr:`job` and the pipeline (and the table, :attr:`per_table`)."""
+        ...
+
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def port(self) -> int | None:
+        """``ingest run --every``: ``/metrics`` served on this port while running."""
+        ...
+
+    @property
+    def per_table(self) -> bool:
+        """One of the tables of ``tables:``: a textfile and a Pushgateway group of its own."""
+        ...
+
+
 class RunMetrics:
     """The metrics of one pipeline's runs in this process, and where they are exported."""
 
-    def __init__(self, spec: MetricsSpec, pipeline: str, table: str) -> None:
+    def __init__(self, spec: Exports, pipeline: str, table: str) -> None:
         self.spec = spec
         self.labels = {"pipeline": pipeline, "table": table}
         self.registry = registry = CollectorRegistry()

@@ -38,6 +38,18 @@ class Head:
     properties: Mapping[str, str]
 
 
+class TopicMatcher(Protocol):
+    """The topics a source reads when they are matched rather than listed (``topics_pattern:``,
+    :class:`ingest.config.TopicPattern`)."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    def matches(self, name: str) -> bool:
+        """Whether topic ``name`` is one to read."""
+        ...
+
+
 class Source(Protocol):
     """Where a pipeline's records come from (:class:`ingest.kafka.source.KafkaSource`): what the
     batch loop asks of it to plan; the engines read the planned ranges themselves."""

@@ -11,7 +11,6 @@ from ingest.config.model import PipelineConfig
 from ingest.config.sections import (
     NO_TOPICS,
     ORPHAN_AGE_FLOOR_HOURS,
-    PIPELINE_TABLE_PROPERTIES,
     ROUTE_TYPES,
     ROUTE_VALUE,
     ROUTE_VALUE_CHARS,
@@ -22,7 +21,6 @@ from ingest.config.sections import (
     FieldSpec,
     MaintenanceSpec,
     MetricsSpec,
-    OnSchemaChange,
     RouteBySpec,
     TopicPattern,
     TopicSource,
@@ -32,7 +30,6 @@ from ingest.config.sections import (
 __all__ = [
     "NO_TOPICS",
     "ORPHAN_AGE_FLOOR_HOURS",
-    "PIPELINE_TABLE_PROPERTIES",
     "ROUTE_TYPES",
     "ROUTE_VALUE",
     "ROUTE_VALUE_CHARS",
@@ -43,7 +40,6 @@ __all__ = [
     "FieldSpec",
     "MaintenanceSpec",
     "MetricsSpec",
-    "OnSchemaChange",
     "PipelineConfig",
     "RouteBySpec",
     "TopicPattern",

@@ -18,7 +18,6 @@ from pydantic import (
 
 from ingest.config.sections import (
     NO_TOPICS,
-    PIPELINE_TABLE_PROPERTIES,
     ROUTE_TYPES,
     TABLE_ID,
     BatchSpec,
@@ -27,7 +26,6 @@ from ingest.config.sections import (
     FieldSpec,
     MaintenanceSpec,
     MetricsSpec,
-    OnSchemaChange,
     RouteBySpec,
     Strict,
     TopicPattern,
@@ -35,7 +33,8 @@ from ingest.config.sections import (
     TopicSpec,
     has_map,
 )
-from ingest.format_names import REGISTRY_FORMATS
+from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
+from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
 from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, parse_sort, parse_transform
 from ingest.type_names import arrow_type
 

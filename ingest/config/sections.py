@@ -29,13 +29,7 @@ from ingest.format_names import (
 from ingest.records import OWN_COLUMNS
 from ingest.type_names import arrow_type, type_name
 
-#: table properties the pipeline sets on the tables it creates: its commits settle by observing
-#: the ledger, so pyiceberg's own retries (which could append a batch twice) are off
-PIPELINE_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
-
 TABLE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-#: what a batch does with records whose writer schema the table does not have
-OnSchemaChange = Literal["evolve", "fail", "dead_letter"]
 _REGISTRY_KEYS = [name for name in KEY_FORMATS if FORMAT[name].registry]
 #: neither ``topics:`` nor ``topics_pattern:`` given
 NO_TOPICS = "required key is missing (or give `topics_pattern:`, a regular expression the topics' names match)"

@@ -39,6 +39,9 @@ READABLE_FORMATS = (1, 2, 3, 4)
 #: every summary key and table property this project writes starts with this
 PREFIX = "ingest."
 REGISTRY_PROPERTY = f"{PREFIX}pipelines"
+#: table properties the pipeline sets on the tables it creates: its commits settle by observing
+#: the ledger, so pyiceberg's own retries (which could append a batch twice) are off
+PIPELINE_TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
 #: a snapshot ``ingest maintain`` made (its value: the operation, e.g. ``compaction``)
 MAINTENANCE_KEY = f"{PREFIX}maintenance"
 COMPACTION = "compaction"

@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ingest.config import OnSchemaChange, PipelineConfig, schema_file_text
-from ingest.format_names import REGISTRY_FORMATS
+from ingest.config import PipelineConfig, schema_file_text
+from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
 from ingest.formats.decoders import Decoding, key_decoder, value_decoder
 from ingest.formats.keys import KeyedDecoder, value_fields
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ingest.config import OnSchemaChange
-from ingest.format_names import BY_REGISTRY_KIND, FORMATS, Format
+from ingest.format_names import BY_REGISTRY_KIND, FORMATS, Format, OnSchemaChange
 from ingest.formats.json import Decoder
 from ingest.formats.keys import KeyDecoder, RegistryKeys, StringKeys, key_column, wrapped
 from ingest.formats.wire import RegistryDecoder

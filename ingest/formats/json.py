@@ -25,11 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ingest.config import FieldSpec
 from ingest.formats.json_documents import DocumentChecks, encode
 from ingest.formats.json_kinds import JSON_KINDS, Kind, nested, parse_type
 from ingest.formats.rows import assemble, dead_letters
-from ingest.records import EXTRA_COLUMN, Declared, Decoded, RawChunk, rows_schema
+from ingest.records import EXTRA_COLUMN, Declared, Decoded, Field, RawChunk, rows_schema
 from ingest.type_names import arrow_type
 
 #: below this many records a failing slice is parsed one record at a time
@@ -352,7 +351,7 @@ class Decoder:
                 continue
             probe = self._probes.get(spec.name)
             if probe is None:
-                probe = self._probes[spec.name] = Decoder([FieldSpec(name=spec.name, type=spec.type)])
+                probe = self._probes[spec.name] = Decoder([Field(spec.name, spec.type)])
             line = json.dumps({spec.name: document[spec.name]}).encode()
             try:
                 probe._finish(_read(line, len(line) + 1, probe._options))

@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from ingest.config import OnSchemaChange
 from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused, firsts_text
+from ingest.format_names import OnSchemaChange
 from ingest.formats.rows import dead_letters
 from ingest.formats.wire import RegistryDecoder
 from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema

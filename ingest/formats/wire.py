@@ -21,9 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from ingest.config import OnSchemaChange
 from ingest.errors import Firsts, SchemaAhead, SchemaChangeRefused, firsts_text
-from ingest.format_names import Format
+from ingest.format_names import Format, OnSchemaChange
 from ingest.formats.rows import assemble, dead_letters
 from ingest.ports import SchemaRegistry, WriterSchema
 from ingest.records import Declared, Decoded, Field, RawChunk, merge, renamed, rows_schema

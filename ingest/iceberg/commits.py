@@ -36,8 +36,8 @@ from pyiceberg.table.update import (
 )
 
 from ingest import records
-from ingest.config import PIPELINE_TABLE_PROPERTIES
 from ingest.core.ledger import TopicPartition
+from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
 from ingest.errors import CommitConflict
 from ingest.intents import (
     Append,

@@ -42,9 +42,9 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertTableUUID, TableRequirement, TableUpdate
 
 from ingest import nogc, records
-from ingest.config import PIPELINE_TABLE_PROPERTIES
 from ingest.core.expiry import MAIN as MAIN  # re-exported: the branch every run commits to
 from ingest.core.ledger import SnapshotView, TopicPartition
+from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
 from ingest.errors import (
     BranchGone,
     CatalogUnavailable,

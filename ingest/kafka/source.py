@@ -22,7 +22,6 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaExcep
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-from ingest.config import TopicPattern
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
@@ -30,6 +29,7 @@ from ingest.errors import BrokerUnavailable, KafkaRefused, TopicNotFound
 from ingest.kafka.clients import REFUSED_HINT, TOPIC_REFUSALS, Clients
 from ingest.kafka.reading import READ_CHUNK_BYTES, READ_CHUNK_RECORDS, Stops, read_ranges
 from ingest.kafka.settings import consumer_config, receive_limit
+from ingest.ports import TopicMatcher
 from ingest.records import RawChunk
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,10 @@ class KafkaSource:
     """Kafka as the pipeline sees it: a view of partitions and exact range reads."""
 
     def __init__(
-        self, props: Mapping[str, Any], topics: Sequence[str] | TopicPattern, group_id: str, timeout_s: float
+        self, props: Mapping[str, Any], topics: Sequence[str] | TopicMatcher, group_id: str, timeout_s: float
     ) -> None:
         #: the topics listed, or a pattern that names them anew at each :meth:`describe`
-        self.topics = topics if isinstance(topics, TopicPattern) else list(topics)
+        self.topics: list[str] | TopicMatcher = list(topics) if isinstance(topics, Sequence) else topics
         self.timeout_s = timeout_s
         self._clients = Clients(props, group_id, timeout_s)
 
@@ -88,14 +88,14 @@ class KafkaSource:
         with ``topics_pattern:``)."""
         metadata = self._metadata()
         tps: list[TopicPartition] = []
-        topics = self.topics
-        if isinstance(topics, TopicPattern):
-            topics = sorted(name for name in metadata.topics if topics.matches(name))
+        matcher = self.topics
+        if isinstance(matcher, list):
+            topics = matcher
+        else:
+            topics = sorted(name for name in metadata.topics if matcher.matches(name))
             if not topics:
                 log.warning(
-                    "no topic on %s matches topics_pattern %r: nothing to read",
-                    self._clients.servers,
-                    self.topics.pattern,  # type: ignore[union-attr]
+                    "no topic on %s matches topics_pattern %r: nothing to read", self._clients.servers, matcher.pattern
                 )
         for topic in topics:
             info = metadata.topics.get(topic)

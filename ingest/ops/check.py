@@ -118,8 +118,8 @@ def check(config: PipelineConfig) -> CheckResult:
     def tables() -> str:
         catalog = connect(config.catalog, config.commit.request_timeout_s) if file is None else None
         names = (config.table, config.dead_letters)
-        exists = {t: catalog is not None and exists(catalog, t) for t in names}
-        if all(exists.values()):
+        there = {t: catalog is not None and exists(catalog, t) for t in names}
+        if all(there.values()):
             pipeline = open_pipeline(config)  # loads, and stages what the next batch would evolve: commits nothing
             columns = [f.name for f in pipeline.fields]
             refused = pipeline.routes.refused if pipeline.routes is not None else {}
@@ -135,7 +135,7 @@ def check(config: PipelineConfig) -> CheckResult:
             config, catalog_absent=file is not None
         )  # the columns and the partition transforms, checked against each other
         spec = f"partitioned by {', '.join(config.partition_by)}" if config.partition_by else "unpartitioned"
-        missing = [t for t, there in exists.items() if not there]
+        missing = [t for t, found in there.items() if not found]
         return (
             f"not created yet: {', '.join(missing)}; the first run creates them, {config.table} with "
             f"{len(planned.fields)} columns, {spec}"
