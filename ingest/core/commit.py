@@ -32,10 +32,19 @@ def _same(a: Ledger | None, batch_number: int | None, offsets: Mapping[TopicPart
     return a.batch == batch_number and dict(a.offsets) == dict(offsets)
 
 
+def _marker(ledger: Ledger | None) -> str | None:
+    """The id of the dead-letter marker ``ledger`` carries (None: none)."""
+    return ledger.sync.sync_id if ledger is not None and ledger.sync is not None else None
+
+
 def decide(observed: Ledger | None, batch: Batch) -> Decision:
+    # COMMIT also requires the head's marker to be the base's: the batch settled that one before it
+    # staged its dead letters. A rollback (or a publish) that lands main on the same ledger with a
+    # new marker owes the dead-letter table a step the batch's staging did not see: FENCED, so the
+    # batch plans again from it and settles it first.
     base_number = batch.base.batch if batch.base is not None else None
     base_offsets = batch.base.offsets if batch.base is not None else None
-    if _same(observed, base_number, base_offsets):
+    if _same(observed, base_number, base_offsets) and _marker(observed) == _marker(batch.base):
         return Decision.COMMIT
     if _same(observed, batch.number, batch.end) and observed is not None and observed.reset_id == batch.reset_id:
         return Decision.LANDED

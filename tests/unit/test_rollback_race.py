@@ -1,0 +1,144 @@
+"""A copy that planned and staged its batch before a rollback moved main back to exactly the
+ledger it planned from: the rollback's restamp carries the same ledger (batch number, offsets)
+but a rewind marker the copy never settled. The soak lost a dead letter this way (seed 663740123,
+soakb9f7219d_orders p3 offset 4583)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pytest
+
+from ingest.config import parse
+from ingest.core.ledger import TopicPartition
+from ingest.core.ledger_codec import find_ledger
+from ingest.core.plan import Batch
+from ingest.ops.replay import _rollback
+from ingest.pipeline import Pipeline
+from ingest.ports import Produced
+from ingest.records import Declared
+from ingest.retry import without_backoff
+from ingest.testing.memory_kafka import MemorySource
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable
+
+TOPIC = "orders"
+TP = TopicPartition(TOPIC, 0)
+POISON = {5, 15}  # one poison record in each of the first two batches
+
+
+def config(cap: int):
+    return parse(
+        {
+            "pipeline": "orders",
+            "kafka": {"bootstrap.servers": "unused:9092"},
+            "topics": [TOPIC],
+            "schema": [{"name": "order_id", "type": "long"}],
+            "catalog": {"name": "memory"},
+            "table": "lake.orders",
+            "batch": {"max_records": cap},
+            "commit": {"max_attempts": 4},
+        },
+        "race.yaml",
+    )
+
+
+class Engine:
+    def __init__(self, rows: MemoryTable) -> None:
+        self.rows = rows
+
+    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+        good, bad = [], []
+        for tp, start, end in batch.ranges():
+            for offset in range(start, end):
+                (bad if offset in POISON else good).append((tp, offset))
+        rows = pa.table(
+            {
+                "_kafka_topic": pa.array([tp.topic for tp, _ in good], pa.string()),
+                "_kafka_partition": pa.array([tp.partition for tp, _ in good], pa.int32()),
+                "_kafka_offset": pa.array([o for _, o in good], pa.int64()),
+            }
+        )
+        dead = pa.table(
+            {
+                "topic": pa.array([tp.topic for tp, _ in bad], pa.string()),
+                "partition": pa.array([tp.partition for tp, _ in bad], pa.int32()),
+                "offset": pa.array([o for _, o in bad], pa.int64()),
+            }
+        )
+        return Produced(self.rows.write(rows), dead, len(good) + len(bad), 0, {})
+
+    def close(self) -> None:
+        pass
+
+
+def copy(source: MemorySource, rows: MemoryCatalog, dead: MemoryCatalog) -> tuple[Pipeline, Engine]:
+    r, d = rows.table(), dead.table()
+    return Pipeline(config(10), source, r, d), Engine(r)
+
+
+def offsets(catalog: MemoryCatalog, column: str) -> Counter[int]:
+    data = catalog.scan()
+    return Counter(data[column].to_pylist()) if data is not None else Counter()
+
+
+@pytest.fixture(autouse=True)
+def _no_backoff() -> Iterator[None]:
+    with without_backoff():
+        yield
+
+
+def test_a_batch_staged_before_a_rollback_to_its_own_base_keeps_its_dead_letters() -> None:
+    source = MemorySource()
+    source.produce(TP, 20)
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letters")
+    busy, busy_engine = copy(source, rows, dead)
+    busy.run_batch(busy_engine)  # batch 1: [0, 10), dead letter 5
+    s1 = find_ledger("orders", rows.table().ancestry())
+    assert s1 is not None
+
+    late, late_engine = copy(source, rows, dead)
+    real_plan = late.plan
+
+    def plan_then_busy_lands_batch_2() -> Batch:
+        batch = real_plan()  # batch 2 [10, 20) on batch 1's ledger (no marker owed)
+        if not planned:  # the first plan only: the copy was paused right after it
+            planned.append(True)
+            busy.run_batch(busy_engine)  # another copy lands batch 2: dead letter 15, floor 20
+            armed.append(True)
+        return batch
+
+    armed: list[bool] = []
+    planned: list[bool] = []
+    late.plan = plan_then_busy_lands_batch_2  # type: ignore[method-assign]
+
+    def rollback_before_late_commits(table: MemoryTable):
+        # the late copy staged its dead letters (15 below the floor 20, held: left out of its
+        # marker's files); now `ingest replay --rollback` to batch 1's snapshot moves main to a
+        # restamp of batch 1's ledger with a rewind marker, and rewinds the dead letters
+        if armed and table.catalog is rows:
+            armed.pop()
+            _rollback(busy, s1.snapshot_id, s1)  # type: ignore[arg-type]
+        return "ok"
+
+    rows.on_commit = rollback_before_late_commits
+    late.run_batch(late_engine)
+    rows.on_commit = lambda table: "ok"
+    while busy.run_batch(busy_engine).status != "empty":
+        pass
+
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1})
+    assert sum(offsets(rows, "_kafka_offset").values()) == 18
+
+
+def test_a_head_with_the_base_ledger_but_another_marker_fences_the_batch() -> None:
+    from ingest.core.commit import Decision, decide
+    from ingest.core.ledger import DeadLetterSync, Ledger
+
+    base = Ledger(batch=72, offsets={TP: 4556}, sync=DeadLetterSync("dead-letters-a", files=("f",), count=1))
+    batch = Batch(number=73, base=base, start={TP: 4556}, end={TP: 4731}, cluster_id=None)
+    restamp = Ledger(batch=72, offsets={TP: 4556}, sync=DeadLetterSync("rollback-1-x", rewind_to={TP: 4556}))
+
+    assert decide(restamp, batch) is Decision.FENCED
+    assert decide(base, batch) is Decision.COMMIT  # a compaction's restamp keeps the marker: same
