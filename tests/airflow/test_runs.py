@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from ingest.kafka.embedded import free_port
-from tests.integration.conftest import Routed, gone, record, workers_of
+from tests.integration.conftest import Env, MakeEnv, Routed, gone, record, workers_of
 
-from .conftest import NEEDS_AIRFLOW, Airflow, Env, dag_id, quick_retries
+from .conftest import NEEDS_AIRFLOW, Airflow, dag_id, quick_retries
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 pytest.importorskip("airflow.sdk", reason=NEEDS_AIRFLOW)
@@ -30,7 +30,7 @@ SHARED = {"max_records": 1_000, "chunk_records": 250, "workers": 2}
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite", "rest+s3"])  # and once on a REST catalog with S3
-def test_dag_run_ingests_exactly_the_produced_records(make_env, airflow: Airflow) -> None:
+def test_dag_run_ingests_exactly_the_produced_records(make_env: MakeEnv, airflow: Airflow) -> None:
     env = make_env(batch=SHARED)
     env.produce(3_000, bad_every=11)
     dag = airflow.dag(env)
@@ -83,7 +83,7 @@ def test_a_dag_of_a_config_of_two_tables_ingests_both(routed: Routed, airflow: A
 
 
 @pytest.mark.parametrize("point", ["mid-write", "between-commits"])
-def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, point: str) -> None:
+def test_killed_task_is_retried_without_duplicates(make_env: MakeEnv, airflow: Airflow, point: str) -> None:
     """The process running the ingest task dies mid-batch (SIGKILL: no cleanup) and takes its worker
     process with it; the next try runs the batch again."""
     env = make_env(batch=SHARED)
@@ -107,7 +107,7 @@ def test_killed_task_is_retried_without_duplicates(make_env, airflow: Airflow, p
     env.verify()
 
 
-def test_overlapping_runs_never_duplicate(make_env, airflow: Airflow) -> None:
+def test_overlapping_runs_never_duplicate(make_env: MakeEnv, airflow: Airflow) -> None:
     """Two DAG runs' ingest tasks at once (max_active_runs > 1, or a retry racing a slow run), in two workers."""
     env = make_env(batch={"max_records": 250})
     env.produce(500)
@@ -141,7 +141,9 @@ def test_overlapping_runs_never_duplicate(make_env, airflow: Airflow) -> None:
         ({"topics": ["no-such-topic-here"]}, "does not exist"),  # TopicNotFound
     ],
 )
-def test_fatal_error_fails_without_retry(make_env, airflow: Airflow, capfd, change, message) -> None:
+def test_fatal_error_fails_without_retry(
+    make_env: MakeEnv, airflow: Airflow, capfd: pytest.CaptureFixture[str], change: dict[str, object], message: str
+) -> None:
     env = make_env()
     env.produce(100)
     _rewrite(env, **change)
@@ -153,7 +155,7 @@ def test_fatal_error_fails_without_retry(make_env, airflow: Airflow, capfd, chan
     assert message in capfd.readouterr().out  # the reason, in the task log
 
 
-def test_retryable_error_is_retried(make_env, airflow: Airflow, capfd) -> None:
+def test_retryable_error_is_retried(make_env: MakeEnv, airflow: Airflow, capfd: pytest.CaptureFixture[str]) -> None:
     env = make_env()
     catalog = yaml.safe_load(env.config_path.read_text())["catalog"]
     _rewrite(env, catalog={**catalog, "uri": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"})
@@ -175,12 +177,14 @@ def _produce_with_timestamp(env: Env, count: int, when: datetime, partition: int
         spread, key, value, headers = record(i, env.partitions, None)
         ts = int(when.timestamp() * 1000)
         to = spread if partition is None else partition
-        producer.produce(env.topic, value=value, key=key, partition=to, headers=headers, timestamp=ts)
+        producer.produce(env.topic, value=value, key=key, partition=to, headers=list(headers), timestamp=ts)
         producer.flush()  # one record per request: the broker's end offsets are only right that way
     env.produced += count
 
 
-def test_freshness_fails_on_a_stalled_pipeline(make_env, airflow: Airflow, capfd) -> None:
+def test_freshness_fails_on_a_stalled_pipeline(
+    make_env: MakeEnv, airflow: Airflow, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The pipeline stopped two hours ago with records left to read (its ingest task has not run
     since): the committed data is complete only through then, and freshness fails."""
     env = make_env(batch={"max_records": 8, "read_timeout_s": 20})
@@ -198,7 +202,7 @@ def test_freshness_fails_on_a_stalled_pipeline(make_env, airflow: Airflow, capfd
     assert "older than the bound of 0:30:00" in out and "the pipeline is stalled" in out
 
 
-def test_a_partition_without_new_records_does_not_make_the_data_stale(make_env, airflow: Airflow) -> None:
+def test_a_partition_without_new_records_does_not_make_the_data_stale(make_env: MakeEnv, airflow: Airflow) -> None:
     """Partition 1's last record is two hours old, partition 0's are new: once ingest has read both
     to their end, the data is complete through then, and freshness passes."""
     env = make_env(partitions=2)
@@ -213,7 +217,9 @@ def test_a_partition_without_new_records_does_not_make_the_data_stale(make_env, 
     assert airflow.xcom(dag.dag_id, outcome.run_id, "freshness")["age_s"] < 600  # not two hours
 
 
-def test_freshness_fails_when_nothing_was_ever_committed(make_env, airflow: Airflow, capfd) -> None:
+def test_freshness_fails_when_nothing_was_ever_committed(
+    make_env: MakeEnv, airflow: Airflow, capfd: pytest.CaptureFixture[str]
+) -> None:
     env = make_env()
     env.produce(100)
 

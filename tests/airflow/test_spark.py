@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from ingest.kafka.embedded import free_port
+from tests.integration.conftest import Env, MakeEnv
 
-from .conftest import NEEDS_AIRFLOW, NEEDS_PROVIDER, Airflow, Env, quick_retries
+from .conftest import NEEDS_AIRFLOW, NEEDS_PROVIDER, Airflow, quick_retries
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 pytest.importorskip("airflow.sdk", reason=NEEDS_AIRFLOW)
@@ -39,7 +40,7 @@ def spark(airflow: Airflow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     return airflow
 
 
-def test_spark_path_ingests_exactly_once(make_env, spark: Airflow) -> None:
+def test_spark_path_ingests_exactly_once(make_env: MakeEnv, spark: Airflow) -> None:
     env: Env = make_env()
     env.produce(1_000, bad_every=9)
     outcome = spark.test(quick_retries(spark.dag(env), retries=0))
@@ -49,7 +50,9 @@ def test_spark_path_ingests_exactly_once(make_env, spark: Airflow) -> None:
 
 
 @pytest.mark.parametrize(("breakage", "tries"), [("config", 1), ("catalog", 2)])
-def test_spark_exit_code_decides_the_retry(make_env, spark: Airflow, capfd, breakage: str, tries: int) -> None:
+def test_spark_exit_code_decides_the_retry(
+    make_env: MakeEnv, spark: Airflow, capfd: pytest.CaptureFixture[str], breakage: str, tries: int
+) -> None:
     env: Env = make_env()
     data = yaml.safe_load(env.config_path.read_text())
     if breakage == "config":  # exit 78: fatal

@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results.jsonl")
 
-SCHEMA = [
+SCHEMA: list[dict[str, Any]] = [
     {"name": "order_id", "type": "long", "required": True},
     {"name": "customer_id", "type": "long"},
     {"name": "status", "type": "string"},
@@ -128,7 +128,9 @@ def stage_raw(args: argparse.Namespace) -> dict[str, Any]:
             # consume() returns when it has num_messages or its timeout passed: ask for no more than is left
             for message in consumer.consume(min(RAW_CONSUME, total - count), 1.0):
                 count += 1
-                nbytes += len(message.value())
+                value = message.value()
+                assert value is not None  # (the benchmark's topics hold no tombstones)
+                nbytes += len(value)
     seconds = time.perf_counter() - started
     consumer.close()
     return {"records": count, "bytes": nbytes, "seconds": seconds}
@@ -194,6 +196,7 @@ def stage_batch_loop(args: argparse.Namespace) -> dict[str, Any]:
         while len(records) < total:  # to the high watermarks, asking for no more than is left
             for message in consumer.consume(min(10_000, total - len(records)), 1.0):
                 value = message.value()
+                assert value is not None  # (the benchmark's topics hold no tombstones)
                 nbytes += len(value)
                 records.append(json.loads(value))
         data = pa.Table.from_pylist(records, schema=text)
@@ -353,6 +356,7 @@ def stage_naive(args: argparse.Namespace) -> dict[str, Any]:
                 eof += 1
                 continue
             value = message.value()
+            assert value is not None  # (the benchmark's topics hold no tombstones)
             nbytes += len(value)
             record = json.loads(value)
             record["created_at"] = dt.fromisoformat(record["created_at"])
@@ -423,6 +427,7 @@ def stage_avro_naive(args: argparse.Namespace) -> dict[str, Any]:
                 eof += 1
                 continue
             value = message.value()
+            assert value is not None  # (the benchmark's topics hold no tombstones)
             nbytes += len(value)
             records.append(deserializer(value, context))
         table.append(pa.Table.from_pylist(records, schema=schema))
@@ -746,7 +751,9 @@ def stage_partitions(args: argparse.Namespace) -> dict[str, Any]:
                     timed.append(time.perf_counter() - started)
                     assert result.records == count, result
                 table = run.pipeline.rows.table.refresh()
-                summary = table.metadata.snapshots[-1].summary.additional_properties
+                head_summary = table.metadata.snapshots[-1].summary
+                assert head_summary is not None
+                summary = head_summary.additional_properties
                 ledger_bytes = sum(len(k) + len(v) for k, v in ours(summary).items())
                 metadata_bytes = Path(table.metadata_location.removeprefix("file://")).stat().st_size
         results[str(count)] = {
@@ -855,7 +862,7 @@ def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"stage {name} failed:\n{done.stderr}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["records_per_s"] = result["records"] / result["seconds"]
     result["mb_per_s"] = result["bytes"] / result["seconds"] / 1e6
     return result

@@ -27,10 +27,10 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,10 +49,13 @@ from tests.services.iceberg_rest import RestCatalog, RestUnavailable
 from tests.services.iceberg_rest import unavailable as rest_unavailable
 from tests.services.moto import S3Server, S3Unavailable
 
+if TYPE_CHECKING:
+    from pyiceberg.table.snapshots import Snapshot
+
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parents[2]
 
-SCHEMA = [
+SCHEMA: list[dict[str, Any]] = [
     {"name": "order_id", "type": "long", "required": True},
     {"name": "amount", "type": "decimal(12,2)"},
     {"name": "created_at", "type": "timestamptz"},
@@ -60,6 +63,10 @@ SCHEMA = [
 
 
 BrokerKind = Literal["external", "kafka", "tansu", "missing"]
+
+#: a record to produce: ``(partition, key, value, headers)``, as :meth:`Env.send` and
+#: ``ingest.kafka.admin.produce`` take it
+KafkaRecord = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
 
 
 @functools.cache
@@ -226,7 +233,7 @@ class Env:
     def send(
         self,
         topic: str,
-        records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
+        records: Sequence[KafkaRecord],
         dead: list[bool] | None = None,
     ) -> None:
         """Produce ``records`` to ``topic`` and log them (``dead[i]``: record ``i`` is to be a dead
@@ -275,7 +282,7 @@ class Env:
     def verify(self) -> dict[str, Any]:
         result = self.cli("verify", "--json")
         assert result.stdout, result.stderr
-        data = json.loads(result.stdout.splitlines()[0])
+        data: dict[str, Any] = json.loads(result.stdout.splitlines()[0])
         assert result.returncode == 0, (result.stdout, result.stderr)
         assert data["ok"], data
         return data
@@ -332,8 +339,15 @@ def _catalog(kind: str, tmp_path: Path, name: str, request: pytest.FixtureReques
     return {"name": f"lake_{catalog}", "type": "sql", "uri": uri, "warehouse": warehouse, **s3}
 
 
+class MakeEnv(Protocol):
+    """The :func:`make_env` fixture: a new :class:`Env` (a topic of ``partitions`` and a pipeline
+    config reading it; ``overrides`` replace top-level sections of the config)."""
+
+    def __call__(self, partitions: int = 4, cluster: str | None = None, replicas: int = 1, **overrides: Any) -> Env: ...
+
+
 @pytest.fixture
-def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.FixtureRequest) -> MakeEnv:
     def factory(partitions: int = 4, cluster: str | None = None, replicas: int = 1, **overrides: Any) -> Env:
         """A topic of ``partitions`` and a pipeline config reading it: on the session broker, or on
         ``cluster`` (a bootstrap string) with ``replicas`` copies of each partition."""
@@ -364,6 +378,13 @@ def make_env(bootstrap: str, tmp_path: Path, catalog_kind: str, request: pytest.
         return Env(servers, name, partitions, path)
 
     return factory
+
+
+def summary_of(snapshot: Snapshot | None) -> dict[str, str]:
+    """The properties of a snapshot's summary (pyiceberg types both as optional: a table has no
+    current snapshot before its first commit, and every snapshot a writer commits has a summary)."""
+    assert snapshot is not None and snapshot.summary is not None, snapshot
+    return snapshot.summary.additional_properties
 
 
 def workers_of(pid: int) -> list[int]:
@@ -602,7 +623,7 @@ class Routed:
 
 
 @pytest.fixture
-def routed(make_env):  # type: ignore[no-untyped-def]
+def routed(make_env: MakeEnv) -> Routed:
     env: Env = make_env(partitions=2, batch={"max_records": 5_000, "read_timeout_s": 20})
     base = yaml.safe_load(env.config_path.read_text())
     topics = {"a1": f"{env.topic}_a1", "a2": f"{env.topic}_a2", "b": f"{env.topic}_b"}

@@ -10,18 +10,20 @@ from ingest import api
 from ingest.errors import ExitCode, FatalError, TopicNotFound
 from ingest.iceberg.catalog import connect
 from ingest.ops.reset_command import ResetTarget
+from tests.integration.conftest import MakeEnv
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 
 
-def test_a_pipeline_driven_from_python(make_env) -> None:
+def test_a_pipeline_driven_from_python(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, batch={"max_records": 40})
     env.produce(100, bad_every=10)
     config = api.load(env.config_path)
 
     before = api.status(env.config_path)  # a path does as well as a config
     assert (before.batch, before.lag) == (None, 100) and api.history(config) == []
-    assert api.verify(config).note.startswith("nothing committed yet")
+    note = api.verify(config).note
+    assert note is not None and note.startswith("nothing committed yet")
     assert not connect(config.catalog).table_exists(config.table)  # the reads created nothing
     assert api.check(config).ok
 
@@ -42,7 +44,7 @@ def test_a_pipeline_driven_from_python(make_env) -> None:
     )
 
 
-def test_errors_are_the_classes_the_exit_codes_come_from(make_env) -> None:
+def test_errors_are_the_classes_the_exit_codes_come_from(make_env: MakeEnv) -> None:
     env = make_env()
     config = api.parse({**yaml.safe_load(env.config_path.read_text()), "topics": ["no-such-topic"]})
 

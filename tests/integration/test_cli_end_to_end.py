@@ -13,14 +13,16 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from tests.integration.conftest import Env, MakeEnv
+
 pytestmark = pytest.mark.integration
 
 
-def _batches(stdout: str) -> list[dict]:
+def _batches(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def test_run_until_caught_up_lands_every_record_once(make_env) -> None:
+def test_run_until_caught_up_lands_every_record_once(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(5_000, bad_every=97)
 
@@ -42,7 +44,7 @@ def test_run_until_caught_up_lands_every_record_once(make_env) -> None:
     assert sum(tp.offset for tp in committed) == 5_000
 
 
-def test_default_run_is_one_batch_and_rerun_on_caught_up_writes_no_snapshot(make_env) -> None:
+def test_default_run_is_one_batch_and_rerun_on_caught_up_writes_no_snapshot(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(1_000)
     first = env.cli("run", "--json")
@@ -56,7 +58,7 @@ def test_default_run_is_one_batch_and_rerun_on_caught_up_writes_no_snapshot(make
     assert [h["batch"] for h in history] == [1]
 
 
-def test_status_history_and_verify_report_what_landed(make_env) -> None:
+def test_status_history_and_verify_report_what_landed(make_env: MakeEnv) -> None:
     env = make_env(batch={"max_records": 600})
     env.produce(1_000, bad_every=50)
     assert env.cli("run", "--max-batches", "1").returncode == 0
@@ -82,7 +84,7 @@ def test_status_history_and_verify_report_what_landed(make_env) -> None:
     assert human.returncode == 0 and "ok" in human.stdout
 
 
-def test_dead_letters_keep_raw_record_and_error(make_env) -> None:
+def test_dead_letters_keep_raw_record_and_error(make_env: MakeEnv) -> None:
     from ingest.assembly import open_pipeline
 
     env = make_env()
@@ -103,7 +105,7 @@ def test_dead_letters_keep_raw_record_and_error(make_env) -> None:
     assert sample["timestamp"] is not None
 
 
-def test_table_rows_carry_kafka_coordinates(make_env) -> None:
+def test_table_rows_carry_kafka_coordinates(make_env: MakeEnv) -> None:
     from ingest.assembly import open_pipeline
 
     env = make_env(partitions=2)
@@ -120,7 +122,7 @@ def test_table_rows_carry_kafka_coordinates(make_env) -> None:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_the_read_only_commands_create_nothing_before_the_first_run(make_env) -> None:
+def test_the_read_only_commands_create_nothing_before_the_first_run(make_env: MakeEnv) -> None:
     """``status``, ``history`` and ``verify`` on a pipeline that never ran: they say so, and the
     catalog holds no table (and no namespace) afterwards."""
     from ingest.iceberg.catalog import connect
@@ -145,7 +147,7 @@ def test_the_read_only_commands_create_nothing_before_the_first_run(make_env) ->
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(make_env) -> None:
+def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(make_env: MakeEnv) -> None:
     import signal
 
     env = make_env(partitions=2)
@@ -166,7 +168,7 @@ def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(m
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_history_shows_whole_snapshot_ids_at_80_columns(make_env) -> None:
+def test_history_shows_whole_snapshot_ids_at_80_columns(make_env: MakeEnv) -> None:
     env = make_env(partitions=3)
     env.produce(30)
     result = json.loads(env.cli("run", "--json").stdout.splitlines()[-1])
@@ -185,7 +187,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env) -> None:
+def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env: MakeEnv) -> None:
     """``ingest check`` before the first run, after it, and on broken configs: the right step fails
     with the right code and message, and the catalog's database and the warehouse's files are
     byte-identical before and after every check."""
@@ -225,7 +227,7 @@ def test_check_says_what_a_run_would_meet_and_changes_nothing(make_env) -> None:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_json_log_lines_say_which_pipeline_batch_and_snapshot_they_are_about(make_env) -> None:
+def test_json_log_lines_say_which_pipeline_batch_and_snapshot_they_are_about(make_env: MakeEnv) -> None:
     env = make_env(partitions=1, batch={"max_records": 30})
     env.produce(50, bad_every=10)
 
@@ -267,7 +269,7 @@ main()
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_fenced_batch_is_not_reported_without_verbose(make_env) -> None:
+def test_a_fenced_batch_is_not_reported_without_verbose(make_env: MakeEnv) -> None:
     """A batch fenced by another copy is planned again, a normal outcome with several copies: a run
     without -v prints only its result (docs/usage.md's promise), with -v the fencing too."""
     env = make_env(partitions=2, batch={"max_records": 100})
@@ -309,7 +311,7 @@ def test_run_help_says_a_bare_every_is_seconds() -> None:
     assert "one catch-up every DURATION, such as 30s, 5m or 1h (a bare number is seconds)" in shown.stdout
 
 
-def _to_partition(env, partition: int, first: int, count: int, timestamp_ms: int | None = None) -> None:  # type: ignore[no-untyped-def]
+def _to_partition(env: Env, partition: int, first: int, count: int, timestamp_ms: int | None = None) -> None:
     """Records ``first..first+count`` to one partition, stamped ``timestamp_ms`` (None: now)."""
     from confluent_kafka import Producer
 
@@ -318,14 +320,20 @@ def _to_partition(env, partition: int, first: int, count: int, timestamp_ms: int
     producer = Producer({"bootstrap.servers": env.bootstrap})
     for i in range(first, first + count):
         _, key, value, headers = record(i, 1, None)
-        stamp = {"timestamp": timestamp_ms} if timestamp_ms is not None else {}
         if i == first + count - 1:  # the last in a request of its own: tansu reports the end right then
             producer.flush(30)
-        producer.produce(env.topic, value=value, key=key, partition=partition, headers=headers, **stamp)
+        producer.produce(
+            env.topic,
+            value=value,
+            key=key,
+            partition=partition,
+            headers=list(headers),
+            timestamp=timestamp_ms if timestamp_ms is not None else 0,  # 0, the default: now
+        )
     producer.flush(30)
 
 
-def test_an_idle_partition_does_not_hold_data_complete_through_back(make_env) -> None:
+def test_an_idle_partition_does_not_hold_data_complete_through_back(make_env: MakeEnv) -> None:
     import time
 
     from ingest.assembly import open_pipeline

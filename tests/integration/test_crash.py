@@ -10,12 +10,12 @@ import time
 import pytest
 
 from ingest.failpoints import POINTS
-from tests.integration.conftest import race
+from tests.integration.conftest import Env, MakeEnv, race
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.catalog_race]
 
 
-def _snapshots(env, table: str) -> int:  # type: ignore[no-untyped-def]
+def _snapshots(env: Env, table: str) -> int:
     from ingest.assembly import open_pipeline
 
     pipeline = open_pipeline(env.config)
@@ -24,7 +24,7 @@ def _snapshots(env, table: str) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_each_step_then_rerun(make_env, point: str) -> None:
+def test_sigkill_at_each_step_then_rerun(make_env: MakeEnv, point: str) -> None:
     env = make_env()
     env.produce(3_000, bad_every=11)
 
@@ -42,7 +42,7 @@ def test_sigkill_at_each_step_then_rerun(make_env, point: str) -> None:
     env.exact()
 
 
-def _committed(env) -> int:  # type: ignore[no-untyped-def]
+def _committed(env: Env) -> int:
     """Offsets the rows table's ledger has passed, summed over partitions (0: none yet)."""
     from ingest.assembly import open_pipeline
 
@@ -50,7 +50,7 @@ def _committed(env) -> int:  # type: ignore[no-untyped-def]
     return sum(found.ledger.offsets.values()) if found is not None else 0
 
 
-def test_sigkill_at_random_moments(make_env) -> None:
+def test_sigkill_at_random_moments(make_env: MakeEnv) -> None:
     """Six runs, each SIGKILLed at a random moment after it reported its first batch: so each kill
     lands while the run is busy with a later batch (reading, writing or committing it), and each
     run is shown to have committed something and to have had more to do when it died."""
@@ -73,7 +73,7 @@ def test_sigkill_at_random_moments(make_env) -> None:
 
 
 @pytest.mark.parametrize("copies", [2, 4])
-def test_concurrent_copies_of_one_pipeline(make_env, catalog_kind: str, copies: int) -> None:
+def test_concurrent_copies_of_one_pipeline(make_env: MakeEnv, catalog_kind: str, copies: int) -> None:
     if catalog_kind.startswith("glue"):
         pytest.skip("moto's Glue ignores UpdateTable's VersionId: no compare-and-swap for copies to race on")
     env = make_env(batch={"max_records": 500})

@@ -21,7 +21,7 @@ from ingest.core.plan import Batch
 from ingest.kafka.admin import produce
 from ingest.ops.replay import replay
 from ingest.runner import engine_for
-from tests.integration.conftest import Env
+from tests.integration.conftest import Env, KafkaRecord, MakeEnv
 from tests.runs import catch_up, one_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
@@ -36,7 +36,7 @@ def _variant(env: Env, name: str, change: Callable[[dict[str, Any]], None]) -> P
     return path
 
 
-def _pause_after_plan(pipeline: Opened, meanwhile: Callable[[], None]) -> None:
+def _pause_after_plan(pipeline: Opened, meanwhile: Callable[[], object]) -> None:
     """Make ``pipeline``'s next plan run ``meanwhile`` right after it: the copy was paused there."""
     plan = pipeline.plan
     armed = [True]
@@ -57,7 +57,7 @@ def _cap(records: int) -> Callable[[dict[str, Any]], None]:
     return change
 
 
-def test_a_copy_that_settles_a_rollback_late_keeps_the_dead_letters_landed_since(make_env) -> None:
+def test_a_copy_that_settles_a_rollback_late_keeps_the_dead_letters_landed_since(make_env: MakeEnv) -> None:
     """A rollback leaves main on a marker the dead-letter table must follow (its dead letters past
     the rollback point go). A copy planned on that marker, paused, then settles it after another
     copy already settled it and landed a batch with dead letters on top: the late settle must not
@@ -85,14 +85,14 @@ def test_a_copy_that_settles_a_rollback_late_keeps_the_dead_letters_landed_since
     env.verify()
 
 
-def test_a_copy_whose_batch_landed_under_another_decoding_adds_no_dead_letters(make_env) -> None:
+def test_a_copy_whose_batch_landed_under_another_decoding_adds_no_dead_letters(make_env: MakeEnv) -> None:
     """A rolling deploy of a decoding fix: the old copy has ``amount`` required, the new one
     optional. Both plan the same batch; the new copy lands it (every record a row, no dead
     letters); the old copy, which decoded a tenth of the records as dead letters, must then add
     nothing to either table and say so."""
     env = make_env(partitions=1)
     required = _variant(env, "required", lambda d: d["schema"][1].update(required=True))
-    records = []
+    records: list[KafkaRecord] = []
     for i in range(100):
         value = f'{{"order_id": {i}, "created_at": "2026-11-01T10:00:00Z"}}' if i % 10 == 9 else None
         value = value or f'{{"order_id": {i}, "amount": "1.25", "created_at": "2026-11-01T10:00:00Z"}}'

@@ -20,6 +20,7 @@ from ingest.errors import BrokerUnavailable, ExitCode
 from ingest.kafka.admin import create_topic
 from ingest.kafka.clients import Clients
 from ingest.kafka.embedded import EmbeddedBroker, free_port
+from tests.integration.conftest import MakeEnv
 from tests.runs import one_batch
 
 from .conftest import POSTGRES_URI, REPO, Env
@@ -33,7 +34,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _write(tmp_path: Path, env: Env, **changes) -> Path:  # type: ignore[no-untyped-def]
+def _write(tmp_path: Path, env: Env, **changes: Any) -> Path:
     data = yaml.safe_load(env.config_path.read_text())
     for key, value in changes.items():
         if value is None:
@@ -56,14 +57,16 @@ def _write(tmp_path: Path, env: Env, **changes) -> Path:  # type: ignore[no-unty
         ({"partition_by": ["day(nope)"]}, "'nope', which is not in schema"),
     ],
 )
-def test_bad_config_names_the_key_and_exits_78(make_env, tmp_path: Path, change, expected) -> None:
+def test_bad_config_names_the_key_and_exits_78(
+    make_env: MakeEnv, tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
     path = _write(tmp_path, make_env(), **change)
     result = _cli("run", "-c", str(path))
     assert result.returncode == ExitCode.CONFIG
     assert expected in result.stderr
 
 
-def test_missing_environment_variable(make_env, tmp_path: Path) -> None:
+def test_missing_environment_variable(make_env: MakeEnv, tmp_path: Path) -> None:
     path = _write(tmp_path, make_env(), kafka={"bootstrap.servers": "${INGEST_TEST_UNSET_VAR}"})
     result = _cli("status", "-c", str(path))
     assert result.returncode == ExitCode.CONFIG
@@ -76,7 +79,7 @@ def test_missing_config_file() -> None:
     assert "cannot read config file" in result.stderr
 
 
-def test_broker_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
+def test_broker_unreachable_is_retryable(make_env: MakeEnv, tmp_path: Path) -> None:
     env = make_env(batch={"read_timeout_s": 2})
     path = _write(tmp_path, env, kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
     result = _cli("run", "-c", str(path))
@@ -85,7 +88,7 @@ def test_broker_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_a_broker_refusing_connections_fails_fast_with_one_clear_line(make_env, tmp_path: Path) -> None:
+def test_a_broker_refusing_connections_fails_fast_with_one_clear_line(make_env: MakeEnv, tmp_path: Path) -> None:
     # read_timeout_s is for a broker that answers slowly; no broker at all is known within seconds
     # (it took the whole 30 s before, with librdkafka's retry lines on stderr labelled "producer")
     path = _write(tmp_path, make_env(), kafka={"bootstrap.servers": f"127.0.0.1:{free_port()}"})
@@ -102,7 +105,7 @@ def test_a_broker_refusing_connections_fails_fast_with_one_clear_line(make_env, 
 
 
 @pytest.mark.parametrize("catalog_kind", ["postgres"], indirect=True)
-def test_catalog_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
+def test_catalog_unreachable_is_retryable(make_env: MakeEnv, tmp_path: Path) -> None:
     env = make_env()
     catalog = yaml.safe_load(env.config_path.read_text())["catalog"]
     catalog["uri"] = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
@@ -111,7 +114,7 @@ def test_catalog_unreachable_is_retryable(make_env, tmp_path: Path) -> None:
     assert "catalog" in result.stderr
 
 
-def test_unknown_topic_is_fatal(make_env, tmp_path: Path) -> None:
+def test_unknown_topic_is_fatal(make_env: MakeEnv, tmp_path: Path) -> None:
     env = make_env()
     result = _cli("run", "-c", str(_write(tmp_path, env, topics=["no-such-topic-here"])))
     assert result.returncode == ExitCode.FATAL
@@ -140,7 +143,9 @@ class _HangsOnceRecordsCame:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypatch) -> None:
+def test_broker_hung_mid_batch_then_recovers(
+    make_env: MakeEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A broker that stops answering once the batch's first fetch returned records fails the batch
     (retryable, nothing committed); the rerun completes it. Each partition's fetches are as small as
     the broker makes them (``max.partition.fetch.bytes``: it still sends a record batch or more)
@@ -155,18 +160,19 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypat
         for _ in range(20):  # each partition's records in 20 record batches or more
             env.produce(100, bad_every=10)
         pipeline = open_pipeline(env.config)
-        assert broker.pid is not None
+        pid = broker.pid
+        assert pid is not None
         real, read = Clients.consumer, list[int]()
 
         def hanging(self: Clients, sized_for: int | None = None) -> Any:
-            return _HangsOnceRecordsCame(real(self, sized_for), broker.pid, read)  # type: ignore[arg-type]
+            return _HangsOnceRecordsCame(real(self, sized_for), pid, read)
 
         monkeypatch.setattr(Clients, "consumer", hanging)
         try:
             with pytest.raises(BrokerUnavailable) as caught:
                 pipeline.run_batch(LocalEngine(pipeline.config, pipeline.rows))
         finally:
-            os.kill(broker.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
         monkeypatch.undo()
         assert "no progress from Kafka" in str(caught.value)
         assert read[0] > 0 and sum(read) < 2_000, read  # it had read records, and not all of them
@@ -177,7 +183,7 @@ def test_broker_hung_mid_batch_then_recovers(make_env, tmp_path: Path, monkeypat
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(make_env) -> None:
+def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(make_env: MakeEnv) -> None:
     """300 records whose values drifted: with ``dead_letters.max_ratio`` the run exits 65 saying
     why and commits nothing (the ledger, and so the data's valid-through, stays where it was),
     instead of exiting 0 with 0 rows."""
@@ -227,7 +233,9 @@ def test_a_batch_of_mostly_dead_letters_stops_before_it_commits_under_max_ratio(
         ),
     ],
 )
-def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(make_env, change, says) -> None:
+def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(
+    make_env: MakeEnv, change: dict[str, Any], says: str
+) -> None:
     """Mistakes that cannot heal by themselves are configuration errors (78: an orchestrator does
     not retry them forever), said before anything is created."""
     env = make_env(partitions=1)
@@ -249,7 +257,7 @@ def test_configuration_mistakes_exit_78_naming_the_key_before_any_side_effect(ma
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make_env) -> None:
+def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make_env: MakeEnv) -> None:
     env = make_env(partitions=1, partition_by=["day(created_at)"])
     env.produce(10)
     assert env.cli("run").returncode == 0
@@ -276,7 +284,9 @@ def test_a_changed_partition_by_on_an_existing_table_is_refused_not_ignored(make
         ({"fetch.max.bytes": 500_000}, "`fetch.max.bytes` must be >= `message.max.bytes`"),
     ],
 )
-def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message(make_env, kafka, says) -> None:
+def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message(
+    make_env: MakeEnv, kafka: dict[str, Any], says: str
+) -> None:
     """`check` builds the consumer `run` reads with: a property librdkafka refuses there (a typo, a
     limit below another) fails both, with one message, instead of `ok kafka` then exit 78."""
     env = make_env(partitions=1)
@@ -316,7 +326,7 @@ def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message
     ],
 )
 def test_a_misspelt_catalog_scheme_a_file_that_is_no_database_and_an_unknown_host_are_config_errors(
-    make_env, tmp_path: Path, change, says
+    make_env: MakeEnv, tmp_path: Path, change: dict[str, Any], says: str
 ) -> None:
     """They exited 75 (CatalogUnavailable, BrokerUnavailable: "every broker refused the connection"),
     which an orchestrator retries for ever; a broker that refuses connections stays 75

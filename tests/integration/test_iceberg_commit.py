@@ -15,12 +15,13 @@ from pyiceberg.serializers import FromInputFile
 
 from ingest.assembly import open_pipeline
 from ingest.iceberg.held_catalog import HeldSqlCatalog
+from tests.integration.conftest import MakeEnv
 from tests.runs import one_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 
 
-def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
+def test_append_keeps_refs_snapshots_logs_and_totals(make_env: MakeEnv) -> None:
     env = make_env(batch={"max_records": 400})
     env.produce(1_200)
     pipeline = open_pipeline(env.config)
@@ -56,7 +57,9 @@ def test_append_keeps_refs_snapshots_logs_and_totals(make_env) -> None:
     env.verify()
 
 
-def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(make_env, monkeypatch) -> None:
+def test_the_sql_catalog_parses_each_metadata_file_once_and_sees_other_writers(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = make_env(batch={"max_records": 400})
     env.produce(800)
     pipeline = open_pipeline(env.config)

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.conftest import Env, broker_choice, record
+from tests.integration.conftest import Env, MakeEnv, broker_choice, record
 from tests.services import kafka as kafka_service
 
 pytestmark = [
@@ -51,11 +53,13 @@ def _leader(env: Env, partition: int) -> int:
     return int(metadata.topics[env.topic].partitions[partition].leader)
 
 
-def _first_batch(process) -> dict:  # type: ignore[no-untyped-def]
+def _first_batch(process: subprocess.Popen[str]) -> dict[str, Any]:
     """The first batch the running ``ingest run --json`` reports (it is committed by then)."""
+    assert process.stdout is not None and process.stderr is not None
     line = process.stdout.readline()
     assert line, process.stderr.read()
-    return json.loads(line)
+    batch: dict[str, Any] = json.loads(line)
+    return batch
 
 
 class _Producing(threading.Thread):
@@ -72,13 +76,15 @@ class _Producing(threading.Thread):
             {"bootstrap.servers": self.env.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}
         )
 
-        def delivered(error, _message) -> None:  # type: ignore[no-untyped-def]
+        def delivered(error: KafkaError | None, _message: Message) -> None:
             if error is not None:
                 self.failed.append(str(error))
 
         for i in range(self.first, self.first + self.count):
             partition, key, value, headers = record(i, self.env.partitions, None)
-            producer.produce(self.env.topic, value, key, partition=partition, headers=headers, on_delivery=delivered)
+            producer.produce(
+                self.env.topic, value, key, partition=partition, headers=list(headers), on_delivery=delivered
+            )
             producer.poll(0)
             if i % 500 == 0:
                 time.sleep(0.01)  # spread over the failover instead of one burst before it
@@ -96,7 +102,9 @@ def _exact(env: Env, expected: int) -> None:
     env.verify()
 
 
-def test_the_leader_dies_mid_run_and_a_follower_takes_over(make_env, cluster) -> None:
+def test_the_leader_dies_mid_run_and_a_follower_takes_over(
+    make_env: MakeEnv, cluster: kafka_service.KafkaCluster
+) -> None:
     env = make_env(partitions=3, cluster=cluster.bootstrap_servers, replicas=3, batch={"max_records": 1_500})
     env.produce(RECORDS)
     victim = _leader(env, 0)
@@ -125,7 +133,7 @@ def test_the_leader_dies_mid_run_and_a_follower_takes_over(make_env, cluster) ->
         cluster.start_node(victim)
 
 
-def test_every_broker_restarts_mid_run(make_env, cluster) -> None:
+def test_every_broker_restarts_mid_run(make_env: MakeEnv, cluster: kafka_service.KafkaCluster) -> None:
     env = make_env(
         partitions=3,
         cluster=cluster.bootstrap_servers,

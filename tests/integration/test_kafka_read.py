@@ -49,7 +49,9 @@ def topics(bootstrap: str) -> tuple[str, str, int, int]:
         [("a", 0, 5, 31), ("a", 1, 12, 13), ("b", 0, 0, 44), ("b", 1, 20, 20)],
     ],
 )
-def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted) -> None:
+def test_exact_ranges_come_back_column_for_column(
+    bootstrap: str, topics: tuple[str, str, int, int], wanted: list[tuple[str, int, int, int]]
+) -> None:
     a, b, before, after = topics
     name = {"a": a, "b": b}
     ranges = [(TopicPartition(name[t], p), start, end) for t, p, start, end in wanted]
@@ -68,7 +70,9 @@ def test_exact_ranges_come_back_column_for_column(bootstrap: str, topics, wanted
     assert sum(chunk.nbytes for chunk in chunks) == sum(len(row[3] or b"") + len(row[4] or b"") for row in expected)
 
 
-def test_a_read_hands_off_what_it_has_not_read_and_no_offset_is_lost_or_doubled(bootstrap: str, topics) -> None:
+def test_a_read_hands_off_what_it_has_not_read_and_no_offset_is_lost_or_doubled(
+    bootstrap: str, topics: tuple[str, str, int, int]
+) -> None:
     a, b, before, after = topics
     ranges = [(TopicPartition(a, 0), 0, PER_PARTITION), (TopicPartition(a, 1), 3, 57), (TopicPartition(b, 0), 10, 50)]
     source = KafkaSource({"bootstrap.servers": bootstrap}, [a, b], "read-test", 20)
@@ -92,7 +96,7 @@ def test_a_read_hands_off_what_it_has_not_read_and_no_offset_is_lost_or_doubled(
 
 
 def _rows(chunks: Iterable[RawChunk], before: int, after: int) -> list[tuple[object, ...]]:
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for chunk in chunks:
         columns = zip(
             chunk.topic.to_pylist(),

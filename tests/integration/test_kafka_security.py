@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Env, broker_choice
+from tests.integration.conftest import Env, MakeEnv, broker_choice
 from tests.services import kafka as kafka_service
 
 pytestmark = [
@@ -37,7 +37,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka_service.
         yield cluster
 
 
-def _secured_env(make_env, secured: kafka_service.KafkaCluster, **kafka: str) -> Env:  # type: ignore[no-untyped-def]
+def _secured_env(make_env: MakeEnv, secured: kafka_service.KafkaCluster, **kafka: str) -> Env:
     settings = {
         "bootstrap.servers": secured.secure_bootstrap_servers,
         "security.protocol": "SASL_SSL",
@@ -54,7 +54,9 @@ def _secured_env(make_env, secured: kafka_service.KafkaCluster, **kafka: str) ->
     )
 
 
-def test_sasl_scram_over_tls_with_credentials_from_the_environment(make_env, secured, monkeypatch, tmp_path) -> None:
+def test_sasl_scram_over_tls_with_credentials_from_the_environment(
+    make_env: MakeEnv, secured: kafka_service.KafkaCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("KAFKA_USER", USER)
     monkeypatch.setenv("KAFKA_PASSWORD", PASSWORD)
     env = _secured_env(make_env, secured)
@@ -93,7 +95,13 @@ def test_sasl_scram_over_tls_with_credentials_from_the_environment(make_env, sec
     ],
 )
 def test_a_refused_login_is_a_clear_non_retryable_error(
-    make_env, secured, monkeypatch, tmp_path, case, kafka, says
+    make_env: MakeEnv,
+    secured: kafka_service.KafkaCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    case: str,
+    kafka: dict[str, str],
+    says: str,
 ) -> None:
     monkeypatch.setenv("KAFKA_USER", USER)
     monkeypatch.setenv("KAFKA_PASSWORD", PASSWORD)

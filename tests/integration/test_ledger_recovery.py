@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 
-from ingest.assembly import open_pipeline
+from ingest.assembly import Opened, open_pipeline
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.errors import ExitCode, FatalError, TopicRecreated
 from ingest.iceberg.table import IcebergTable
 from ingest.ops.reset import reset
 from ingest.ops.reset_command import ResetTarget
 from ingest.records import DEAD_LETTERS, ROWS
-from tests.integration.conftest import needs_apache_kafka
+from tests.integration.conftest import Env, MakeEnv, needs_apache_kafka, summary_of
+from tests.runs import head_ledger
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +35,25 @@ def _lose_ledger(table: IcebergTable) -> None:
     iceberg.overwrite(iceberg.scan().to_arrow())
     iceberg = iceberg.refresh()
     iceberg.maintenance.expire_snapshots().older_than(datetime.now(tz=UTC)).commit()
-    assert not any("ingest.orders.offsets" in s.summary.additional_properties for s in iceberg.refresh().snapshots())
+    assert not any("ingest.orders.offsets" in summary_of(s) for s in iceberg.refresh().snapshots())
 
 
-def _json(result: Any) -> dict[str, Any]:
+def _snapshot_counts(pipeline: Opened) -> list[int]:
+    """How many snapshots the rows table and the dead-letter table have now."""
+    counts = []
+    for table in (pipeline.rows, pipeline.dead):
+        table.refresh()
+        counts.append(len(table.table.metadata.snapshots))
+    return counts
+
+
+def _json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert result.returncode == 0, (result.stdout, result.stderr)
-    return json.loads(result.stdout.splitlines()[0])  # type: ignore[no-any-return]
+    document: dict[str, Any] = json.loads(result.stdout.splitlines()[0])
+    return document
 
 
-def _fails_closed(env: Any, table: str) -> None:
+def _fails_closed(env: Env, table: str) -> None:
     result = env.cli("run", "--json")
     assert result.returncode == ExitCode.FATAL, (result.stdout, result.stderr)
     error = json.loads(result.stdout.splitlines()[0])
@@ -49,7 +61,7 @@ def _fails_closed(env: Any, table: str) -> None:
     assert 'ingest reset -c <config> --from-table --reason "..."' in error["error"]
 
 
-def _assert_exactly_once(env: Any) -> None:
+def _assert_exactly_once(env: Env) -> None:
     assert env.counts() == (env.produced - env.bad, env.bad)
     pipeline = open_pipeline(env.config)
     for table, coordinates_of in ((pipeline.rows, ROWS), (pipeline.dead, DEAD_LETTERS)):
@@ -65,12 +77,12 @@ def _offsets(report: dict[str, Any]) -> dict[int, tuple[int, str]]:
     return {p["partition"]: (p["to"], p["basis"]) for p in report["offsets"]}
 
 
-def test_from_table_rebuilds_both_lost_ledgers_once_and_ingestion_resumes_exactly(make_env) -> None:
+def test_from_table_rebuilds_both_lost_ledgers_once_and_ingestion_resumes_exactly(make_env: MakeEnv) -> None:
     env = make_env(partitions=3)
     env.produce(903, bad_every=7)  # the last record, offset 300 of partition 2, is a dead letter
     assert env.cli("run", "--until-caught-up").returncode == 0
     pipeline = open_pipeline(env.config)
-    before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    before = head_ledger(pipeline).ledger.offsets
     _lose_ledger(pipeline.rows)
     _lose_ledger(pipeline.dead)
     env.produce(300, bad_every=7)
@@ -89,14 +101,14 @@ def test_from_table_rebuilds_both_lost_ledgers_once_and_ingestion_resumes_exactl
     history = json.loads(env.cli("history", "--json").stdout)
     assert len(history) == 1  # one ledger snapshot: the reset, applied once
     pipeline.rows.refresh()
-    summary = pipeline.rows.table.metadata.snapshot_by_id(applied["snapshot_id"]).summary  # type: ignore[union-attr]
-    assert summary.additional_properties["ingest.orders.reset-recovered"] == "true"
+    summary = summary_of(pipeline.rows.table.metadata.snapshot_by_id(applied["snapshot_id"]))
+    assert summary["ingest.orders.reset-recovered"] == "true"
 
     assert env.cli("run", "--until-caught-up").returncode == 0
     _assert_exactly_once(env)
 
 
-def test_from_table_after_a_crash_between_the_two_commits_then_both_ledgers_lost(make_env) -> None:
+def test_from_table_after_a_crash_between_the_two_commits_then_both_ledgers_lost(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(400, bad_every=9)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -119,7 +131,7 @@ def test_from_table_after_a_crash_between_the_two_commits_then_both_ledgers_lost
     _assert_exactly_once(env)
 
 
-def test_lost_dead_letter_ledger_fails_closed_and_from_table_restores_only_the_floor(make_env) -> None:
+def test_lost_dead_letter_ledger_fails_closed_and_from_table_restores_only_the_floor(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(400, bad_every=9)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -144,7 +156,7 @@ def test_lost_dead_letter_ledger_fails_closed_and_from_table_restores_only_the_f
     _assert_exactly_once(env)
 
 
-def test_partitions_with_no_record_in_the_tables_resume_at_their_low_watermark(make_env) -> None:
+def test_partitions_with_no_record_in_the_tables_resume_at_their_low_watermark(make_env: MakeEnv) -> None:
     env = make_env(partitions=4)
     env.produce(2)  # one record each in partitions 0 and 1
     assert env.cli("run").returncode == 0
@@ -168,12 +180,12 @@ def test_partitions_with_no_record_in_the_tables_resume_at_their_low_watermark(m
     _assert_exactly_once(env)
 
 
-def test_to_offsets_over_a_lost_ledger_must_name_every_partition(make_env) -> None:
+def test_to_offsets_over_a_lost_ledger_must_name_every_partition(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(200, bad_every=10)
     assert env.cli("run", "--until-caught-up").returncode == 0
     pipeline = open_pipeline(env.config)
-    before = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    before = head_ledger(pipeline).ledger.offsets
     _lose_ledger(pipeline.rows)
     _fails_closed(env, pipeline.rows.identifier)
     p0, p1 = sorted(before)
@@ -197,7 +209,9 @@ def test_to_offsets_over_a_lost_ledger_must_name_every_partition(make_env) -> No
 @pytest.mark.parametrize(
     "kafka_now", [pytest.param("retention-passed-the-table", marks=needs_apache_kafka), "topic-recreated"]
 )
-def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(make_env, monkeypatch, kafka_now) -> None:
+def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch, kafka_now: str
+) -> None:
     """Retention is real: Kafka deletes records past the newest row (DeleteRecords). The recreated
     topic holding 3 records is Kafka's answer injected at the adapter."""
     env = make_env(partitions=2)
@@ -214,7 +228,7 @@ def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(make
     else:
         view = KafkaView(real.cluster_id, {**real.partitions, tp: Watermarks(0, 3)})
         monkeypatch.setattr(pipeline.source, "describe", lambda: view)
-    before = [len(t.refresh() and t.table.metadata.snapshots) for t in (pipeline.rows, pipeline.dead)]
+    before = _snapshot_counts(pipeline)
 
     with pytest.raises(FatalError) as caught:
         reset(pipeline, ResetTarget("table"), "rebuild")
@@ -226,4 +240,4 @@ def test_from_table_refuses_offsets_kafka_does_not_hold_and_changes_nothing(make
     else:
         assert f"{tp} offset 100 (retained [106, 120])" in message
         assert f"ingest reset --to-offsets {env.topic}:0=106,{env.topic}:1=99" in message
-    assert [len(t.refresh() and t.table.metadata.snapshots) for t in (pipeline.rows, pipeline.dead)] == before
+    assert _snapshot_counts(pipeline) == before

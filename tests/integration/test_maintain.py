@@ -13,9 +13,10 @@ from ingest.assembly import Opened, open_pipeline
 from ingest.config import MaintenanceSpec
 from ingest.iceberg.files import live_data_files, referenced_paths, stored_data_files
 from ingest.iceberg.table import IcebergTable
-from ingest.intents import Rewrite
+from ingest.intents import RefIntent, Rewrite, SnapshotIntent
 from ingest.ops.maintain import compact, expire, maintain, remove_orphans
-from tests.runs import one_batch
+from tests.integration.conftest import Env, MakeEnv
+from tests.runs import head_ledger, one_batch
 
 pytestmark = [
     pytest.mark.integration,
@@ -28,13 +29,13 @@ pytestmark = [
 AGGRESSIVE = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1, "orphan_age_hours": 1}
 
 
-def _batches(env, pipeline: Opened, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+def _batches(env: Env, pipeline: Opened, count: int, size: int = 200) -> None:
     for _ in range(count):
         env.produce(size, bad_every=40)
         one_batch(pipeline)
 
 
-def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
+def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env: MakeEnv) -> None:
     env = make_env(partition_by=[])
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 6)
@@ -60,23 +61,23 @@ def test_compaction_rewrites_small_files_and_keeps_the_ledger(make_env) -> None:
     env.verify()
 
 
-def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) -> None:
+def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env: MakeEnv) -> None:
     env = make_env(partition_by=[])
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 4)
     other = open_pipeline(env.config)
     table = pipeline.rows
     real = table.commit
-    raced = []
+    raced: list[bool] = []
 
-    def batch_lands_first(intent):  # type: ignore[no-untyped-def]
+    def batch_lands_first(intent: SnapshotIntent | RefIntent) -> int | None:
         if isinstance(intent, Rewrite) and not raced:
             raced.append(True)
             env.produce(300, bad_every=40)
             assert one_batch(other).status == "committed"  # a batch commits while compaction runs
         return real(intent)
 
-    table.commit = batch_lands_first  # type: ignore[method-assign]
+    table.commit = batch_lands_first  # type: ignore[method-assign, assignment]
     result = compact(table, MaintenanceSpec())
 
     assert raced and result.files_removed == 4
@@ -88,7 +89,7 @@ def test_compaction_concurrent_with_a_batch_restamps_the_new_ledger(make_env) ->
     env.verify()
 
 
-def test_expiry_keeps_the_ledger_reachable_below_foreign_snapshots(make_env) -> None:
+def test_expiry_keeps_the_ledger_reachable_below_foreign_snapshots(make_env: MakeEnv) -> None:
     env = make_env(maintenance=AGGRESSIVE)
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 5)
@@ -99,13 +100,13 @@ def test_expiry_keeps_the_ledger_reachable_below_foreign_snapshots(make_env) -> 
     expired = expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + 1)
 
     assert len(expired) == 4  # batches 1-4 go; batch 5 and the foreign snapshots above it stay
-    assert pipeline.ledger().ledger.batch == 5  # type: ignore[union-attr]
+    assert head_ledger(pipeline).ledger.batch == 5
     _batches(env, pipeline, 1)
-    assert pipeline.ledger().ledger.batch == 6  # type: ignore[union-attr]
+    assert head_ledger(pipeline).ledger.batch == 6
     env.verify()
 
 
-def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
+def test_orphans_of_a_crashed_batch_are_removed(make_env: MakeEnv) -> None:
     env = make_env(maintenance=AGGRESSIVE)
     env.produce(500, bad_every=40)
     killed = env.cli("run", env={"INGEST_FAILPOINT": "files-written"})
@@ -122,7 +123,7 @@ def test_orphans_of_a_crashed_batch_are_removed(make_env) -> None:
     env.verify()
 
 
-def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_them(make_env) -> None:
+def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_them(make_env: MakeEnv) -> None:
     # on S3 the stored files' paths once came out as s3://lakelake/...: every live file looked unreferenced
     env = make_env()
     pipeline = open_pipeline(env.config)
@@ -143,7 +144,7 @@ def test_maintain_a_day_later_removes_the_orphans_beside_live_files_and_only_the
     env.verify()
 
 
-def test_maintain_on_a_young_table_removes_nothing_in_use(make_env) -> None:
+def test_maintain_on_a_young_table_removes_nothing_in_use(make_env: MakeEnv) -> None:
     env = make_env()
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 3)

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.kafka.embedded import free_port
 from tests import strict
+from tests.integration.conftest import MakeEnv
 
 from .conftest import Env
 
@@ -73,7 +74,7 @@ def _with(env: Env, **changes: Any) -> None:
 
 
 def test_a_run_exports_its_counts_lag_and_freshness_and_a_failure_keeps_the_last_success(
-    make_env, pushgateway, tmp_path: Path
+    make_env: MakeEnv, pushgateway: str, tmp_path: Path
 ) -> None:
     env = make_env(partitions=2)
     textfile = tmp_path / "ingest_orders.prom"
@@ -113,7 +114,7 @@ def test_a_run_exports_its_counts_lag_and_freshness_and_a_failure_keeps_the_last
     assert _value(pushed, "ingest_records_total", job="ingest") == 25  # the failed run did not replace it
 
 
-def test_run_every_serves_metrics_while_it_runs(make_env) -> None:
+def test_run_every_serves_metrics_while_it_runs(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     port = free_port()
     _with(env, metrics={"port": port})

@@ -19,14 +19,14 @@ from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import PublishRefused, RetryableError
-from ingest.intents import Expire, MoveRef
+from ingest.intents import Expire, MoveRef, RefIntent, SnapshotIntent
 from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
 from ingest.ops.replay_result import ReplayResult
 from ingest.ports import Produced
 from ingest.records import Declared
-from tests.integration.conftest import race, record
-from tests.runs import catch_up, one_batch, replay_on
+from tests.integration.conftest import Env, KafkaRecord, MakeEnv, race, record
+from tests.runs import catch_up, head_ledger, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ EXPIRE_ALL = {"snapshot_retention_hours": 0, "keep_last_snapshots": 1}
 HOUR_MS = 3_600_000
 
 
-def _batches(env, pipeline: Opened, count: int, size: int = 200) -> None:  # type: ignore[no-untyped-def]
+def _batches(env: Env, pipeline: Opened, count: int, size: int = 200) -> None:
     for _ in range(count):
         env.produce(size, bad_every=40)
         one_batch(pipeline)
@@ -53,7 +53,7 @@ def _head_id(pipeline: Opened) -> int:
 
 
 @pytest.mark.catalog_race
-def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
+def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retries_on(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(1_400, bad_every=7)
     slow, fast = open_pipeline(env.config), open_pipeline(env.config)
@@ -80,24 +80,24 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
 
 
 @pytest.mark.catalog_race
-def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) -> None:
+def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env: MakeEnv) -> None:
     env = make_env(maintenance=EXPIRE_ALL)
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1)
     snapshot_s = _head_id(pipeline)
-    ledger_at_s = pipeline.ledger().ledger  # type: ignore[union-attr]
+    ledger_at_s = head_ledger(pipeline).ledger
     rows_at_s = env.counts()
     _batches(env, pipeline, 3)
     operator = open_pipeline(env.config)
     real = pipeline.rows.commit
     rolled: list[ReplayResult] = []
 
-    def rollback_lands_first(intent):  # type: ignore[no-untyped-def]
+    def rollback_lands_first(intent: SnapshotIntent | RefIntent) -> int | None:
         if isinstance(intent, Expire) and not rolled:
             rolled.append(replay_on(operator, snapshot_id=snapshot_s, rollback=True))
         return real(intent)
 
-    pipeline.rows.commit = rollback_lands_first  # type: ignore[method-assign]
+    pipeline.rows.commit = rollback_lands_first  # type: ignore[method-assign, assignment]
     expire(pipeline.rows, pipeline.config.maintenance, int(time.time() * 1000) + HOUR_MS)
 
     pipeline.rows.refresh()
@@ -112,7 +112,7 @@ def test_expiry_racing_a_rollback_keeps_the_snapshot_main_points_at(make_env) ->
     env.verify()
 
 
-def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publishes(make_env) -> None:
+def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publishes(make_env: MakeEnv) -> None:
     env = make_env(maintenance=EXPIRE_ALL)
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1)
@@ -132,6 +132,7 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
     refs = rows.table.metadata.refs
     assert refs["audit-2026-12"].snapshot_id == tagged
     assert rows.table.metadata.snapshot_by_id(tagged) is not None
+    assert replayed.branch is not None
     branch_head = rows.branch_head(replayed.branch)
     assert branch_head is not None and rows.table.metadata.snapshot_by_id(branch_head) is not None
     assert find_ledger("orders", rows.ancestry(branch_head)) is not None
@@ -141,7 +142,7 @@ def test_maintain_after_a_replay_and_a_tag_keeps_both_and_the_branch_still_publi
     env.verify()
 
 
-def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
+def test_publish_keeps_another_pipelines_commits_on_main(make_env: MakeEnv) -> None:
     orders = make_env()
     refunds = make_env(pipeline="refunds", table=orders.config.table)
     mine, theirs = open_pipeline(orders.config), open_pipeline(refunds.config)
@@ -166,7 +167,7 @@ def test_publish_keeps_another_pipelines_commits_on_main(make_env) -> None:
     assert published.branch not in mine.rows.table.metadata.refs  # the replay's branch is gone
 
 
-def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
+def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env: MakeEnv) -> None:
     env = make_env(partition_by=[])
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 1, size=500)
@@ -186,7 +187,7 @@ def test_publish_refuses_to_drop_a_foreign_delete_on_main(make_env) -> None:
 
 
 @pytest.mark.catalog_race
-def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env) -> None:
+def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env: MakeEnv) -> None:
     env = make_env()
     pipeline = open_pipeline(env.config)
     _batches(env, pipeline, 2)
@@ -195,13 +196,13 @@ def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env)
     other = open_pipeline(env.config)
     real = pipeline.rows.commit
 
-    def batch_lands_first(intent):  # type: ignore[no-untyped-def]
+    def batch_lands_first(intent: SnapshotIntent | RefIntent) -> int | None:
         if isinstance(intent, MoveRef) and intent.name == "main":  # just before the rollback moves main
             env.produce(100)
             assert one_batch(other).status == "committed"
         return real(intent)
 
-    pipeline.rows.commit = batch_lands_first  # type: ignore[method-assign]
+    pipeline.rows.commit = batch_lands_first  # type: ignore[method-assign, assignment]
     with pytest.raises(RetryableError):
         replay_on(pipeline, snapshot_id=snapshot_s, rollback=True)
 
@@ -210,7 +211,7 @@ def test_rollback_that_loses_the_race_is_retryable_and_changes_nothing(make_env)
     env.verify()
 
 
-def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env) -> None:
+def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, maintenance=EXPIRE_ALL)
     env.produce(400)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -234,7 +235,7 @@ def test_a_reset_is_applied_once_even_after_its_snapshot_expired(make_env) -> No
     env.verify()
 
 
-def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> None:
+def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(300)
     pipeline = open_pipeline(env.config)
@@ -251,10 +252,10 @@ def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env) -> N
     env.verify()
 
 
-def _null_amounts(env, count: int) -> None:  # type: ignore[no-untyped-def]
+def _null_amounts(env: Env, count: int) -> None:
     """Orders without an amount: rows while ``amount`` is optional, dead letters once it is required."""
     start = env.produced
-    records = [
+    records: list[KafkaRecord] = [
         (i % env.partitions, f"k{i}".encode(), json.dumps({"order_id": i, "amount": None}).encode(), [])
         for i in range(start, start + count)
     ]
@@ -262,7 +263,7 @@ def _null_amounts(env, count: int) -> None:  # type: ignore[no-untyped-def]
     env.produced += count
 
 
-def _require_amount(env) -> None:  # type: ignore[no-untyped-def]
+def _require_amount(env: Env) -> None:
     data = yaml.safe_load(env.config_path.read_text())
     data["schema"] = [dict(f, required=True) if f["name"] == "amount" else f for f in data["schema"]]
     env.config_path.write_text(yaml.safe_dump(data))
@@ -270,7 +271,9 @@ def _require_amount(env) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("crash", [False, True], ids=["whole", "killed-between-tables"])
 @pytest.mark.parametrize("action", ["--rollback", "--publish"])
-def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(make_env, action, crash) -> None:
+def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
+    make_env: MakeEnv, action: str, crash: bool
+) -> None:
     env = make_env()
     env.produce(200, bad_every=20)
     assert env.cli("run").returncode == 0
@@ -302,7 +305,7 @@ def test_records_reread_under_a_stricter_schema_land_once_in_the_table_it_picks(
 
 
 @pytest.mark.catalog_race
-def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(make_env) -> None:
+def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(make_env: MakeEnv) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(4_000, bad_every=17)
     pipeline = open_pipeline(env.config)
@@ -315,7 +318,7 @@ def test_three_racing_copies_after_a_foreign_writer_turned_library_retries_on(ma
     env.exact()
 
 
-def test_a_topic_removed_from_the_config_keeps_its_offsets_and_resumes_when_added_back(make_env) -> None:
+def test_a_topic_removed_from_the_config_keeps_its_offsets_and_resumes_when_added_back(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     other = f"{env.topic}_b"
     create_topic(env.bootstrap, other, 2)

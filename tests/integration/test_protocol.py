@@ -10,7 +10,7 @@ before its offsets are looked at), another cluster's id under the same topic, a 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -21,15 +21,20 @@ from ingest.config import BatchSpec
 from ingest.core.plan import Batch, KafkaView, Watermarks
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
+from ingest.intents import SnapshotIntent
 from ingest.ports import Produced
 from ingest.records import Declared
-from tests.integration.conftest import needs_apache_kafka
-from tests.runs import catch_up, one_batch
+from tests.integration.conftest import MakeEnv, needs_apache_kafka, summary_of
+from tests.runs import catch_up, head_ledger, one_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.catalog_race]
 
 
-def _view(pipeline: Opened, change) -> KafkaView:  # type: ignore[no-untyped-def]
+#: what a test makes of the watermarks and cluster id Kafka reports
+Change = Callable[[KafkaView], KafkaView]
+
+
+def _view(pipeline: Opened, change: Change) -> KafkaView:
     real = type(pipeline.source).describe(pipeline.source)
     return change(real)
 
@@ -37,39 +42,42 @@ def _view(pipeline: Opened, change) -> KafkaView:  # type: ignore[no-untyped-def
 class _InjectedSource:
     """The real Kafka adapter, reporting watermarks/cluster id the way a real cluster would."""
 
-    def __init__(self, pipeline: Opened, change) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, pipeline: Opened, change: Change) -> None:
         self.pipeline, self.change = pipeline, change
 
     def __call__(self) -> KafkaView:
         return _view(self.pipeline, self.change)
 
 
-def test_commit_with_lost_acknowledgement_lands_once(make_env) -> None:
+def test_commit_with_lost_acknowledgement_lands_once(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(1_500, bad_every=100)
     pipeline = open_pipeline(env.config)
     for table in (pipeline.rows, pipeline.dead):
         real = table.commit
-        calls = []
+        calls: list[int] = []
 
-        def applied_then_timeout(intent, real=real, calls=calls):  # type: ignore[no-untyped-def]
+        def applied_then_timeout(
+            intent: SnapshotIntent, real: Callable[[SnapshotIntent], int] = real, calls: list[int] = calls
+        ) -> int:
             snapshot_id = real(intent)
             calls.append(snapshot_id)
             if len(calls) == 1:
                 raise CommitUnknown("simulated timeout after the catalog applied the commit")
             return snapshot_id
 
-        table.commit = applied_then_timeout  # type: ignore[method-assign]
+        table.commit = applied_then_timeout  # type: ignore[method-assign, assignment]
 
     result = one_batch(pipeline)
 
     assert result.status == "landed"
     assert result.retries == {"conflict": 0, "unknown": 2, "fenced": 0}  # each table's commit observed again once
     env.exact()
-    assert len(pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots) == 1
+    pipeline.rows.refresh()
+    assert len(pipeline.rows.table.metadata.snapshots) == 1
 
 
-def test_foreign_commit_between_plan_and_commit(make_env) -> None:
+def test_foreign_commit_between_plan_and_commit(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(1_000)
     pipeline = open_pipeline(env.config)
@@ -99,14 +107,13 @@ def test_foreign_commit_between_plan_and_commit(make_env) -> None:
     result = pipeline.run_batch(ForeignWriterMidBatch(pipeline.config, pipeline.rows))
 
     assert result.status == "committed" and result.batch == 2
-    summaries = [
-        s.summary.additional_properties for s in pipeline.rows.refresh() and pipeline.rows.table.metadata.snapshots
-    ]
+    pipeline.rows.refresh()
+    summaries = [summary_of(s) for s in pipeline.rows.table.metadata.snapshots]
     assert ["ingest.orders.offsets" in s for s in summaries] == [True, False, True]
     env.exact(foreign_rows=1)
 
 
-def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
+def test_concurrent_writer_fences_the_slower_batch(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(3_000, bad_every=7)
     slow = open_pipeline(env.config)
@@ -133,7 +140,7 @@ def test_concurrent_writer_fences_the_slower_batch(make_env) -> None:
     env.exact()
 
 
-def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
+def test_writer_with_a_different_range_is_fenced_and_replans(make_env: MakeEnv) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=9)
     slow = open_pipeline(env.config)
@@ -148,17 +155,18 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env) -> None:
                 RacedEngine.raced = True
                 env.produce(400, bad_every=9)
                 assert one_batch(fast).status == "committed"  # a larger batch 1 lands first
-                assert sum(fast.ledger().ledger.offsets.values()) == 1_200  # type: ignore[union-attr]
+                assert sum(head_ledger(fast).ledger.offsets.values()) == 1_200
             return produced
 
     result = slow.run_batch(RacedEngine(slow.config, slow.rows))
 
     assert (result.batch, result.status) == (2, "committed")  # fenced, then planned again
-    assert result.retries["fenced"] == 1 and result.as_dict()["commit_retries"]["fenced"] == 1
+    retries = result.as_dict()["commit_retries"]
+    assert result.retries["fenced"] == 1 and isinstance(retries, dict) and retries["fenced"] == 1
     env.exact()
 
 
-def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
+def test_fenced_too_often_is_a_retryable_error(make_env: MakeEnv) -> None:
     env = make_env(commit={"max_replans": 0})
     env.produce(500)
     slow = open_pipeline(env.config)
@@ -178,13 +186,13 @@ def test_fenced_too_often_is_a_retryable_error(make_env) -> None:
 
 
 @needs_apache_kafka
-def test_retention_loss_fails_closed_by_default(make_env) -> None:
+def test_retention_loss_fails_closed_by_default(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(200)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     env.produce(200)
-    committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    committed = head_ledger(pipeline).ledger.offsets
     tp = sorted(committed)[0]
     env.delete_records({tp.partition: committed[tp] + 30})  # retention ran over 30 unread records
 
@@ -192,31 +200,31 @@ def test_retention_loss_fails_closed_by_default(make_env) -> None:
         one_batch(pipeline)
     assert f"[{committed[tp]}, {committed[tp] + 30})" in str(caught.value)
     assert "on_data_loss: skip" in str(caught.value)
-    assert pipeline.ledger().ledger.batch == 1  # type: ignore[union-attr]
+    assert head_ledger(pipeline).ledger.batch == 1
 
 
 @needs_apache_kafka
-def test_retention_loss_with_skip_records_the_lost_range(make_env) -> None:
+def test_retention_loss_with_skip_records_the_lost_range(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, on_data_loss="skip")
     env.produce(200)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
     env.produce(200)
-    committed = pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    committed = head_ledger(pipeline).ledger.offsets
     tp = sorted(committed)[0]
     env.delete_records({tp.partition: committed[tp] + 30})  # retention ran over 30 unread records
 
     result = one_batch(pipeline)
 
     assert result.status == "committed"
-    lost = pipeline.ledger().ledger.lost  # type: ignore[union-attr]
+    lost = head_ledger(pipeline).ledger.lost
     assert [(r.tp, r.start, r.end) for r in lost] == [(tp, committed[tp], committed[tp] + 30)]
     # the lost range is in neither table, everything else is there exactly once
     env.exact(lost={tp.partition: (committed[tp], committed[tp] + 30)})
 
 
 @pytest.mark.parametrize("how", ["offsets-reset", "cluster-id", "partition-gone"])
-def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
+def test_recreated_topic_or_cluster_fails(make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     env = make_env(partitions=2)
     env.produce(100)
     pipeline = open_pipeline(env.config)
@@ -237,7 +245,7 @@ def test_recreated_topic_or_cluster_fails(make_env, monkeypatch, how) -> None:
         one_batch(pipeline)
 
 
-def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
+def test_ledger_lost_after_expiry_fails_closed(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(100)
     pipeline = open_pipeline(env.config)
@@ -252,7 +260,7 @@ def test_ledger_lost_after_expiry_fails_closed(make_env) -> None:
     assert "ingest.pipelines" in str(caught.value)
 
 
-def test_new_partitions_start_at_earliest(make_env, monkeypatch) -> None:
+def test_new_partitions_start_at_earliest(make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     env = make_env(partitions=4)
     env.produce(400)
     pipeline = open_pipeline(env.config)
@@ -263,7 +271,7 @@ def test_new_partitions_start_at_earliest(make_env, monkeypatch) -> None:
 
     monkeypatch.setattr(pipeline.source, "describe", _InjectedSource(pipeline, fewer))
     one_batch(pipeline)
-    assert hidden not in pipeline.ledger().ledger.offsets  # type: ignore[union-attr]
+    assert hidden not in head_ledger(pipeline).ledger.offsets
     monkeypatch.undo()
     result = one_batch(pipeline)  # partition added: read from its earliest offset
     assert result.records == 100

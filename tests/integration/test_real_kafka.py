@@ -29,7 +29,7 @@ from confluent_kafka.admin import (
 
 from ingest.errors import ExitCode
 from ingest.kafka.admin import create_topic, produce
-from tests.integration.conftest import Env, broker_choice, record
+from tests.integration.conftest import Env, MakeEnv, broker_choice, record
 
 pytestmark = [
     pytest.mark.integration,
@@ -46,7 +46,7 @@ def _transactional(env: Env) -> Producer:
 def _send(producer: Producer, env: Env, first: int, count: int) -> None:
     for i in range(first, first + count):
         partition, key, value, headers = record(i, env.partitions, None)
-        producer.produce(env.topic, value, key, partition=partition, headers=headers)
+        producer.produce(env.topic, value, key, partition=partition, headers=list(headers))
 
 
 def _order_ids(env: Env) -> set[int]:
@@ -57,7 +57,9 @@ def _order_ids(env: Env) -> set[int]:
     return set(ids)
 
 
-def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_stable_offset(make_env) -> None:
+def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_stable_offset(
+    make_env: MakeEnv,
+) -> None:
     env = make_env(partitions=2, batch={"max_records": 70})
     producer = _transactional(env)
     for k in range(6):  # committed and aborted transactions interleaved, 40 records each
@@ -95,7 +97,7 @@ def test_aborted_transactions_never_land_and_an_open_one_holds_the_batch_at_the_
 
 
 def test_a_partition_held_by_an_open_transaction_is_complete_only_through_its_last_read_to_the_end(
-    make_env,
+    make_env: MakeEnv,
 ) -> None:
     import time
 
@@ -130,7 +132,7 @@ def test_a_partition_held_by_an_open_transaction_is_complete_only_through_its_la
 
 
 @pytest.mark.parametrize("policy", ["fail", "skip"])
-def test_retention_deleting_unread_records(make_env, policy: str) -> None:
+def test_retention_deleting_unread_records(make_env: MakeEnv, policy: str) -> None:
     env = make_env(partitions=2, on_data_loss=policy)
     env.produce(100)
     assert env.cli("run").returncode == 0
@@ -167,7 +169,7 @@ def _one_a_minute(env: Env, count: int, partitions: int = 1) -> None:
     env.produced = count
 
 
-def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
+def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env: MakeEnv) -> None:
     env = make_env(partitions=1)
     _one_a_minute(env, 100)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -181,7 +183,7 @@ def test_reset_to_a_timestamp_uses_kafkas_time_index(make_env) -> None:
     env.verify()
 
 
-def test_a_pipeline_starting_at_a_timestamp_uses_kafkas_time_index(make_env) -> None:
+def test_a_pipeline_starting_at_a_timestamp_uses_kafkas_time_index(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, start="2026-12-01T00:00:00Z", batch={"max_records": 50})
     _one_a_minute(env, 200, partitions=2)  # per partition: 100 records, offsets 30..99 at or after the start
 
@@ -199,7 +201,7 @@ def test_a_pipeline_starting_at_a_timestamp_uses_kafkas_time_index(make_env) -> 
     env.verify()
 
 
-def test_partitions_added_while_the_pipeline_runs_start_at_earliest(make_env) -> None:
+def test_partitions_added_while_the_pipeline_runs_start_at_earliest(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(100)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -217,7 +219,7 @@ def test_partitions_added_while_the_pipeline_runs_start_at_earliest(make_env) ->
     env.verify()
 
 
-def test_a_topic_deleted_and_recreated_with_the_same_name_stops_the_pipeline(make_env) -> None:
+def test_a_topic_deleted_and_recreated_with_the_same_name_stops_the_pipeline(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(100)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -264,7 +266,7 @@ def _numbered(env: Env, topic: str, first: int, count: int) -> None:
 
 @pytest.mark.parametrize("subscription", ["topics", "topics_pattern"])
 def test_a_recreated_topic_holding_more_records_is_refused_until_reset_then_read_whole(
-    make_env, subscription: str
+    make_env: MakeEnv, subscription: str
 ) -> None:
     env = make_env(partitions=2)
     other = f"{env.topic}-b"  # with the pattern: a second topic that keeps the pipeline committing
@@ -348,13 +350,15 @@ def _live_records(env: Env, partition: int = 0) -> dict[int, bytes]:
         while high > low and max(found, default=low - 1) < high - 1:
             for message in consumer.consume(500, timeout=1):
                 assert message.error() is None, message.error()
-                found[message.offset()] = message.key()
+                offset, key = message.offset(), message.key()
+                assert offset is not None and key is not None
+                found[offset] = key
         return found
     finally:
         consumer.close()
 
 
-def test_a_compacted_topic_is_read_whole_across_the_offsets_cleaning_removed(make_env) -> None:
+def test_a_compacted_topic_is_read_whole_across_the_offsets_cleaning_removed(make_env: MakeEnv) -> None:
     import time
 
     env = make_env(partitions=1, batch={"max_records": 25})
@@ -410,7 +414,7 @@ def test_a_compacted_topic_is_read_whole_across_the_offsets_cleaning_removed(mak
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 def test_values_of_tens_of_megabytes_land_whole_and_one_over_max_value_bytes_is_a_dead_letter_saying_so(
-    make_env,
+    make_env: MakeEnv,
 ) -> None:
     # Kafka's defaults stop at 1 MB; a topic raised to 30 MB delivers 5 and 20 MB values, which
     # must land whole (they were dead letters, "straddling object straddles two block boundaries")
@@ -452,7 +456,7 @@ def test_values_of_tens_of_megabytes_land_whole_and_one_over_max_value_bytes_is_
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 def test_a_record_batch_over_the_consumers_receive_limit_is_a_config_error_naming_where_and_check_says_so_first(
-    make_env,
+    make_env: MakeEnv,
 ) -> None:
     # the topic accepts 8 MB batches, the pipeline's consumer takes 2 MB responses: a 3 MB record
     # made every run exit 75 (BrokerUnavailable, forever retried), librdkafka's reason only under -v
@@ -470,7 +474,9 @@ def test_a_record_batch_over_the_consumers_receive_limit_is_a_config_error_namin
     producer = Producer({"bootstrap.servers": env.bootstrap, "message.max.bytes": 8 << 20, "compression.type": "none"})
     for i in range(20):
         producer.produce(env.topic, record(i, 2, None)[2], partition=i % 2)
-    big = json.loads(record(20, 2, None)[2]) | {"blob": os.urandom(1_500_000).hex()}  # 3 MB, incompressible
+    value = record(20, 2, None)[2]
+    assert value is not None
+    big = json.loads(value) | {"blob": os.urandom(1_500_000).hex()}  # 3 MB, incompressible
     producer.produce(env.topic, json.dumps(big).encode(), partition=1)  # offset 10 of partition 1
     producer.flush(60)
     for i in range(21, 31):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +14,8 @@ import yaml
 
 from ingest.assembly import open_pipeline
 from ingest.intents import Append, RemoveDeadLetters
-from ingest.ops.redrive import redrive
+from ingest.ops.redrive import Redrive, redrive
+from tests.integration.conftest import MakeEnv, summary_of
 from tests.runs import one_batch
 
 from .conftest import SCHEMA, Env, contend
@@ -26,7 +28,7 @@ SQLITE = pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 STRICT = [{**f, "required": True} if f["name"] == "created_at" else f for f in SCHEMA]
 
 
-def _setup(make_env: Any) -> Env:
+def _setup(make_env: MakeEnv) -> Env:
     """40 orders on 2 partitions: 8 poison for good (BAD_VALUES), 6 without created_at."""
     env = make_env(partitions=2, schema=STRICT)
     env.produce(40, bad_every=5)
@@ -43,7 +45,15 @@ def _setup(make_env: Any) -> Env:
 def _json(env: Env, *args: str) -> dict[str, Any]:
     result = env.cli(*args, "--json")
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def _history(env: Env) -> list[dict[str, Any]]:
+    result = env.cli("history", "--json")
+    assert result.returncode == 0, result.stderr
+    entries: list[dict[str, Any]] = json.loads(result.stdout)
+    return entries
 
 
 def _fix(env: Env) -> None:
@@ -54,14 +64,11 @@ def _fix(env: Env) -> None:
 
 def _summaries(env: Env) -> tuple[dict[str, str], dict[str, str]]:
     pipeline = open_pipeline(env.config)
-    return (
-        pipeline.rows.table.current_snapshot().summary.additional_properties,
-        pipeline.dead.table.current_snapshot().summary.additional_properties,
-    )
+    return summary_of(pipeline.rows.table.current_snapshot()), summary_of(pipeline.dead.table.current_snapshot())
 
 
 @SQLITE
-def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) -> None:
+def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env: MakeEnv) -> None:
     env = _setup(make_env)
     assert _json(env, "redrive")["redriven"] == 0  # nothing decodes before the fix
     dead = _json(env, "status")["dead_letters"]  # status shows them, with the newest reasons
@@ -78,7 +85,7 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
     assert env.counts() == (38, 8)
     assert _json(env, "status")["dead_letters"]["count"] == 8
     assert "8 dead letters" in env.cli("status").stdout
-    [entry, *_] = _json(env, "history")  # the redrive is in the history, naming what it moved
+    [entry, *_] = _history(env)  # the redrive is in the history, naming what it moved
     assert (
         entry["records"] == 6 and entry["ranges"] == [] and sum(s["end"] - s["start"] for s in entry["redriven"]) == 6
     )
@@ -100,7 +107,9 @@ def test_dead_letters_that_decode_after_a_fix_move_to_the_rows_once(make_env) ->
 
 @SQLITE
 @pytest.mark.parametrize("finisher", ["redrive", "run"])
-def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command(make_env, finisher) -> None:
+def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command(
+    make_env: MakeEnv, finisher: str
+) -> None:
     env = _setup(make_env)
     _fix(env)
 
@@ -117,7 +126,7 @@ def test_a_redrive_killed_between_the_two_tables_is_finished_by_the_next_command
 
 
 @pytest.mark.catalog_race
-def test_racing_redrives_move_each_dead_letter_once(make_env) -> None:
+def test_racing_redrives_move_each_dead_letter_once(make_env: MakeEnv) -> None:
     """Three copies of ``ingest redrive``: the first decodes the six and writes their rows, then waits
     (its files written, its commit not tried) until another copy has redriven them; it goes on to
     find them taken, and commits nothing."""
@@ -137,7 +146,7 @@ def test_racing_redrives_move_each_dead_letter_once(make_env) -> None:
 
 
 @SQLITE
-def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_commits(make_env) -> None:
+def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_commits(make_env: MakeEnv) -> None:
     env = _setup(make_env)
     _fix(env)
     env.produce(6)
@@ -157,16 +166,19 @@ def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_com
 
 
 @SQLITE
-def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env, monkeypatch) -> None:
+def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # as the racing copies above, in one process: the other copy commits everything between this
     # one's decoding and its commit (here before it writes its files)
     import ingest.ops.redrive as module
 
     env = _setup(make_env)
     _fix(env)
-    real, raced = module._groups, []
+    real = module._groups
+    raced: list[Redrive] = []
 
-    def overtaken(rows, max_records):  # type: ignore[no-untyped-def]
+    def overtaken(rows: pa.Table, max_records: int) -> Iterator[pa.Table]:
         if not raced:
             monkeypatch.setattr(module, "_groups", real)  # the other copy runs unhindered
             raced.append(redrive(open_pipeline(env.config)))
@@ -183,7 +195,9 @@ def test_a_redrive_overtaken_by_another_commits_only_what_is_still_dead(make_env
 
 @SQLITE
 @pytest.mark.parametrize("mode", ["--rollback", "--branch"])
-def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothing(make_env, mode) -> None:
+def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothing(
+    make_env: MakeEnv, mode: str
+) -> None:
     from ingest.errors import ExitCode
 
     env = _setup(make_env)
@@ -202,7 +216,7 @@ def test_a_replay_from_before_a_redrive_of_its_records_is_refused_changing_nothi
 
 
 @SQLITE
-def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_deletes(make_env) -> None:
+def test_the_removal_of_a_commit_naming_a_thousand_offset_ranges_binds_and_deletes(make_env: MakeEnv) -> None:
     # one redrive commit names up to MAX_SPANS ranges; an Or chain of them was ~1,000 levels deep and
     # pyiceberg's binding (recursive) failed from ~485: the removal, and every batch after, stopped
     from ingest.core.ledger import TopicPartition

@@ -21,11 +21,16 @@ import yaml
 from confluent_kafka.schema_registry import ConfigCompatibilityLevel, SchemaRegistryClient, ServerConfig
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pyiceberg.schema import Schema as IcebergSchema
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import StructType
 
 from ingest.failpoints import POINTS
 from ingest.iceberg.catalog import connect
 from ingest.kafka.admin import produce
 from ingest.kafka.registry import REQUEST_TIMEOUT_S
+from tests.integration.conftest import Env, KafkaRecord, MakeEnv, summary_of
 from tests.services.apicurio import Apicurio
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"])]
@@ -57,7 +62,7 @@ V1: dict[str, Any] = {
 
 def v2() -> dict[str, Any]:
     """V1 with a new optional field, a new nested field, and ``qty`` widened to long."""
-    schema = json.loads(json.dumps(V1))
+    schema: dict[str, Any] = json.loads(json.dumps(V1))
     schema["fields"].append({"name": "coupon", "type": ["null", "string"], "default": None})
     address = schema["fields"][5]["type"]
     address["fields"].append({"name": "zip", "type": ["null", "int"], "default": None})
@@ -89,7 +94,7 @@ def order(i: int, version: int = 1) -> dict[str, Any]:
 class Avro:
     """Writes orders as a producing service does: confluent-kafka's AvroSerializer, auto-registering."""
 
-    def __init__(self, env, registry: Apicurio, subject: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, env: Env, registry: Apicurio, subject: str | None = None) -> None:
         self.env = env
         self.client = SchemaRegistryClient({"url": registry.url, "timeout": REQUEST_TIMEOUT_S})
         self.client.set_config(
@@ -103,12 +108,13 @@ class Avro:
         conf: dict[str, Any] = {"auto.register.schemas": True}
         if self.subject is not None:
             conf["subject.name.strategy"] = lambda ctx, name: self.subject
-        return AvroSerializer(self.client, json.dumps(schema), conf=conf)
+        serializer: AvroSerializer = AvroSerializer(self.client, json.dumps(schema), conf=conf)
+        return serializer
 
     def produce(self, count: int, schema: dict[str, Any] = V1, version: int = 1) -> None:
         serializer = self.serializer(schema)
         start = self.env.produced
-        records = [
+        records: list[KafkaRecord] = [
             (i % self.env.partitions, f"k{i}".encode(), serializer(order(i, version), self.context), [])
             for i in range(start, start + count)
         ]
@@ -117,12 +123,12 @@ class Avro:
 
     def raw(self, values: list[bytes | None]) -> None:
         start = self.env.produced
-        records = [(0, f"k{start + n}".encode(), value, []) for n, value in enumerate(values)]
+        records: list[KafkaRecord] = [(0, f"k{start + n}".encode(), value, []) for n, value in enumerate(values)]
         produce(self.env.bootstrap, self.env.topic, records)
         self.env.produced += len(values)
 
 
-def avro_env(make_env, registry: Apicurio, **overrides: Any):  # type: ignore[no-untyped-def]
+def avro_env(make_env: MakeEnv, registry: Apicurio, **overrides: Any) -> Env:
     env = make_env(partitions=2, schema=None, **{"partition_by": ["day(created_at)"], **overrides})
     data = yaml.safe_load(env.config_path.read_text())
     data["topics"] = [{"name": env.topic, "format": "avro"}]
@@ -132,25 +138,38 @@ def avro_env(make_env, registry: Apicurio, **overrides: Any):  # type: ignore[no
     return env
 
 
-def _set(env, **keys: Any) -> None:  # type: ignore[no-untyped-def]
+def _set(env: Env, **keys: Any) -> None:
     data = yaml.safe_load(env.config_path.read_text())
     data.update(keys)
     env.config_path.write_text(yaml.safe_dump(data))
 
 
-def _table(env):  # type: ignore[no-untyped-def]
+def _table(env: Env) -> Table:
     config = env.config
     return connect(config.catalog).load_table(config.table)
 
 
-def _dead_letters(env) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def _operation(snapshot: Snapshot) -> str:
+    assert snapshot.summary is not None
+    return snapshot.summary.operation.value
+
+
+def _schema_of(table: Table, snapshot: Snapshot) -> IcebergSchema:
+    """The schema ``snapshot`` was committed with."""
+    assert snapshot.schema_id is not None
+    schema = table.metadata.schema_by_id(snapshot.schema_id)
+    assert schema is not None
+    return schema
+
+
+def _dead_letters(env: Env) -> list[dict[str, Any]]:
     config = env.config
     table = connect(config.catalog).load_table(config.dead_letters)
     return sorted(table.scan(selected_fields=("offset", "error")).to_arrow().to_pylist(), key=lambda r: r["offset"])
 
 
 def test_an_avro_topic_with_nested_types_lands_and_a_new_writer_schema_evolves_the_table_with_its_batch(
-    make_env, registry
+    make_env: MakeEnv, registry: Apicurio
 ) -> None:
     env = avro_env(make_env, registry, batch={"max_records": 1_000, "read_timeout_s": 20})
     writer = Avro(env, registry)
@@ -184,7 +203,7 @@ def test_an_avro_topic_with_nested_types_lands_and_a_new_writer_schema_evolves_t
     assert len(table.metadata.snapshots) == snapshots_before + 1  # one batch: data, ledger and schema together
     snapshot = table.metadata.snapshots[-1]
     assert snapshot.schema_id == table.metadata.current_schema_id != schema_before
-    assert any(key.startswith("ingest.orders.") for key in snapshot.summary.additional_properties)
+    assert any(key.startswith("ingest.orders.") for key in summary_of(snapshot))
     schema = table.schema()
     assert str(schema.find_field("qty").field_type) == "long" and not schema.find_field("coupon").required
     assert schema.find_field("address.city").field_id == _field_id_before(env, schema_before, "address.city")
@@ -198,12 +217,14 @@ def test_an_avro_topic_with_nested_types_lands_and_a_new_writer_schema_evolves_t
     env.verify()
 
 
-def _field_id_before(env, schema_id: int, name: str) -> int:  # type: ignore[no-untyped-def]
+def _field_id_before(env: Env, schema_id: int, name: str) -> int:
     schema = next(s for s in _table(env).metadata.schemas if s.schema_id == schema_id)
     return schema.find_field(name).field_id
 
 
-def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them(make_env, registry) -> None:
+def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     """Records written with a schema the topic's subject never had (another subject: the record-name
     strategy of one producer): the batch, produced for the subject's latest, is produced again
     for the evolved schema, and commits once."""
@@ -226,7 +247,9 @@ def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them
 GAP = 50_000
 
 
-def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_two_batches(make_env, registry) -> None:
+def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_two_batches(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     """Seven writer schemas the subject's latest does not have (each registered under a subject of
     its own), each met in a read chunk of its own: the batch catches up with five, ends before the
     first record of the sixth and commits; the next batch catches up with the others."""
@@ -254,11 +277,8 @@ def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_
     first = {r["partition"]: (r["start"], r["end"]) for r in batches[0]["ranges"]}
     assert first == {0: (0, news[5]), 1: (0, 1_000)}, first  # up to the sixth new schema's first record
     table = _table(env)
-    snapshots = [s for s in table.metadata.snapshots if s.summary.operation.value == "append"]
-    columns = [
-        [f.name for f in table.metadata.schema_by_id(s.schema_id).fields if f.name.startswith("extra_")]
-        for s in snapshots
-    ]
+    snapshots = [s for s in table.metadata.snapshots if _operation(s) == "append"]
+    columns = [[f.name for f in _schema_of(table, s).fields if f.name.startswith("extra_")] for s in snapshots]
     assert columns == [[f"extra_{k}" for k in range(1, 6)], [f"extra_{k}" for k in range(1, 8)]], columns
     extras = table.scan(
         row_filter="_kafka_partition = 0", selected_fields=("_kafka_offset", *(f"extra_{k}" for k in range(1, 8)))
@@ -270,11 +290,14 @@ def test_more_new_writer_schemas_in_a_batch_than_it_catches_up_with_commit_over_
     env.verify()
 
 
-def test_poison_records_of_each_kind_become_dead_letters_naming_the_cause(make_env, registry) -> None:
+def test_poison_records_of_each_kind_become_dead_letters_naming_the_cause(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     env = avro_env(make_env, registry)
     writer = Avro(env, registry)
     writer.produce(50)
     good = writer.serializer(V1)(order(999), writer.context)
+    assert good is not None
     schema_id = int.from_bytes(good[1:5], "big")
     unknown = b"\x00" + (schema_id + 10_000).to_bytes(4, "big") + good[5:]
     writer.raw([None, b'{"order_id": 1}', b"\x00\x00", good[:-3], unknown, good + b"\x00\x00\x00\x00", good])
@@ -294,7 +317,7 @@ def test_poison_records_of_each_kind_become_dead_letters_naming_the_cause(make_e
     env.verify()
 
 
-def test_a_schema_registry_that_is_down_is_retryable_and_loses_nothing(make_env, registry) -> None:
+def test_a_schema_registry_that_is_down_is_retryable_and_loses_nothing(make_env: MakeEnv, registry: Apicurio) -> None:
     env = avro_env(make_env, registry)
     Avro(env, registry).produce(100)
     assert env.cli("run").returncode == 0
@@ -312,7 +335,9 @@ def test_a_schema_registry_that_is_down_is_retryable_and_loses_nothing(make_env,
     env.verify()
 
 
-def test_on_schema_change_fail_stops_and_dead_letter_sets_the_records_aside(make_env, registry) -> None:
+def test_on_schema_change_fail_stops_and_dead_letter_sets_the_records_aside(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     env = avro_env(make_env, registry)
     writer = Avro(env, registry)
     writer.produce(100)
@@ -337,7 +362,7 @@ def test_on_schema_change_fail_stops_and_dead_letter_sets_the_records_aside(make
     env.verify()
 
 
-def test_a_type_change_iceberg_cannot_follow_stops_the_run(make_env, registry) -> None:
+def test_a_type_change_iceberg_cannot_follow_stops_the_run(make_env: MakeEnv, registry: Apicurio) -> None:
     env = avro_env(make_env, registry)
     writer = Avro(env, registry)
     writer.produce(20)
@@ -359,7 +384,7 @@ def test_a_type_change_iceberg_cannot_follow_stops_the_run(make_env, registry) -
 @pytest.mark.crash
 @pytest.mark.parametrize("point", POINTS)
 def test_sigkill_at_each_step_of_a_batch_evolving_for_a_writer_schema_leaves_schema_and_data_together(
-    make_env, registry, point: str
+    make_env: MakeEnv, registry: Apicurio, point: str
 ) -> None:
     env = avro_env(make_env, registry)
     writer = Avro(env, registry)
@@ -399,7 +424,9 @@ JSON_ORDER: dict[str, Any] = {
 }
 
 
-def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its_batch(make_env, registry) -> None:
+def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its_batch(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     from confluent_kafka.schema_registry.json_schema import JSONSerializer
 
     env = avro_env(make_env, registry)
@@ -412,7 +439,7 @@ def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its
 
     def send(schema: dict[str, Any], start: int, count: int, **extra: Any) -> None:
         serializer = JSONSerializer(json.dumps(schema), client, conf={"auto.register.schemas": True})
-        records = []
+        records: list[KafkaRecord] = []
         for i in range(start, start + count):
             value = {
                 "order_id": i,
@@ -449,7 +476,9 @@ def test_a_json_schema_topic_lands_and_a_new_property_evolves_the_table_with_its
     env.verify()
 
 
-def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch(make_env, registry) -> None:
+def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 
     from tests.unit.test_protobuf import classes, order_file
@@ -465,7 +494,7 @@ def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch
     def send(start: int, count: int, extra: bool) -> None:
         order = classes(order_file(extra=extra))
         serializer = ProtobufSerializer(order, client, {"use.deprecated.format": False})
-        records = []
+        records: list[KafkaRecord] = []
         for i in range(start, start + count):
             message = order(order_id=i, status=i % 2, big=2**63 + i)
             message.lines.add(sku=f"sku-{i % 3}", qty=i % 5)
@@ -498,7 +527,9 @@ def test_a_protobuf_topic_lands_and_a_new_field_evolves_the_table_with_its_batch
     env.verify()
 
 
-def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_references(make_env, registry) -> None:
+def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_references(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     """Schemas that refer to schemas of other subjects: a Protobuf file importing another (registered
     as references by confluent-kafka's ``ProtobufSerializer``), and an Avro record naming a type of
     another subject (registered with a reference by hand, as Confluent documents)."""
@@ -518,7 +549,7 @@ def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_ref
     payment = GetMessageClass(pool.FindMessageTypeByName("shop.Payment"))
     serializer = ProtobufSerializer(payment, client, {"use.deprecated.format": False})
     context = SerializationContext(proto_env.topic, MessageField.VALUE)
-    messages = []
+    messages: list[KafkaRecord] = []
     for i in range(40):
         message = payment(payment_id=i)
         message.total.currency, message.total.units = i % 2, 100 + i
@@ -529,6 +560,7 @@ def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_ref
 
     assert done.returncode == 0, done.stderr
     registered = client.get_latest_version(f"{proto_env.topic}-value").schema.references
+    assert registered is not None
     assert [r.name for r in registered] == ["shop/money.proto"]  # the serializer's, resolved by ingest
     rows = _table(proto_env).scan().to_arrow().sort_by("payment_id").to_pylist()
     assert [r["total"] for r in rows[:2]] == [{"currency": "EUR", "units": 100}, {"currency": "USD", "units": 101}]
@@ -547,7 +579,7 @@ def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_ref
     schema = Schema(json.dumps(record), "AVRO", [SchemaReference("shop.Money", f"{prefix}-money", 1)])
     avro_serializer = AvroSerializer(client, schema, conf={"auto.register.schemas": True})
     context = SerializationContext(avro_env_.topic, MessageField.VALUE)
-    values = [
+    values: list[KafkaRecord] = [
         (
             i % 2,
             f"k{i}".encode(),
@@ -562,7 +594,8 @@ def test_protobuf_imports_and_avro_named_types_resolve_through_the_registrys_ref
 
     assert done.returncode == 0, done.stderr
     table = _table(avro_env_)
-    assert [f.name for f in table.schema().find_field("total").field_type.fields] == ["currency", "units"]
+    total = table.schema().find_field("total").field_type
+    assert isinstance(total, StructType) and [f.name for f in total.fields] == ["currency", "units"]
     rows = table.scan().to_arrow().sort_by("payment_id").to_pylist()
     assert [r["total"] for r in rows[:2]] == [{"currency": "USD", "units": 0}, {"currency": "USD", "units": 1}]
     assert len(rows) == 30
@@ -573,7 +606,9 @@ KEY_V1 = {"type": "record", "name": "OrderKey", "namespace": "shop", "fields": [
 KEY_V2 = {**KEY_V1, "fields": [*KEY_V1["fields"], {"name": "region", "type": ["null", "string"], "default": None}]}
 
 
-def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_its_batch(make_env, registry) -> None:
+def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_its_batch(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     """``key_format: avro``: keys written by confluent-kafka's AvroSerializer (subject
     ``<topic>-key``) land as a struct beside the raw key; a key schema that adds a field mid-stream
     evolves the column in the batch's own snapshot, old rows reading null in it."""
@@ -588,7 +623,7 @@ def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_i
 
     def send(start: int, count: int, key_schema: dict[str, Any]) -> None:
         keys = AvroSerializer(writer.client, json.dumps(key_schema), conf={"auto.register.schemas": True})
-        records = []
+        records: list[KafkaRecord] = []
         for i in range(start, start + count):
             key: dict[str, Any] = {"tenant": f"t{i % 3}"}
             if key_schema is KEY_V2:
@@ -610,7 +645,7 @@ def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_i
     assert table.metadata.snapshots[-1].schema_id == table.metadata.current_schema_id
     key_type = table.schema().find_field("_kafka_key_decoded").field_type
     assert table.schema().find_field("order_id").required  # the key's evolution leaves the values' columns be
-    assert [f.name for f in key_type.fields] == ["tenant", "region"]
+    assert isinstance(key_type, StructType) and [f.name for f in key_type.fields] == ["tenant", "region"]
     rows = table.scan().to_arrow().sort_by("order_id").to_pylist()
     assert [r["order_id"] for r in rows] == list(range(180))
     assert rows[4]["_kafka_key_decoded"] == {"tenant": "t1", "region": None}
@@ -619,7 +654,7 @@ def test_avro_keys_land_in_the_key_column_and_a_new_key_schema_evolves_it_with_i
     env.verify()
 
 
-def test_string_keys_of_json_values_land_decoded_and_a_key_that_is_not_utf8_is_a_dead_letter(make_env) -> None:
+def test_string_keys_of_json_values_land_decoded_and_a_key_that_is_not_utf8_is_a_dead_letter(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, partition_by=["bucket(4, _kafka_key_decoded)"])
     _set(env, topics=[{"name": env.topic, "key_format": "string"}])
     env.produce(50)
@@ -638,7 +673,9 @@ def test_string_keys_of_json_values_land_decoded_and_a_key_that_is_not_utf8_is_a
     env.verify()
 
 
-def test_a_field_the_writers_renamed_lands_in_the_same_column_when_the_config_says_so(make_env, registry) -> None:
+def test_a_field_the_writers_renamed_lands_in_the_same_column_when_the_config_says_so(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
     """v2 of the writer schema renames ``qty`` to ``quantity``; with ``renames: {qty: quantity}`` the
     table's column keeps its field id under the new name (renamed in the batch's snapshot), and
     records of v1 and v2 both land in it."""
@@ -652,7 +689,7 @@ def test_a_field_the_writers_renamed_lands_in_the_same_column_when_the_config_sa
     renamed["fields"][10]["name"] = "quantity"
     _set(env, renames={"qty": "quantity"})
     new, old = writer.serializer(renamed), writer.serializer(V1)
-    records = []
+    records: list[KafkaRecord] = []
     for i in range(60, 100):
         value = order(i)
         if i < 80:
@@ -672,7 +709,7 @@ def test_a_field_the_writers_renamed_lands_in_the_same_column_when_the_config_sa
     env.verify()
 
 
-def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env) -> None:
+def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_file(make_env: MakeEnv) -> None:
     """A topic of plain Avro bodies (no wire-format prefix, no registry: what fastavro's
     ``schemaless_writer`` writes), its writer schema in an ``.avsc`` file beside the config."""
     import io
@@ -686,7 +723,7 @@ def test_plain_avro_with_a_schema_file_lands_without_a_registry_and_follows_the_
 
     def send(schema: dict[str, Any], start: int, count: int, version: int) -> None:
         parsed = fastavro.parse_schema(json.loads(json.dumps(schema)))
-        records = []
+        records: list[KafkaRecord] = []
         for i in range(start, start + count):
             body = io.BytesIO()
             fastavro.schemaless_writer(body, parsed, order(i, version))

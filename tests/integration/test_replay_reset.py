@@ -17,8 +17,8 @@ from ingest.assembly import Opened, open_pipeline
 from ingest.errors import BranchGone, ReplayImpossible
 from ingest.kafka.admin import create_topic
 from ingest.runner import engine_for
-from tests.integration.conftest import REPO, Env, needs_apache_kafka, produce_numbered
-from tests.runs import catch_up, one_batch, replay_on
+from tests.integration.conftest import REPO, Env, MakeEnv, needs_apache_kafka, produce_numbered, summary_of
+from tests.runs import catch_up, head_ledger, one_batch, replay_on
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def _run_all(pipeline: Opened) -> None:
         pass
 
 
-def test_the_same_reset_twice_moves_the_ledger_once(make_env) -> None:
+def test_the_same_reset_twice_moves_the_ledger_once(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(400, bad_every=20)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -53,13 +53,13 @@ def test_the_same_reset_twice_moves_the_ledger_once(make_env) -> None:
     assert dead == env.bad  # dead letters are not duplicated: their ledger is a floor
 
 
-def test_reset_to_latest_skips_and_records_who_and_why(make_env) -> None:
+def test_reset_to_latest_skips_and_records_who_and_why(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(100)
     result = env.cli("reset", "--to-latest", "--reason", "skip backlog", "--json")
     assert result.returncode == 0, result.stderr
     pipeline = open_pipeline(env.config)
-    summary = pipeline.rows.table.current_snapshot().summary.additional_properties
+    summary = summary_of(pipeline.rows.table.current_snapshot())
     assert summary["ingest.orders.reset-reason"] == "skip backlog"
     assert "@" in summary["ingest.orders.reset-by"]
     env.produce(30)
@@ -68,18 +68,19 @@ def test_reset_to_latest_skips_and_records_who_and_why(make_env) -> None:
     env.verify()
 
 
-def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> None:
+def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env: MakeEnv) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=25)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
-    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    snapshot_s = head_ledger(pipeline).snapshot_id
     env.produce(1_000, bad_every=25)
     one_batch(pipeline)  # the "bad deploy" batch the user wants redone
 
     first = replay_on(pipeline, snapshot_id=snapshot_s)
     assert first.action == "replayed" and first.batches
     comparison = first.comparison
+    assert comparison is not None and first.branch is not None
     assert sum(r.branch_rows for r in comparison) == sum(r.main_rows for r in comparison)
     assert pipeline.rows.branch_head("main") != pipeline.rows.branch_head(first.branch)
 
@@ -98,13 +99,13 @@ def test_replay_into_a_branch_then_publish_while_new_data_arrives(make_env) -> N
     env.verify()
 
 
-def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
+def test_rollback_replay_resumes_from_the_snapshot(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(600, bad_every=30)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
-    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
-    ledger_s = pipeline.ledger().ledger  # type: ignore[union-attr]
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    ledger_s = head_ledger(pipeline).ledger
     rows_at_s = env.counts()
     env.produce(600, bad_every=30)
     one_batch(pipeline)
@@ -122,7 +123,7 @@ def test_rollback_replay_resumes_from_the_snapshot(make_env) -> None:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env) -> None:
+def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env: MakeEnv) -> None:
     """Two copies of ``ingest replay --from-snapshot S --publish``: the first publishes the branch
     (and removes it) while the second still works on it. The second stops with a retryable error
     naming the branch, not a crash, and main holds every record once."""
@@ -130,7 +131,7 @@ def test_a_replay_whose_branch_another_replay_published_stops_saying_so(make_env
     env.produce(400, bad_every=20)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
-    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    snapshot_s = head_ledger(pipeline).snapshot_id
     env.produce(400, bad_every=20)
     one_batch(pipeline)
     assert env.cli("replay", "--from-snapshot", str(snapshot_s)).returncode == 0  # the branch, caught up
@@ -179,7 +180,7 @@ class _TwoPipelines:
 
     def ledger_snapshot(self, refunds: bool = False) -> int:
         path = self.refunds_path if refunds else self.env.config_path
-        return open_pipeline(config_module.load(path)).ledger().snapshot_id  # type: ignore[union-attr]
+        return head_ledger(open_pipeline(config_module.load(path))).snapshot_id
 
     def exact(self) -> None:
         for refunds in (False, True):
@@ -194,7 +195,9 @@ class _TwoPipelines:
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize("rolled_back", ["past-the-fork", "since-the-fork"])
-def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(make_env, rolled_back: str) -> None:
+def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(
+    make_env: MakeEnv, rolled_back: str
+) -> None:
     """Two pipelines on one table (and one dead-letter table). ``refunds`` replays from S into a
     branch; meanwhile ``orders`` rolls main back: past S (the branch holds orders' rows main has
     dropped, which orders reads again) or to a snapshot since S (its dead letters were rewound on
@@ -236,7 +239,7 @@ def test_a_publish_after_another_pipelines_rollback_is_refused_changing_nothing(
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make_env) -> None:
+def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make_env: MakeEnv) -> None:
     """``ingest maintain`` compacted the table (its snapshot re-stamps both pipelines' ledgers) and
     expired ``refunds``' own snapshots; ``orders`` then replays from a snapshot below the compaction
     whose parents are gone too, and publishes. Compactions are not carried over, so main lost the
@@ -261,12 +264,12 @@ def test_a_publish_keeps_the_ledger_of_a_pipeline_only_a_compaction_carried(make
 
 
 @needs_apache_kafka
-def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env) -> None:
+def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     env.produce(200)
     pipeline = open_pipeline(env.config)
     one_batch(pipeline)
-    snapshot_s = pipeline.ledger().snapshot_id  # type: ignore[union-attr]
+    snapshot_s = head_ledger(pipeline).snapshot_id
     env.produce(200)
     one_batch(pipeline)
     committed = pipeline.rows.table.metadata.snapshot_by_id(snapshot_s)
@@ -284,7 +287,7 @@ def test_replay_of_offsets_kafka_no_longer_holds_fails_before_changing_anything(
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize("read_between", [0, 15])
-def test_verify_counts_the_net_effect_of_successive_resets(make_env, read_between: int) -> None:
+def test_verify_counts_the_net_effect_of_successive_resets(make_env: MakeEnv, read_between: int) -> None:
     """``reset --to-earliest`` then ``--to-latest`` (with nothing, or part of the re-read range,
     ingested between): each offset is expected as many times as the ledger's moves read it
     (once, plus once per backward reset over it, less once per forward one), not "missing" and
@@ -307,7 +310,7 @@ def test_verify_counts_the_net_effect_of_successive_resets(make_env, read_betwee
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(make_env) -> None:
+def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(make_env: MakeEnv) -> None:
     env = make_env(partitions=1)
     nothing = env.cli("verify")
     assert nothing.returncode == 0 and "nothing committed yet" in nothing.stdout
@@ -339,7 +342,7 @@ def test_verify_says_what_it_checked_and_prints_one_json_document_when_it_fails(
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_verify_right_after_a_backward_reset_expects_what_is_left_to_read_again(make_env) -> None:
+def test_verify_right_after_a_backward_reset_expects_what_is_left_to_read_again(make_env: MakeEnv) -> None:
     """The rows above a backward reset's target were read once and are to be read again: until
     then they are neither missing nor unexpected."""
     env = make_env(partitions=1)
@@ -357,7 +360,9 @@ def test_verify_right_after_a_backward_reset_expects_what_is_left_to_read_again(
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_poison_record_a_forward_reset_skipped_is_a_dead_letter_once_a_backward_reset_reads_it(make_env) -> None:
+def test_a_poison_record_a_forward_reset_skipped_is_a_dead_letter_once_a_backward_reset_reads_it(
+    make_env: MakeEnv,
+) -> None:
     """Partition 1 skipped to its end, a batch of partition 0 (whose dead letters move the
     dead-letter ledger past partition 1's skipped range too), then everything read again from
     the earliest offset: partition 1's poison records are dead letters, not in neither table."""

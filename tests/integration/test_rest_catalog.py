@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.conftest import Env, MakeEnv
 from tests.services.faultproxy import Fault, FaultProxy
 from tests.services.iceberg_rest import RestCatalog
 
@@ -29,7 +30,7 @@ def proxy(rest_local: RestCatalog) -> Iterator[FaultProxy]:
         yield running
 
 
-def _env(make_env, proxy: FaultProxy):  # type: ignore[no-untyped-def]
+def _env(make_env: MakeEnv, proxy: FaultProxy) -> Env:
     """A pipeline whose catalog is the REST server behind ``proxy``, its tables made by a first run."""
     env = make_env(
         catalog={"name": "lake_rest", "type": "rest", "uri": proxy.uri},
@@ -41,7 +42,7 @@ def _env(make_env, proxy: FaultProxy):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_a_rows_commit_with_an_unknown_outcome_lands_once(make_env, proxy: FaultProxy, fault: Fault) -> None:
+def test_a_rows_commit_with_an_unknown_outcome_lands_once(make_env: MakeEnv, proxy: FaultProxy, fault: Fault) -> None:
     env = _env(make_env, proxy)
     env.produce(800, bad_every=50)
     plan = proxy.arm(fault, table="orders", hold_s=HOLD_S)
@@ -59,7 +60,7 @@ def test_a_rows_commit_with_an_unknown_outcome_lands_once(make_env, proxy: Fault
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_sigkill_once_the_commit_met_its_fault_then_rerun(make_env, proxy: FaultProxy, fault: Fault) -> None:
+def test_sigkill_once_the_commit_met_its_fault_then_rerun(make_env: MakeEnv, proxy: FaultProxy, fault: Fault) -> None:
     env = _env(make_env, proxy)
     env.produce(800, bad_every=50)
     plan = proxy.arm(fault, table="orders", hold_s=HOLD_S)
@@ -80,7 +81,7 @@ def test_sigkill_once_the_commit_met_its_fault_then_rerun(make_env, proxy: Fault
     env.verify()
 
 
-def test_a_dead_letter_commit_with_a_lost_answer_lands_once(make_env, proxy: FaultProxy) -> None:
+def test_a_dead_letter_commit_with_a_lost_answer_lands_once(make_env: MakeEnv, proxy: FaultProxy) -> None:
     env = _env(make_env, proxy)
     env.produce(800, bad_every=50)
     plan = proxy.arm("drop", table="orders_dead_letter")
@@ -92,7 +93,7 @@ def test_a_dead_letter_commit_with_a_lost_answer_lands_once(make_env, proxy: Fau
 
 
 def test_a_catalog_failing_every_commit_stops_the_run_and_the_next_lands_everything(
-    make_env, proxy: FaultProxy
+    make_env: MakeEnv, proxy: FaultProxy
 ) -> None:
     env = _env(make_env, proxy)
     env.produce(800, bad_every=50)

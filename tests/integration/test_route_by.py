@@ -16,7 +16,7 @@ import yaml
 
 from ingest.assembly import open_pipeline
 from tests.content import assert_holds
-from tests.integration.conftest import BAD_VALUES, Env, race
+from tests.integration.conftest import BAD_VALUES, Env, MakeEnv, race
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def route(env: Env, **spec: Any) -> None:
 
 
 @pytest.fixture
-def by_value(make_env) -> RoutedByValue:  # type: ignore[no-untyped-def]
+def by_value(make_env: MakeEnv) -> RoutedByValue:
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
     route(env, field="kind", allow=["click", "view"])
     return RoutedByValue(env)
@@ -130,7 +130,7 @@ def test_records_go_to_the_table_their_value_names_created_on_first_use(by_value
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying_why(make_env) -> None:
+def test_a_header_names_the_table_and_values_not_allowed_are_dead_letters_saying_why(make_env: MakeEnv) -> None:
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
     route(env, header="kind", allow=["click", "view"])
     by_header = RoutedByValue(env)
@@ -196,7 +196,7 @@ def _exists(by_value: RoutedByValue, kind: str) -> bool:
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_without_allow_each_value_names_a_table_in_lower_case(make_env) -> None:
+def test_without_allow_each_value_names_a_table_in_lower_case(make_env: MakeEnv) -> None:
     env: Env = make_env(partitions=3, batch={"max_records": 1_000, "read_timeout_s": 20})
     route(env, field="kind")
     open_ended = RoutedByValue(env)
@@ -288,7 +288,7 @@ def test_a_table_that_cannot_take_the_rows_gets_dead_letters_saying_why_until_it
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_a_routed_table_another_tool_changed_takes_dead_letters_and_keeps_its_rows_counted(make_env) -> None:
+def test_a_routed_table_another_tool_changed_takes_dead_letters_and_keeps_its_rows_counted(make_env: MakeEnv) -> None:
     env: Env = make_env(
         partitions=3,
         batch={"max_records": 1_000, "read_timeout_s": 20},
@@ -320,7 +320,7 @@ def test_a_routed_table_another_tool_changed_takes_dead_letters_and_keeps_its_ro
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_a_table_refused_after_a_kill_past_its_commit_keeps_what_it_holds_and_nothing_twice(make_env) -> None:
+def test_a_table_refused_after_a_kill_past_its_commit_keeps_what_it_holds_and_nothing_twice(make_env: MakeEnv) -> None:
     env: Env = make_env(
         partitions=3,
         batch={"max_records": 1_000, "read_timeout_s": 20},

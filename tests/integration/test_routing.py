@@ -13,7 +13,7 @@ import yaml
 
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic, produce
-from tests.integration.conftest import REPO, Env, Routed, produce_numbered, race, record
+from tests.integration.conftest import REPO, Env, MakeEnv, Routed, produce_numbered, race, record
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def _by_pattern(env: Env, pattern: str) -> None:
     env.config_path.write_text(yaml.safe_dump(data))
 
 
-def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(make_env) -> None:
+def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     _by_pattern(env, f"{env.topic}(_.*)?")
     unrelated = f"x{env.topic}"  # matches only a search, not the whole name
@@ -59,7 +59,7 @@ def test_a_topic_created_mid_run_that_matches_is_read_from_its_earliest_offset(m
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("how", ["--rollback", "--publish"])
-def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_env, how: str) -> None:
+def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_env: MakeEnv, how: str) -> None:
     env = make_env(partitions=2)
     _by_pattern(env, f"{env.topic}(_.*)?")
     env.produce(400, bad_every=23)
@@ -81,7 +81,7 @@ def test_a_rollback_past_a_topics_first_read_removes_its_dead_letters_too(make_e
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_a_pattern_that_matches_nothing_reads_nothing_and_says_so(make_env) -> None:
+def test_a_pattern_that_matches_nothing_reads_nothing_and_says_so(make_env: MakeEnv) -> None:
     env = make_env(partitions=1)
     _by_pattern(env, f"{env.topic}_none_.*")
     env.produce(10)

@@ -11,26 +11,28 @@ from typing import Any
 
 import pytest
 import yaml
+from pyiceberg.table import Table
 
 from ingest.failpoints import POINTS
 from ingest.iceberg.catalog import connect
 from ingest.intents import Append
 from ingest.kafka.admin import produce
+from tests.integration.conftest import Env, KafkaRecord, MakeEnv
 
 pytestmark = pytest.mark.integration
 
 
-def _schema(env, *fields: dict[str, Any], relax: str | None = None) -> None:  # type: ignore[no-untyped-def]
+def _schema(env: Env, *fields: dict[str, Any], relax: str | None = None) -> None:
     """Add ``fields`` to the config's ``schema:``, and make ``relax`` optional."""
     data = yaml.safe_load(env.config_path.read_text())
     data["schema"] = [dict(f, required=False) if f["name"] == relax else f for f in data["schema"]] + list(fields)
     env.config_path.write_text(yaml.safe_dump(data))
 
 
-def _orders(env, count: int, **extra: Any) -> None:  # type: ignore[no-untyped-def]
+def _orders(env: Env, count: int, **extra: Any) -> None:
     """Orders ``env.produced..+count`` with ``extra`` fields (a callable gets the order id)."""
     start = env.produced
-    records = []
+    records: list[KafkaRecord] = []
     for i in range(start, start + count):
         value = {"order_id": i, "amount": f"{i}.50", "created_at": "2026-12-01T10:00:00Z"}
         value |= {k: (v(i) if callable(v) else v) for k, v in extra.items()}
@@ -39,13 +41,13 @@ def _orders(env, count: int, **extra: Any) -> None:  # type: ignore[no-untyped-d
     env.produced += count
 
 
-def _table(env):  # type: ignore[no-untyped-def]
+def _table(env: Env) -> Table:
     """The rows table as the catalog has it (opening a pipeline would evolve nothing, but may refuse)."""
     config = env.config
     return connect(config.catalog).load_table(config.table)
 
 
-def test_columns_added_relaxed_and_widened_evolve_in_the_batchs_own_snapshot(make_env) -> None:
+def test_columns_added_relaxed_and_widened_evolve_in_the_batchs_own_snapshot(make_env: MakeEnv) -> None:
     env = make_env(partitions=2, batch={"chunk_records": 10, "workers": 2})  # a worker process writes too
     _orders(env, 100, note="ignored while the schema lacks it")
     assert env.cli("run").returncode == 0
@@ -96,7 +98,9 @@ def test_columns_added_relaxed_and_widened_evolve_in_the_batchs_own_snapshot(mak
         ({"name": "region", "type": "string", "required": True}, "cannot add required column: region"),
     ],
 )
-def test_a_change_the_table_cannot_take_stops_before_anything_moves(make_env, change, says) -> None:
+def test_a_change_the_table_cannot_take_stops_before_anything_moves(
+    make_env: MakeEnv, change: dict[str, Any], says: str
+) -> None:
     env = make_env(partitions=1)
     _orders(env, 20)
     assert env.cli("run").returncode == 0
@@ -116,7 +120,9 @@ def test_a_change_the_table_cannot_take_stops_before_anything_moves(make_env, ch
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_each_step_of_an_evolving_batch_leaves_schema_and_data_together(make_env, point) -> None:
+def test_sigkill_at_each_step_of_an_evolving_batch_leaves_schema_and_data_together(
+    make_env: MakeEnv, point: str
+) -> None:
     env = make_env(partitions=2)
     _orders(env, 100)
     assert env.cli("run").returncode == 0
@@ -139,7 +145,7 @@ def test_sigkill_at_each_step_of_an_evolving_batch_leaves_schema_and_data_togeth
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_files_written_for_an_evolution_another_writer_overtook_are_never_committed(make_env) -> None:
+def test_files_written_for_an_evolution_another_writer_overtook_are_never_committed(make_env: MakeEnv) -> None:
     import pyarrow as pa
     from pyiceberg.types import StringType
 
@@ -171,7 +177,7 @@ def test_files_written_for_an_evolution_another_writer_overtook_are_never_commit
     env.verify()
 
 
-def test_nested_fields_land_in_iceberg_and_a_field_added_inside_a_struct_evolves(make_env) -> None:
+def test_nested_fields_land_in_iceberg_and_a_field_added_inside_a_struct_evolves(make_env: MakeEnv) -> None:
     env = make_env(partitions=1)
     _schema(env, {"name": "addr", "type": "struct<city: string>"}, {"name": "tags", "type": "list<string>"})
     _orders(env, 10, addr=lambda i: {"city": f"c{i}", "zip": i}, tags=lambda i: [f"t{i}"] * (i % 3))
@@ -201,7 +207,9 @@ def test_nested_fields_land_in_iceberg_and_a_field_added_inside_a_struct_evolves
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_as_rows_exactly_once(make_env) -> None:
+def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_as_rows_exactly_once(
+    make_env: MakeEnv,
+) -> None:
     """Records with a null ``note`` are dead letters while ``note`` is required. The operator
     relaxes it and rolls main back to before them: the re-read lands every one of them as a row,
     once, and none stays a dead letter; the relaxation rides with the first batch after the rollback."""
@@ -209,7 +217,9 @@ def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_
     _schema(env, {"name": "note", "type": "string", "required": True})
     _orders(env, 60, note=lambda i: f"n{i}")
     assert env.cli("run").returncode == 0
-    snapshot_s = _table(env).current_snapshot().snapshot_id
+    head = _table(env).current_snapshot()
+    assert head is not None
+    snapshot_s = head.snapshot_id
     _orders(env, 300, note=lambda i: None if i % 3 == 0 else f"n{i}")
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (260, 100)
@@ -229,7 +239,7 @@ def test_a_required_field_relaxed_after_a_rollback_reads_its_dead_letters_again_
     env.verify()
 
 
-def _rename_qty(env) -> None:  # type: ignore[no-untyped-def]
+def _rename_qty(env: Env) -> None:
     """The writers renamed ``qty`` to ``quantity``: ``schema:`` says the new name, ``renames:`` the old."""
     data = yaml.safe_load(env.config_path.read_text())
     data["schema"] = [dict(f, name="quantity") if f["name"] == "qty" else f for f in data["schema"]]
@@ -237,7 +247,7 @@ def _rename_qty(env) -> None:  # type: ignore[no-untyped-def]
     env.config_path.write_text(yaml.safe_dump(data))
 
 
-def test_a_column_renamed_by_config_keeps_its_field_id_and_takes_records_of_either_name(make_env) -> None:
+def test_a_column_renamed_by_config_keeps_its_field_id_and_takes_records_of_either_name(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     _schema(env, {"name": "qty", "type": "int"})
     _orders(env, 50, qty=lambda i: i)
@@ -253,7 +263,8 @@ def test_a_column_renamed_by_config_keeps_its_field_id_and_takes_records_of_eith
     assert renamed.returncode == 0, renamed.stderr
     table = _table(env)
     assert len(table.metadata.snapshots) == len(before.metadata.snapshots) + 1  # rename, data and ledger: one
-    assert table.current_snapshot().schema_id == table.schema().schema_id  # type: ignore[union-attr]
+    head = table.current_snapshot()
+    assert head is not None and head.schema_id == table.schema().schema_id
     quantity = table.schema().find_field("quantity")
     assert (quantity.field_id, str(quantity.field_type)) == (qty.field_id, "int")
     assert "qty" not in table.schema().column_names
@@ -265,7 +276,7 @@ def test_a_column_renamed_by_config_keeps_its_field_id_and_takes_records_of_eith
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_a_rename_onto_a_column_that_already_landed_stops_before_anything_moves(make_env) -> None:
+def test_a_rename_onto_a_column_that_already_landed_stops_before_anything_moves(make_env: MakeEnv) -> None:
     env = make_env(partitions=1)
     _schema(env, {"name": "qty", "type": "int"}, {"name": "quantity", "type": "int"})
     _orders(env, 10, qty=1)
@@ -286,7 +297,9 @@ def test_a_rename_onto_a_column_that_already_landed_stops_before_anything_moves(
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_each_step_of_a_renaming_batch_leaves_the_name_and_the_data_together(make_env, point) -> None:
+def test_sigkill_at_each_step_of_a_renaming_batch_leaves_the_name_and_the_data_together(
+    make_env: MakeEnv, point: str
+) -> None:
     env = make_env(partitions=2)
     _schema(env, {"name": "qty", "type": "int"})
     _orders(env, 40, qty=lambda i: i)

@@ -11,6 +11,7 @@ import yaml
 
 from ingest.assembly import open_pipeline
 from ingest.kafka.admin import produce
+from tests.integration.conftest import MakeEnv, summary_of
 
 from .conftest import Env
 
@@ -40,7 +41,7 @@ def _set(env: Env, mode: str) -> None:
     env.config_path.write_text(yaml.safe_dump({**data, "unknown_fields": mode}))
 
 
-def test_unknown_fields_captured_then_refused_then_redriven_into_the_column(make_env) -> None:
+def test_unknown_fields_captured_then_refused_then_redriven_into_the_column(make_env: MakeEnv) -> None:
     env = make_env(partitions=2)
     _set(env, "capture")
     _send(env, 0, 30)
@@ -49,7 +50,7 @@ def test_unknown_fields_captured_then_refused_then_redriven_into_the_column(make
 
     assert batch["unknown_fields"] == 10 and batch["records"] == 30
     pipeline = open_pipeline(env.config)
-    summary = pipeline.rows.table.current_snapshot().summary.additional_properties
+    summary = summary_of(pipeline.rows.table.current_snapshot())
     assert summary["ingest.orders.unknown-fields"] == "10"
     rows = pipeline.rows.scan_columns(["order_id", "_extra"]).sort_by("order_id").to_pylist()
     assert json.loads(rows[3]["_extra"]) == {"coupon": "C3", "channel": {"app": "ios"}}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -14,7 +13,7 @@ from pyiceberg.table import Table
 
 from ingest.assembly import Opened, open_pipeline
 from ingest.render import PROBLEM_WORDS
-from tests.integration.conftest import Env
+from tests.integration.conftest import Env, MakeEnv
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"])]
 
@@ -81,7 +80,7 @@ CORRUPTIONS: dict[str, Corruption] = {
 }
 
 
-def _caught_up(make_env: Any) -> tuple[Env, Opened]:
+def _caught_up(make_env: MakeEnv) -> tuple[Env, Opened]:
     env: Env = make_env(partitions=1, batch={"max_records": 15, "read_timeout_s": 20})
     env.produce(40, bad_every=5)
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -91,7 +90,7 @@ def _caught_up(make_env: Any) -> tuple[Env, Opened]:
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_verify_fails_on_each_kind_of_corruption_after_the_last_batch_naming_offsets_and_snapshot(
-    make_env: Any, corrupt: Corruption
+    make_env: MakeEnv, corrupt: Corruption
 ) -> None:
     env, pipeline = _caught_up(make_env)
     rows, dead = pipeline.rows.table, pipeline.dead.table
@@ -109,7 +108,8 @@ def test_verify_fails_on_each_kind_of_corruption_after_the_last_batch_naming_off
     (partition,) = data["partitions"]
     assert data["ok"] is False and partition["ok"] is False
     assert {k: partition[k] for k in PROBLEM_WORDS if partition[k]} == {kind: [offset]}
-    assert data["head_snapshot_id"] == rows.current_snapshot().snapshot_id  # type: ignore[union-attr]
+    head = rows.current_snapshot()
+    assert head is not None and data["head_snapshot_id"] == head.snapshot_id
     (change,) = data["changed_by_other_writers"]
     assert change["snapshot_id"] in by_corruption and offset in change["removed"] + change["added"]
 
@@ -122,7 +122,7 @@ def test_verify_fails_on_each_kind_of_corruption_after_the_last_batch_naming_off
     assert f"at offsets [{offset}] {verb} by another writer's snapshot {change['snapshot_id']}" in text
 
 
-def test_compaction_and_another_pipelines_rows_after_the_last_batch_keep_verify_ok(make_env: Any) -> None:
+def test_compaction_and_another_pipelines_rows_after_the_last_batch_keep_verify_ok(make_env: MakeEnv) -> None:
     env, pipeline = _caught_up(make_env)
     assert env.cli("maintain").returncode == 0  # ingest maintain's compaction: it carries the ledger on
     rows = pipeline.rows.table.refresh()
@@ -132,6 +132,7 @@ def test_compaction_and_another_pipelines_rows_after_the_last_batch_keep_verify_
 
     checked = env.verify()
 
-    assert checked["head_snapshot_id"] == rows.current_snapshot().snapshot_id != checked["snapshot_id"]  # type: ignore[union-attr]
+    head = rows.current_snapshot()
+    assert head is not None and checked["head_snapshot_id"] == head.snapshot_id != checked["snapshot_id"]
     assert checked["changed_by_other_writers"] == []
     assert sum(p["rows"] for p in checked["partitions"]) == 40 - env.bad

@@ -25,14 +25,16 @@ from ingest.failpoints import POINTS
 from ingest.kafka.admin import create_topic
 from ingest.kafka.embedded import EmbeddedBroker
 from ingest.kafka.reading import READ_CHUNK_RECORDS
-from tests.integration.conftest import gone, workers_of
+from tests.integration.conftest import MakeEnv, gone, workers_of
 
 pytestmark = pytest.mark.integration
 
 SHARED = {"max_records": 6_000, "chunk_records": 500, "workers": 3, "read_timeout_s": 20}
 
 
-def test_running_workers_take_equal_shares_before_anything_is_read(make_env, caplog) -> None:
+def test_running_workers_take_equal_shares_before_anything_is_read(
+    make_env: MakeEnv, caplog: pytest.LogCaptureFixture
+) -> None:
     env = make_env(batch=SHARED)
     env.produce(6_000, bad_every=11)
     pipeline = open_pipeline(env.config)
@@ -48,7 +50,7 @@ def test_running_workers_take_equal_shares_before_anything_is_read(make_env, cap
     env.verify()
 
 
-def test_workers_started_by_a_run_leave_with_it(make_env) -> None:
+def test_workers_started_by_a_run_leave_with_it(make_env: MakeEnv) -> None:
     """Workers start when the first large batch needs them and take a share of what is left unread
     when their imports are done (often nothing, for batches this small): the result is exact either way."""
     env = make_env(batch=SHARED)
@@ -64,7 +66,7 @@ def test_workers_started_by_a_run_leave_with_it(make_env) -> None:
     env.verify()
 
 
-def test_a_run_starts_the_workers_its_backlog_needs_before_opening_the_catalog(make_env) -> None:
+def test_a_run_starts_the_workers_its_backlog_needs_before_opening_the_catalog(make_env: MakeEnv) -> None:
     """The backlog is guessed from the consumer group's offsets, which each batch leaves at its end."""
     env = make_env(batch=SHARED)
     for produced, workers in ((6_000, 2), (900, 0)):  # 900: under two chunks of 500, this process alone
@@ -78,7 +80,7 @@ def test_a_run_starts_the_workers_its_backlog_needs_before_opening_the_catalog(m
     env.verify()
 
 
-def test_a_run_that_ends_while_its_workers_start_stops_them_quietly(make_env) -> None:
+def test_a_run_that_ends_while_its_workers_start_stops_them_quietly(make_env: MakeEnv) -> None:
     """One small batch is read and committed before the worker processes it started have imported
     what they need: the run ends without waiting for them, and they leave no error behind."""
     env = make_env(batch=SHARED)
@@ -96,7 +98,7 @@ def test_a_run_that_ends_while_its_workers_start_stops_them_quietly(make_env) ->
 
 @pytest.mark.crash
 @pytest.mark.parametrize("point", POINTS)
-def test_engine_killed_at_each_step_leaves_no_worker_behind(make_env, point: str) -> None:
+def test_engine_killed_at_each_step_leaves_no_worker_behind(make_env: MakeEnv, point: str) -> None:
     env = make_env(batch=SHARED)
     env.produce(6_000, bad_every=11)
 
@@ -112,7 +114,9 @@ def test_engine_killed_at_each_step_leaves_no_worker_behind(make_env, point: str
 
 @pytest.mark.crash
 @pytest.mark.parametrize("point", ["mid-read", "mid-write"])
-def test_a_killed_worker_fails_the_batch_retryably(make_env, monkeypatch, point: str) -> None:
+def test_a_killed_worker_fails_the_batch_retryably(
+    make_env: MakeEnv, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
     """What the OOM killer does to a worker: the batch stops, nothing is committed, a rerun completes it."""
     env = make_env(batch=SHARED)
     env.produce(6_000, bad_every=11)
@@ -132,7 +136,7 @@ def test_a_killed_worker_fails_the_batch_retryably(make_env, monkeypatch, point:
     env.exact()
 
 
-def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env) -> None:
+def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env: MakeEnv) -> None:
     """A task carries the Kafka properties it reads with and the storage properties it writes with;
     the catalog's URI, user and secrets stay in the process that commits."""
     env = make_env()
@@ -149,7 +153,7 @@ def test_what_crosses_to_workers_holds_no_catalog_credentials(make_env) -> None:
     assert env.bootstrap.encode() in shipped  # what the task needs is there
 
 
-def test_an_error_in_a_worker_is_raised_with_its_kind(make_env) -> None:
+def test_an_error_in_a_worker_is_raised_with_its_kind(make_env: MakeEnv) -> None:
     """A worker whose broker does not answer: the engine gets the worker's BrokerUnavailable, and the
     pool's processes are stopped."""
     env = make_env(batch={"read_timeout_s": 1})
@@ -201,7 +205,7 @@ WorkerPool(1).run(1, hand_off, lambda point: print(point, flush=True), meanwhile
 
 
 @pytest.mark.crash
-def test_a_worker_stuck_on_a_hung_broker_exits_when_the_engine_is_killed(make_env, tmp_path: Path) -> None:
+def test_a_worker_stuck_on_a_hung_broker_exits_when_the_engine_is_killed(make_env: MakeEnv, tmp_path: Path) -> None:
     """A killed Airflow task whose worker waits on a broker that stopped answering: the worker must
     not sit out its read timeout (two minutes here). The worker's range runs past the partition's
     end, so once it reports its first chunk read (``mid-read``) it is fetching, for certain, when

@@ -24,6 +24,7 @@ import re
 import socket
 import threading
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Literal
@@ -135,10 +136,10 @@ class FaultProxy:
             self.plan.released.set()
             self.plan = Plan()
 
-    def _forward(self, method: str, path: str, headers: object, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+    def _forward(self, method: str, path: str, headers: Message, body: bytes) -> tuple[int, bytes, dict[str, str]]:
         connection = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
-            sent = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}  # type: ignore[attr-defined]
+            sent = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
             connection.request(method, path, body=body or None, headers=sent)
             response = connection.getresponse()
             payload = response.read()

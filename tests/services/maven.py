@@ -25,6 +25,13 @@ class MavenUnavailable(Exception):
     """Java or Maven is missing, or Maven could not resolve the pom's dependencies."""
 
 
+def pinned(pom: Path, tag: str) -> str:
+    """The version ``pom`` pins in its property ``<tag>``."""
+    found = re.search(rf"<{re.escape(tag)}>([^<]+)</{re.escape(tag)}>", pom.read_text())
+    assert found is not None, f"{pom} has no <{tag}>"
+    return found.group(1)
+
+
 def _complete(lib: Path) -> Path:
     return lib.parent / ".complete"
 

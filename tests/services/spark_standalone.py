@@ -51,7 +51,8 @@ class SparkStandalone:
     def status(self) -> dict[str, Any]:
         """The master's view: workers, running and completed applications."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as answer:
-            return json.loads(answer.read())  # type: ignore[no-any-return]
+            status: dict[str, Any] = json.loads(answer.read())
+            return status
 
     def _start(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115  (kept by the process)

@@ -181,7 +181,9 @@ def _foreign_retries(config_path: Path) -> None:
             transaction.set_properties({"commit.retry.num-retries": "4"})
 
 
-def _round(rng: random.Random, configs: dict[str, list[Path]], tally: Tally, background: list[Any]) -> None:
+def _round(
+    rng: random.Random, configs: dict[str, list[Path]], tally: Tally, background: list[threading.Thread]
+) -> None:
     pipeline = rng.choice(sorted(configs))
     copies = []
     for _ in range(rng.randint(1, 3)):
@@ -272,8 +274,8 @@ def _check(config_path: Path, produced: Produced, topic: str, tally: Tally) -> d
         tally.failures.append(f"{config.pipeline}: {problem}")
     if len(problems) > 40:
         tally.failures.append(f"{config.pipeline}: … {len(problems) - 40} more")
-    poison = sum(1 for _, p in mine.values() if p)
-    return {"records": len(mine), "poison": poison, "problems": len(problems)}
+    poisoned = sum(1 for _, p in mine.values() if p)
+    return {"records": len(mine), "poison": poisoned, "problems": len(problems)}
 
 
 def main() -> int:
@@ -302,7 +304,8 @@ def main() -> int:
         produced, stop = Produced(), threading.Event()
         producing = threading.Thread(target=_producer, args=(kafka.bootstrap_servers, topics, produced, stop))
         producing.start()
-        tally, background = Tally(), []
+        tally = Tally()
+        background: list[threading.Thread] = []
         started = time.monotonic()
         try:
             while time.monotonic() - started < seconds and not tally.failures:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +30,9 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures)
     routed,
     s3,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # local mode: executors are this machine's processes, on this interpreter; Spark binds to loopback
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -108,7 +111,7 @@ def data_files_on_disk(env: Env) -> int:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark() -> Iterator[SparkSession]:
     """One ``local[2]`` session for the in-process tests (the JVM starts once)."""
     from pyspark.sql import SparkSession
 

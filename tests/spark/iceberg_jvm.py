@@ -77,9 +77,11 @@ def _submit(jars: list[Path], conf: Mapping[str, str], script: Path, *args: str)
 def read(jars: list[Path], tables: list[str], conf: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """What Iceberg's Spark reader sees of each table (metadata.json path, or ``catalog.ns.table``
     with ``conf`` from :func:`jdbc_catalog`): see ``iceberg_reader.py``."""
-    return _submit(jars, conf or {}, READER, *tables)  # type: ignore[no-any-return]
+    seen: dict[str, dict[str, Any]] = _submit(jars, conf or {}, READER, *tables)
+    return seen
 
 
 def call(jars: list[Path], conf: Mapping[str, str], *statements: str) -> list[list[dict[str, Any]]]:
     """Run ``statements`` in one Spark session on the catalog of ``conf``; per statement, its result rows."""
-    return _submit(jars, conf, MAINTAIN, *statements)  # type: ignore[no-any-return]
+    results: list[list[dict[str, Any]]] = _submit(jars, conf, MAINTAIN, *statements)
+    return results

@@ -10,7 +10,6 @@ once (:mod:`tests.services.maven`), and a second run only checks the cache.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from tests.services import maven
 
 REPO = Path(__file__).resolve().parents[2]
 POM = Path(__file__).with_name("pom.xml")
-VERSION = re.search(r"<iceberg.version>([^<]+)</iceberg.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
+VERSION = maven.pinned(POM, "iceberg.version")
 LIB = REPO / ".cache" / f"iceberg-spark-3.5-{VERSION}" / "lib"
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.conftest import Env, MakeEnv
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.assembly import open_pipeline
@@ -29,7 +31,7 @@ from tests.spark.conftest import KILLED_DRIVER, data_files_on_disk, spark_submit
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.spark]
 
 
-def _snapshots(env) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _snapshots(env: Env) -> tuple[int, int]:
     pipeline = open_pipeline(env.config)
     return len(pipeline.rows.table.metadata.snapshots), len(pipeline.dead.table.metadata.snapshots)
 
@@ -52,7 +54,9 @@ def _wait_until_no_process_has(marker: str, timeout_s: float = 30.0) -> None:
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_driver_killed_at_each_step_then_rerun(make_env, spark_process_env, point: str) -> None:
+def test_driver_killed_at_each_step_then_rerun(
+    make_env: MakeEnv, spark_process_env: dict[str, str], point: str
+) -> None:
     env = make_env(batch={"max_records": 3_000, "read_timeout_s": 20})  # one batch: one Spark job per run
     env.produce(3_000, bad_every=11)
     marker = f"ingest-crash-{uuid.uuid4().hex[:10]}"
@@ -79,7 +83,7 @@ def test_driver_killed_at_each_step_then_rerun(make_env, spark_process_env, poin
     env.exact()
 
 
-def _committed(env) -> int:  # type: ignore[no-untyped-def]
+def _committed(env: Env) -> int:
     """Offsets the rows table's ledger has passed, summed over partitions (0: none yet)."""
     found = open_pipeline(env.config).ledger()
     return sum(found.ledger.offsets.values()) if found is not None else 0
@@ -94,7 +98,7 @@ def _batch_line(process: subprocess.Popen[str]) -> dict[str, Any]:
     raise AssertionError(f"the driver ended (exit {process.wait()}) before its next batch line")
 
 
-def test_driver_killed_at_random_moments(make_env) -> None:
+def test_driver_killed_at_random_moments(make_env: MakeEnv) -> None:
     """Three spark-submit runs, each killed whole (spark-submit's JVM and the Python driver, as a
     container kill would) at a random moment within a batch's time after its second batch line:
     past the JVM's start and the first job's, while a later batch reads, writes or commits. Each
@@ -121,7 +125,8 @@ def test_driver_killed_at_random_moments(make_env) -> None:
             with contextlib.suppress(ProcessLookupError):  # (the group is gone only if the run ended and was reaped)
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            process.stdout.close()  # type: ignore[union-attr]
+            assert process.stdout is not None
+            process.stdout.close()
         assert process.returncode == -signal.SIGKILL, f"kill {kill}: the run ended before it ({process.returncode})"
         assert before < _committed(env) < env.produced, f"kill {kill} did not land mid-run"
     final = spark_submit(env, "--until-caught-up")
@@ -130,7 +135,7 @@ def test_driver_killed_at_random_moments(make_env) -> None:
 
 
 @pytest.mark.catalog_race
-def test_local_and_spark_copies_racing_on_one_table(make_env, spark_process_env) -> None:
+def test_local_and_spark_copies_racing_on_one_table(make_env: MakeEnv, spark_process_env: dict[str, str]) -> None:
     env = make_env(batch={"max_records": 500})
     env.produce(6_000, bad_every=17)
     run = [sys.executable, "-m", "ingest", "run", "--until-caught-up", "--json", "-c", str(env.config_path)]

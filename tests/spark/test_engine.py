@@ -6,12 +6,18 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
 
+from tests.integration.conftest import MakeEnv
 from tests.runs import one_batch
+from tests.services.apicurio import Apicurio
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.conf import RuntimeConfig
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
@@ -31,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 @pytest.fixture
-def spark_conf(spark: Any) -> Iterator[Any]:
+def spark_conf(spark: SparkSession) -> Iterator[RuntimeConfig]:
     """``spark.conf`` for one test: the ``spark.ingest.*`` keys it sets are unset afterwards."""
     yield spark.conf
     for key in (MIN_PARTITIONS, MAX_RECORDS_PER_PARTITION):
@@ -67,7 +73,9 @@ def _ledger_summary(pipeline: Opened) -> dict[str, object]:
 
 # the SQL catalogs on a local disk, and a REST catalog on S3: the executors write to S3, the driver commits through REST
 @pytest.mark.parametrize("catalog_kind", ["sqlite", "postgres", "rest+s3"], indirect=True)
-def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spark_conf) -> None:
+def test_spark_writes_exactly_what_the_local_engine_writes(
+    make_env: MakeEnv, spark: SparkSession, spark_conf: RuntimeConfig
+) -> None:
     env = make_env(batch={"max_records": 2_000})
     env.produce(3_000, bad_every=11)
     spark_conf.set(MAX_RECORDS_PER_PARTITION, "333")  # sub-ranges with odd boundaries
@@ -96,7 +104,7 @@ def test_spark_writes_exactly_what_the_local_engine_writes(make_env, spark, spar
     env.verify()
 
 
-def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None:
+def test_local_and_spark_batches_alternate_on_one_table(make_env: MakeEnv, spark: SparkSession) -> None:
     env = make_env(batch={"max_records": 700})
     env.produce(5_000, bad_every=13)
     on_spark = open_pipeline(env.config)
@@ -120,7 +128,9 @@ def test_local_and_spark_batches_alternate_on_one_table(make_env, spark) -> None
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
-def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(make_env, spark) -> None:
+def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(
+    make_env: MakeEnv, spark: SparkSession
+) -> None:
     env = make_env(partitions=3, batch={"max_records": 700})
     route(env, field="kind", allow=["click", "view"])
     by_value = RoutedByValue(env)
@@ -138,7 +148,7 @@ def test_spark_routes_by_value_into_tables_it_creates_beside_the_local_engine(ma
     by_value.exact()
 
 
-def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
+def test_a_fenced_spark_batch_is_planned_again(make_env: MakeEnv, spark: SparkSession) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000, bad_every=9)
     slow = open_pipeline(env.config)
@@ -162,7 +172,9 @@ def test_a_fenced_spark_batch_is_planned_again(make_env, spark) -> None:
     env.verify()
 
 
-def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, spark_conf) -> None:
+def test_sub_ranges_that_start_and_end_on_transaction_markers(
+    make_env: MakeEnv, spark: SparkSession, spark_conf: RuntimeConfig
+) -> None:
     """Offsets are not contiguous: every commit marker takes one. Tasks split at arbitrary offsets
     still read every record once, because a task ends when the consumer's position reaches its end."""
     from confluent_kafka import Producer
@@ -191,7 +203,9 @@ def test_sub_ranges_that_start_and_end_on_transaction_markers(make_env, spark, s
     env.verify()
 
 
-def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> None:
+def test_tasks_follow_the_spark_ingest_settings(
+    make_env: MakeEnv, spark: SparkSession, spark_conf: RuntimeConfig
+) -> None:
     env = make_env(partitions=2)
     env.produce(1_000)
     pipeline = open_pipeline(env.config)
@@ -212,11 +226,15 @@ def test_tasks_follow_the_spark_ingest_settings(make_env, spark, spark_conf) -> 
         engine.tasks(batch)
 
 
-def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds_it(make_env, spark) -> None:
+def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds_it(
+    make_env: MakeEnv, spark: SparkSession
+) -> None:
     env = make_env(batch={"max_records": 1_000})
     env.produce(1_000)
     assert one_batch(open_pipeline(env.config)).status == "committed"
-    wider = env.config.model_copy(update={"schema_": [*env.config.schema_, FieldSpec(name="channel", type="string")]})
+    declared = env.config.schema_
+    assert declared is not None
+    wider = env.config.model_copy(update={"schema_": [*declared, FieldSpec(name="channel", type="string")]})
     pipeline = open_pipeline(wider)
     before = pipeline.rows.table.metadata
     engine = SparkEngine.create(wider, pipeline.rows, spark)
@@ -226,7 +244,8 @@ def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds
     result = pipeline.run_batch(engine)
 
     assert result.status == "committed"
-    table = pipeline.rows.refresh() and pipeline.rows.table
+    pipeline.rows.refresh()
+    table = pipeline.rows.table
     assert len(table.metadata.snapshots) == len(before.snapshots) + 1
     head = table.current_snapshot()
     assert head is not None and head.schema_id == table.schema().schema_id != before.current_schema_id
@@ -240,7 +259,7 @@ def test_spark_executors_write_a_column_added_to_schema_with_the_batch_that_adds
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
 def test_spark_executors_decode_avro_and_the_batch_evolves_for_a_writer_schema_they_meet(
-    make_env, registry, spark
+    make_env: MakeEnv, registry: Apicurio, spark: SparkSession
 ) -> None:
     """Records of a writer schema the subject never had (registered under another subject) reach
     an executor: its task fails with SchemaAhead, rebuilt on the driver from the task's error, and
@@ -254,7 +273,8 @@ def test_spark_executors_decode_avro_and_the_batch_evolves_for_a_writer_schema_t
     result = pipeline.run_batch(engine)
 
     assert result.status == "committed" and result.records == 1_000
-    table = pipeline.rows.refresh() and pipeline.rows.table
+    pipeline.rows.refresh()
+    table = pipeline.rows.table
     assert len(table.metadata.snapshots) == 1
     rows = table.scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
     assert [r["order_id"] for r in rows] == list(range(1_000))

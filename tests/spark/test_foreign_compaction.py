@@ -23,6 +23,7 @@ import pytest
 
 from ingest.iceberg.files import live_data_files, live_files, stored_data_files
 from ingest.iceberg.reading import all_snapshots
+from tests.integration.conftest import MakeEnv
 from tests.runs import catch_up
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
@@ -33,6 +34,7 @@ from ingest.core.ledger_codec import decode
 from ingest.core.plan import Batch
 from ingest.engines.local import LocalEngine
 from ingest.errors import CommitConflict, ExitCode
+from ingest.intents import RefIntent, SnapshotIntent
 from ingest.ports import Produced
 from ingest.records import Declared
 from tests.integration.conftest import Env
@@ -86,7 +88,7 @@ def _assert_exactly_once(env: Env, pipeline: Opened) -> None:
     env.verify()
 
 
-def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_jars) -> None:
+def test_ingestion_continues_after_spark_rewrite_data_files(make_env: MakeEnv, iceberg_jars: list[Path]) -> None:
     env = make_env(batch={"max_records": 150})
     env.produce(600, bad_every=13)
     pipeline = open_pipeline(env.config)
@@ -118,7 +120,7 @@ def test_ingestion_continues_after_spark_rewrite_data_files(make_env, iceberg_ja
     _assert_exactly_once(env, pipeline)
 
 
-def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_jars) -> None:
+def test_spark_compaction_between_plan_and_commit_lands_once(make_env: MakeEnv, iceberg_jars: list[Path]) -> None:
     env = make_env(batch={"max_records": 200})
     env.produce(600, bad_every=13)
     pipeline = open_pipeline(env.config)
@@ -142,7 +144,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     attempts: list[str] = []
     real = pipeline.rows.commit
 
-    def recorded(intent):  # type: ignore[no-untyped-def]
+    def recorded(intent: SnapshotIntent | RefIntent) -> int | None:
         try:
             snapshot_id = real(intent)
         except CommitConflict:
@@ -151,7 +153,7 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
         attempts.append("committed")
         return snapshot_id
 
-    pipeline.rows.commit = recorded  # type: ignore[method-assign]
+    pipeline.rows.commit = recorded  # type: ignore[method-assign, assignment]
 
     result = pipeline.run_batch(SparkCompactsMidBatch(pipeline.config, pipeline.rows))
 
@@ -172,7 +174,9 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env, iceberg_j
     _assert_exactly_once(env, pipeline)
 
 
-def test_spark_expiry_of_every_ledger_fails_closed_then_from_table_recovers(make_env, iceberg_jars) -> None:
+def test_spark_expiry_of_every_ledger_fails_closed_then_from_table_recovers(
+    make_env: MakeEnv, iceberg_jars: list[Path]
+) -> None:
     env = make_env(batch={"max_records": 200})
     env.produce(400, bad_every=13)
     pipeline = open_pipeline(env.config)
@@ -224,7 +228,9 @@ def _written(pipeline: Opened) -> tuple[object, ...]:
     )
 
 
-def test_maintain_leaves_a_table_with_foreign_row_deletes_uncompacted(make_env, iceberg_jars) -> None:
+def test_maintain_leaves_a_table_with_foreign_row_deletes_uncompacted(
+    make_env: MakeEnv, iceberg_jars: list[Path]
+) -> None:
     env = make_env(batch={"max_records": 150})
     env.produce(600, bad_every=13)
     pipeline = open_pipeline(env.config)

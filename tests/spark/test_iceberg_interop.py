@@ -9,9 +9,16 @@ spark-submit process of its own: through Iceberg's JDBC catalog on the PostgreSQ
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pytest
 
+from tests.integration.conftest import MakeEnv
 from tests.runs import one_batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
@@ -22,7 +29,9 @@ from tests.spark.iceberg_jvm import iceberg_jars_fixture, jdbc_catalog, read  # 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def test_iceberg_spark_reads_tables_summaries_and_time_travels(make_env, catalog_kind, spark, iceberg_jars) -> None:
+def test_iceberg_spark_reads_tables_summaries_and_time_travels(
+    make_env: MakeEnv, catalog_kind: str, spark: SparkSession, iceberg_jars: list[Path]
+) -> None:
     env = make_env(batch={"max_records": 1_600})
     env.produce(3_000, bad_every=11)
     pipeline = open_pipeline(env.config)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ingest.errors import ExitCode
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, MakeEnv
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -24,7 +24,7 @@ def catalog_kind() -> str:
 WITHOUT_PYSPARK = "import sys; sys.modules['pyspark'] = None; from ingest.cli import main; main()"
 
 
-def test_engine_spark_without_pyspark_says_what_to_install(make_env) -> None:
+def test_engine_spark_without_pyspark_says_what_to_install(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(10)
 

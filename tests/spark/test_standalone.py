@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.conftest import MakeEnv
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.assembly import open_pipeline
@@ -57,7 +59,9 @@ def _executor_logs(cluster: SparkStandalone) -> dict[str, int]:
     return {d.name: sum(1 for _ in d.glob("app-*/*/stderr")) for d in cluster.worker_dirs()}
 
 
-def test_spark_submit_on_a_standalone_cluster_killed_mid_batch_and_rerun(make_env, cluster) -> None:
+def test_spark_submit_on_a_standalone_cluster_killed_mid_batch_and_rerun(
+    make_env: MakeEnv, cluster: SparkStandalone
+) -> None:
     env = make_env(partitions=4, batch={"max_records": 2_000, "read_timeout_s": 30})
     env.produce(12_000, bad_every=19)
     before = _executor_logs(cluster)
@@ -80,10 +84,11 @@ def test_spark_submit_on_a_standalone_cluster_killed_mid_batch_and_rerun(make_en
         cwd=REPO,
         start_new_session=True,
     )
-    first = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+    assert process.stdout is not None
+    first = json.loads(process.stdout.readline())
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    process.stdout.close()  # type: ignore[union-attr]
+    process.stdout.close()
     assert process.returncode == -signal.SIGKILL  # killed, not ended by itself
     assert first["status"] == "committed" and first["records"] + first["dead_letters"] == 2_000
     cluster.wait_idle()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import Env, MakeEnv
+
 pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakehouse-ingest[spark]'")
 
 from ingest.assembly import open_pipeline
@@ -22,7 +24,7 @@ def catalog_kind() -> str:
     return "sqlite"
 
 
-def _files(env) -> tuple[set[str], set[str]]:  # type: ignore[no-untyped-def]
+def _files(env: Env) -> tuple[set[str], set[str]]:
     """(data files the rows table references, Parquet files in its data directory)."""
     table = open_pipeline(env.config).rows.table
     committed = {task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()}
@@ -31,7 +33,7 @@ def _files(env) -> tuple[set[str], set[str]]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("failure", ["raise", "kill"])
-def test_a_task_that_fails_once_is_retried_without_duplicates(make_env, failure: str) -> None:
+def test_a_task_that_fails_once_is_retried_without_duplicates(make_env: MakeEnv, failure: str) -> None:
     env = make_env()
     env.produce(1_500, bad_every=11)
 
@@ -47,7 +49,7 @@ def test_a_task_that_fails_once_is_retried_without_duplicates(make_env, failure:
     assert committed < on_disk  # the failed attempts' files exist, and no snapshot references them
 
 
-def test_a_task_that_fails_without_retries_fails_the_batch_and_leaves_no_trace(make_env) -> None:
+def test_a_task_that_fails_without_retries_fails_the_batch_and_leaves_no_trace(make_env: MakeEnv) -> None:
     env = make_env()
     env.produce(3_000, bad_every=11)
 

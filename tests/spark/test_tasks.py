@@ -14,7 +14,7 @@ pytest.importorskip("pyspark", reason="needs the Spark extra: pip install 'lakeh
 
 from ingest.core.ledger import TopicPartition
 from ingest.core.plan import Batch
-from ingest.core.ranges import split_ranges
+from ingest.core.ranges import Range, split_ranges
 from ingest.engines.spark import _translate
 from ingest.errors import (
     BrokerUnavailable,
@@ -35,7 +35,9 @@ ranges_strategy = st.lists(
 
 
 @given(ranges_strategy, st.none() | st.integers(1, 64), st.none() | st.integers(1, 1_000))
-def test_tasks_cover_every_planned_offset_exactly_once(ranges, min_partitions, max_records) -> None:
+def test_tasks_cover_every_planned_offset_exactly_once(
+    ranges: list[Range], min_partitions: int | None, max_records: int | None
+) -> None:
     tasks = split_ranges(ranges, min_partitions, max_records)
 
     assert [t.index for t in tasks] == list(range(len(tasks)))

@@ -170,7 +170,7 @@ def test_records_of_an_older_writer_schema_fill_the_new_fields_with_nulls() -> N
     new = record("O", ("id", "long"), ("address", ADDRESS), ("note", ["null", "string"]))
     decoder = AvroDecoder(record_fields(json.dumps(new)), Registry((1, old), (2, new)), "fail")
 
-    values = [
+    values: list[bytes | None] = [
         framed(1, old, {"id": 1, "address": {"city": "a"}}),
         framed(2, new, order(2) | {"address": {"city": "b", "zip": 9}}),
     ]
@@ -185,7 +185,7 @@ def test_records_of_an_older_writer_schema_fill_the_new_fields_with_nulls() -> N
 def test_a_newer_writer_schema_asks_for_evolution_or_is_refused_or_set_aside() -> None:
     old = record("O", ("id", "long"))
     new = record("O", ("id", "long"), ("note", ["null", "string"]))
-    values = [framed(1, old, {"id": 1}), framed(2, new, {"id": 2, "note": "x"})]
+    values: list[bytes | None] = [framed(1, old, {"id": 1}), framed(2, new, {"id": 2, "note": "x"})]
     table = record_fields(json.dumps(old))
 
     with pytest.raises(SchemaAhead) as ahead:
@@ -208,7 +208,7 @@ def test_a_newer_writer_schema_asks_for_evolution_or_is_refused_or_set_aside() -
 def test_a_type_iceberg_cannot_follow_stops_the_batch_unless_set_aside() -> None:
     old = record("O", ("id", "long"))
     new = record("O", ("id", "string"))
-    values = [framed(2, new, {"id": "x"})]
+    values: list[bytes | None] = [framed(2, new, {"id": "x"})]
     table = record_fields(json.dumps(old))
 
     with pytest.raises(SchemaChangeRefused, match="id: the table has long, the records string"):
@@ -256,8 +256,9 @@ def test_a_record_short_of_its_schema_that_still_decodes_misaligned_is_caught() 
     wrong. The prefixes read back show it."""
     schema = record("R", ("id", "long"), ("name", "string"))
     ids = [0, 1, 2, 300, 4, 5]
-    values: list[bytes | None] = [framed(3, schema, {"id": i, "name": ""}) for i in ids]
-    values[2] = values[2][:-1]  # type: ignore[index]
+    encoded = [framed(3, schema, {"id": i, "name": ""}) for i in ids]
+    values: list[bytes | None] = list(encoded)
+    values[2] = encoded[2][:-1]
     decoder = AvroDecoder(record_fields(json.dumps(schema)), Registry((3, schema)), "evolve")
 
     decoded = decoder.decode(chunk(values))
@@ -279,8 +280,9 @@ def test_plain_avro_bodies_of_a_schema_file_decode_and_a_misaligned_one_is_caugh
     none decoded silently, so the position check is a second line of defence.)"""
     schema = record("R", ("id", "long"), ("name", "string"))
     ids = [0, 1, 2, 300, 4, 5]
-    values: list[bytes | None] = [plain(schema, {"id": i, "name": ""}) for i in ids]
-    values[2] = values[2][:-1]  # type: ignore[index]
+    encoded = [plain(schema, {"id": i, "name": ""}) for i in ids]
+    values: list[bytes | None] = list(encoded)
+    values[2] = encoded[2][:-1]
     values[4] = None
     decoder = AvroFileDecoder(record_fields(json.dumps(schema)), json.dumps(schema))
 

@@ -13,7 +13,7 @@ from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import decode, encode, find_ledger
 from ingest.core.plan import Batch
-from ingest.testing.memory_state import Crashed, Fault
+from ingest.testing.memory_state import Crashed, Fault, MemoryFile
 from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
 P0 = TopicPartition("orders", 0)
@@ -147,7 +147,9 @@ ends = st.fixed_dictionaries({P0: st.integers(10, 60), P1: st.integers(20, 60)})
 
 
 @given(floor=floors, end=ends, tp=st.sampled_from([P0, P1]), offset=st.integers(0, 80))
-def test_dead_letter_step_properties(floor, end, tp, offset) -> None:
+def test_dead_letter_step_properties(
+    floor: dict[TopicPartition, int], end: dict[TopicPartition, int], tp: TopicPartition, offset: int
+) -> None:
     step = dead_letter_step(Ledger(batch=1, offsets=floor) if floor else None, batch_from(BASE, end))
 
     assert step.keeps(tp, offset) == (offset >= floor.get(tp, 0))
@@ -158,7 +160,7 @@ def test_dead_letter_step_properties(floor, end, tp, offset) -> None:
 
 
 @pytest.mark.parametrize("floor", [None, Ledger(batch=1, offsets={P0: 12, P1: 21})])
-def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor) -> None:
+def test_running_the_same_batch_twice_keeps_nothing_the_second_time(floor: Ledger | None) -> None:
     first = dead_letter_step(floor, BATCH)
     after = Ledger(batch=2, offsets=first.new_floor)
     second = dead_letter_step(after, BATCH)
@@ -201,6 +203,13 @@ def _tables() -> tuple[MemoryCatalog, MemoryCatalog]:
     return rows, dead
 
 
+def _dead_offsets(dead: MemoryCatalog) -> list[int]:
+    """The offsets of the dead letters the dead-letter table's head holds, sorted."""
+    letters = dead.scan()
+    assert letters is not None, "the dead-letter table holds no files"
+    return sorted(letters["offset"].to_pylist())
+
+
 def _request(dead_letters: pa.Table, records: int = 3) -> BatchCommit:
     counts = BatchCounts(records=records, dead_letters=dead_letters.num_rows)
     return BatchCommit("orders", BATCH, BATCH.ledger(), [], dead_letters, counts, 3)
@@ -214,7 +223,7 @@ def test_dead_letters_are_added_once_the_rows_commit_landed_and_remembered() -> 
     assert committed is not None and committed.decision is Decision.COMMIT and committed.dead_letters == 2
     rows_ledger = decode("orders", rows.snapshots()[-1].summary)
     assert rows_ledger is not None and rows_ledger.sync is not None and rows_ledger.sync.count == 2
-    assert sorted(dead.scan()["offset"].to_pylist()) == [11, 13]
+    assert _dead_offsets(dead) == [11, 13]
     floor = decode("orders", dead.snapshots()[-1].summary)
     assert floor is not None and floor.remembers(rows_ledger.sync.sync_id) and dict(floor.offsets) == BATCH.end
     assert [branch for branch, _ in rows.log + dead.log].count("main") == 3  # base, rows, dead letters
@@ -248,7 +257,7 @@ def test_a_late_copy_does_not_put_back_a_dead_letter_redrive_moved_to_the_rows()
     late = commit_batch(late_rows, late_dead, _request(_letters(11, 13)))
 
     assert late is not None and late.decision is Decision.LANDED
-    assert sorted(dead.scan()["offset"].to_pylist()) == [13]
+    assert _dead_offsets(dead) == [13]
 
 
 def test_a_crash_between_the_rows_and_the_dead_letters_is_finished_by_whoever_comes_next() -> None:
@@ -269,7 +278,7 @@ def test_a_crash_between_the_rows_and_the_dead_letters_is_finished_by_whoever_co
 
     assert land_dead_letters(dead.table(), rows.table(), "orders", head.ledger, 3) == 1
     assert land_dead_letters(dead.table(), rows.table(), "orders", head.ledger, 3) == 0  # once
-    assert dead.scan()["offset"].to_pylist() == [11]
+    assert _dead_offsets(dead) == [11]
 
 
 def test_dead_letters_of_a_marker_the_rows_left_behind_are_not_added() -> None:
@@ -292,11 +301,11 @@ def test_a_re_read_below_the_floor_stores_no_dead_letter_twice() -> None:
     """After a backward reset a batch reads records whose dead letters are stored: only those the
     table lacks are written (offset 13, which a forward reset had skipped before)."""
     rows, dead = _tables()
-    dead.append(
-        encode("orders", Ledger(batch=1, offsets={P0: 15}), BatchCounts()), [dead.table().write(_letters(11))[0]]
-    )  # type: ignore[list-item]
+    [stored] = dead.table().write(_letters(11))
+    assert isinstance(stored, MemoryFile)
+    dead.append(encode("orders", Ledger(batch=1, offsets={P0: 15}), BatchCounts()), [stored])
 
     committed = commit_batch(rows.table(), dead.table(), _request(_letters(11, 13)))
 
     assert committed is not None and committed.dead_letters == 1
-    assert sorted(dead.scan()["offset"].to_pylist()) == [11, 13]
+    assert _dead_offsets(dead) == [11, 13]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.config import PipelineConfig, interpolate, load, parse
+from ingest.config import FieldSpec, PipelineConfig, interpolate, load, parse
 from ingest.errors import ConfigError, ExitCode
 
 MINIMAL = textwrap.dedent(
@@ -42,6 +42,12 @@ def write(tmp_path: Path, text: str, name: str = "pipeline.yaml") -> Path:
     return path
 
 
+def schema_of(config: PipelineConfig) -> list[FieldSpec]:
+    """The config's ``schema:`` (None only where a schema registry supplies the schema)."""
+    assert config.schema_ is not None
+    return config.schema_
+
+
 def error_of(data: Any) -> str:
     with pytest.raises(ConfigError) as caught:
         parse(data, "p.yaml")
@@ -62,7 +68,7 @@ def test_minimal_config_loads_with_defaults(tmp_path: Path) -> None:
     assert config.on_data_loss == "fail"
     assert config.batch.max_records == 500_000
     assert config.commit.max_attempts == 8
-    assert [(f.name, f.type, f.required) for f in config.schema_] == [
+    assert [(f.name, f.type, f.required) for f in schema_of(config)] == [
         ("order_id", "long", True),
         ("amount", "decimal(12,2)", False),  # normalised
         ("created_at", "timestamptz", False),
@@ -259,7 +265,7 @@ def test_decimal_bounds_are_accepted(type_name: str) -> None:
     data = minimal()
     data["schema"][1]["type"] = type_name
 
-    assert parse(data).schema_[1].type == type_name.replace(" ", "")
+    assert schema_of(parse(data))[1].type == type_name.replace(" ", "")
 
 
 # --- files and YAML ----------------------------------------------------------------------------
@@ -316,7 +322,7 @@ def test_an_empty_default_is_allowed() -> None:
     assert interpolate("a${X:-}b", env={}) == "ab"
 
 
-def test_the_process_environment_is_used_by_default(tmp_path: Path, monkeypatch) -> None:
+def test_the_process_environment_is_used_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INGEST_TEST_BROKERS", "from-env:9092")
     text = MINIMAL.replace('"broker:9092"', '"${INGEST_TEST_BROKERS}"')
 
@@ -379,7 +385,9 @@ def with_catalog(uri: str, warehouse: str) -> str:
     return MINIMAL.replace("  name: lake\n", f'  name: lake\n  type: sql\n  uri: "{uri}"\n  warehouse: "{warehouse}"\n')
 
 
-def test_relative_sqlite_uri_and_warehouse_resolve_against_the_config_directory(tmp_path: Path, monkeypatch) -> None:
+def test_relative_sqlite_uri_and_warehouse_resolve_against_the_config_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write(tmp_path, with_catalog("sqlite:///../lake/catalog.db", "../lake"), name="conf/p.yaml")
     monkeypatch.chdir("/")  # the working directory must not matter
 
@@ -486,7 +494,7 @@ def test_nested_types_are_parsed_and_kept_in_canonical_form(declared: str, canon
     data = minimal()
     data["schema"][1]["type"] = declared
 
-    assert parse(data).schema_[1].type == canonical
+    assert schema_of(parse(data))[1].type == canonical
 
 
 @pytest.mark.parametrize(
@@ -512,7 +520,7 @@ def test_a_map_is_refused_for_json_values_only() -> None:
     assert f"schema: field {name!r}: map types cannot be read from JSON values" in error_of(data)
     data["topics"] = [{"name": "orders", "format": "avro"}]
     data["schema_registry"] = {"url": "http://127.0.0.1:8081"}
-    assert parse(data).schema_[1].type == "map<string, long>"
+    assert schema_of(parse(data))[1].type == "map<string, long>"
 
 
 def test_registry_formats_need_a_registry_and_may_omit_the_schema() -> None:
@@ -581,7 +589,8 @@ def test_metrics_need_somewhere_to_go() -> None:
     data = minimal() | {"metrics": {}}
     assert "metrics: give textfile, pushgateway or port" in error_of(data)
     data["metrics"] = {"textfile": "/var/lib/node_exporter/ingest.prom", "port": 9108}
-    assert parse(data).metrics is not None and parse(data).metrics.job == "ingest"  # type: ignore[union-attr]
+    metrics = parse(data).metrics
+    assert metrics is not None and metrics.job == "ingest"
 
 
 # --- topics_pattern ----------------------------------------------------------------------------
@@ -677,7 +686,8 @@ ROUTED = textwrap.dedent(
 
 
 def routed() -> dict[str, Any]:
-    return yaml.safe_load(ROUTED)
+    data: dict[str, Any] = yaml.safe_load(ROUTED)
+    return data
 
 
 def test_tables_make_one_config_per_table_over_the_shared_keys() -> None:

@@ -11,7 +11,9 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Sequence
 from decimal import Decimal
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 
 from ingest.config import FieldSpec
 from ingest.formats.json import Decoder, _one_object_per_line
-from ingest.records import DEAD_LETTER_SCHEMA, EXTRA_COLUMN, KAFKA_COLUMNS, Decoded, Field, RawChunk
+from ingest.records import DEAD_LETTER_SCHEMA, EXTRA_COLUMN, KAFKA_COLUMNS, Declared, Decoded, Field, Headers, RawChunk
 
 UTC = dt.UTC
 FIELDS = [
@@ -44,7 +46,7 @@ def chunk(
     topic: str = "orders",
     partition: int = 3,
     keys: list[bytes | None] | None = None,
-    headers=None,
+    headers: Callable[[int], Headers] | None = None,
 ) -> RawChunk:
     n = len(values)
     offsets = list(range(100, 100 + n)) if offsets is None else offsets
@@ -61,8 +63,9 @@ def chunk(
     )
 
 
-def decode(values: list[bytes | None], fields=FIELDS, **kwargs) -> Decoded:
-    return Decoder(fields).decode(chunk(values, **kwargs))
+def decode(values: Sequence[bytes | None], fields: Sequence[Declared] = FIELDS, **kwargs: Any) -> Decoded:
+    """``values`` decoded as one chunk; ``kwargs`` go to :func:`chunk`."""
+    return Decoder(fields).decode(chunk(list(values), **kwargs))
 
 
 def assert_exactly_once(decoded: Decoded, offsets: list[int]) -> None:
@@ -75,7 +78,7 @@ def assert_exactly_once(decoded: Decoded, offsets: list[int]) -> None:
     assert dead == sorted(dead)
 
 
-def good(i: int, **extra) -> bytes:
+def good(i: int, **extra: Any) -> bytes:
     return json.dumps({"id": i, "s": f"row-{i}", **extra}).encode()
 
 
@@ -195,14 +198,18 @@ BAD = [
     pytest.param(b'{\n  "id": "x"\n}', "field 'id': expected long, got a JSON string", id="multi-line-wrong-type"),
     pytest.param(b'{"id": 1, "s": "\\ud800"}', "field 's'", id="lone-surrogate"),
 ]
+#: BAD's (value, message) pairs: each value is bytes or None, which pytest.param keeps as ``object``
+BAD_PAIRS = cast(list[tuple[bytes | None, str]], [p.values for p in BAD])
 
 
 @pytest.mark.parametrize("size", [3, 41], ids=["one-by-one", "bisected"])
 @pytest.mark.parametrize(("value", "message"), BAD)
-def test_a_bad_record_goes_to_the_dead_letters_and_the_rest_are_kept(value, message, size) -> None:
+def test_a_bad_record_goes_to_the_dead_letters_and_the_rest_are_kept(
+    value: bytes | None, message: str, size: int
+) -> None:
     # small chunks are parsed record by record; big ones in one go, bisected around the bad record
     bad_at = size // 2
-    values = [good(i) for i in range(size)]
+    values: list[bytes | None] = [good(i) for i in range(size)]
     values[bad_at] = value
     offsets = list(range(100, 100 + size))
 
@@ -217,7 +224,7 @@ def test_a_bad_record_goes_to_the_dead_letters_and_the_rest_are_kept(value, mess
 
 
 def test_many_bad_records_in_one_chunk_each_get_their_own_message() -> None:
-    bad = [p.values for p in BAD]
+    bad = BAD_PAIRS
     values: list[bytes | None] = []
     expected_rows = []
     for i, (value, _) in enumerate(bad):
@@ -246,7 +253,7 @@ def test_a_chunk_of_only_bad_records() -> None:
 def test_dead_letters_keep_raw_key_value_headers_and_coordinates() -> None:
     calls: list[int] = []
 
-    def headers(i: int):
+    def headers(i: int) -> Headers:
         calls.append(i)
         return [("trace-id", b"abc"), ("empty", None)] if i == 1 else None
 
@@ -290,7 +297,7 @@ def test_non_contiguous_offsets_are_kept_as_they_are() -> None:
 
 def _decode_in_subprocess(
     values: list[bytes | None], fields: list[tuple[str, str, bool]]
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run the decoder in a child process: pyarrow's JSON reader crashes (SIGSEGV) on a payload that
     starts with ``null``, and a regression must fail this test, not kill the test run."""
     script = textwrap.dedent(
@@ -317,10 +324,11 @@ def _decode_in_subprocess(
     )
 
 
-def _run(values: list[bytes | None], fields: list[tuple[str, str, bool]]) -> dict:
+def _run(values: list[bytes | None], fields: list[tuple[str, str, bool]]) -> dict[str, Any]:
     result = _decode_in_subprocess(values, fields)
     assert result.returncode == 0, f"the decoder crashed (return code {result.returncode}): {result.stderr[-500:]}"
-    return json.loads(result.stdout)
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
 
 
 @pytest.mark.parametrize("value", [b"null", b" null ", b"null\n"])
@@ -390,7 +398,7 @@ def test_conversion_errors_name_the_field(value: bytes, field: str) -> None:
 
 # --- property: random mixes of good and bad ----------------------------------------------------
 
-texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=20)
+texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=20)
 offsets_minutes = st.integers(-12 * 60, 14 * 60).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 instants = st.datetimes(dt.datetime(1970, 1, 1), dt.datetime(2200, 1, 1), timezones=offsets_minutes)
 good_documents = st.fixed_dictionaries(
@@ -409,11 +417,11 @@ good_documents = st.fixed_dictionaries(
 )
 # JSON null is left out here on purpose: a regression would crash the whole test run (see the
 # subprocess tests above)
-bad_values = st.sampled_from([p.values[0] for p in BAD])
+bad_values = st.sampled_from([value for value, _ in BAD_PAIRS])
 layouts = st.sampled_from(["compact", "pretty", "crlf", "padded"])
 
 
-def render(document: dict, layout: str) -> bytes:
+def render(document: dict[str, Any], layout: str) -> bytes:
     """A good value as some producer might write it: all of these are one valid JSON object."""
     if layout == "compact":
         return json.dumps(document, separators=(",", ":")).encode()
@@ -431,7 +439,7 @@ records = st.one_of(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(records, max_size=70), gaps=st.lists(st.integers(1, 3), min_size=70, max_size=70))
-def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items, gaps) -> None:
+def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items: list[tuple[str, Any]], gaps: list[int]) -> None:
     offsets = [sum(gaps[: i + 1]) for i in range(len(items))]
     values = [render(*payload) if kind == "good" else payload for kind, payload in items]
 
@@ -471,13 +479,14 @@ def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items, gaps) -> Non
         [b"{}", None],
     ],
 )
-def test_the_fast_path_refuses_any_chunk_arrow_could_misalign(values) -> None:
+def test_the_fast_path_refuses_any_chunk_arrow_could_misalign(values: list[bytes | None]) -> None:
     assert _one_object_per_line(values) is None
 
 
 def test_the_fast_path_takes_one_object_per_line() -> None:
-    values = [b"{}", b'{"a":"x\\ny"}', b'{"b":[1,{"c":2}]}']  # an escaped newline is one line
-    assert _one_object_per_line(values) == b"\n".join(values)
+    lines = [b"{}", b'{"a":"x\\ny"}', b'{"b":[1,{"c":2}]}']  # an escaped newline is one line
+    values: list[bytes | None] = list(lines)
+    assert _one_object_per_line(values) == b"\n".join(lines)
 
 
 # --- nested fields ------------------------------------------------------------------------------
@@ -527,7 +536,9 @@ def test_nested_objects_and_arrays_decode_into_structs_and_lists() -> None:
         ({"items": [{"price": "123456789.99"}]}, "Decimal value does not fit in precision 10"),
     ],
 )
-def test_a_nested_value_of_the_wrong_shape_is_a_dead_letter_naming_the_field(value, reason) -> None:
+def test_a_nested_value_of_the_wrong_shape_is_a_dead_letter_naming_the_field(
+    value: dict[str, Any], reason: str
+) -> None:
     decoded = decode([json.dumps({"id": 1}).encode(), json.dumps({"id": 2, **value}).encode()], fields=NESTED)
 
     assert_exactly_once(decoded, [100, 101])
@@ -577,7 +588,7 @@ KIND_TYPES = ["boolean", "int", "long", "float", "double", "decimal(12, 2)", "st
 
 
 @pytest.mark.parametrize("kind", KIND_TYPES)
-def test_a_big_chunk_with_poison_gets_the_verdicts_and_reasons_of_each_record_read_alone(kind) -> None:
+def test_a_big_chunk_with_poison_gets_the_verdicts_and_reasons_of_each_record_read_alone(kind: str) -> None:
     # a chunk of one is Arrow's own verdict on the record; a big chunk is screened by JSON kind first
     # (msgspec), which must never dead-letter what Arrow takes, nor word a reason differently
     fields = [FieldSpec(name="id", type="long", required=True), FieldSpec(name="v", type=kind)]
@@ -618,7 +629,7 @@ NESTED_KINDS = [
         max_size=40,
     )
 )
-def test_poison_screening_never_changes_a_verdict(documents) -> None:
+def test_poison_screening_never_changes_a_verdict(documents: list[dict[str, Any]]) -> None:
     values = [json.dumps(d).encode() for d in documents]
 
     together = decode(values, fields=NESTED_KINDS)
@@ -630,14 +641,21 @@ def test_poison_screening_never_changes_a_verdict(documents) -> None:
     )
 
 
-def test_a_chunk_with_drifted_types_is_read_by_arrow_a_few_times_not_once_per_record(monkeypatch) -> None:
+def test_a_chunk_with_drifted_types_is_read_by_arrow_a_few_times_not_once_per_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Arrow's reader costs ~0.2 ms a call whatever the size: bisecting down to each poison record
     # made a batch of drifted types ~500x slower than a good one
     import ingest.formats.json as json_format
 
-    reads = []
+    reads: list[int] = []
     real = json_format._read
-    monkeypatch.setattr(json_format, "_read", lambda *a: reads.append(1) or real(*a))
+
+    def counted(payload: bytes, block_size: int, options: Any) -> pa.Table:
+        reads.append(1)
+        return real(payload, block_size, options)
+
+    monkeypatch.setattr(json_format, "_read", counted)
     values = [good(i, x=str(i)) if i % 10 == 0 else good(i) for i in range(1000)]  # 10% poison
 
     decoded = decode(values)
@@ -649,7 +667,7 @@ def test_a_chunk_with_drifted_types_is_read_by_arrow_a_few_times_not_once_per_re
 
 
 @pytest.mark.parametrize("size", [1, 30], ids=["alone", "in-a-big-chunk"])
-def test_a_byte_order_mark_before_the_object_is_skipped_as_rfc_8259_allows(size) -> None:
+def test_a_byte_order_mark_before_the_object_is_skipped_as_rfc_8259_allows(size: int) -> None:
     # it was a dead letter with an empty reason
     bom = b"\xef\xbb\xbf"
     values = [bom + good(0), bom, bom + b'"x"'] + [good(i) for i in range(1, size)]
@@ -666,7 +684,8 @@ def test_a_byte_order_mark_before_the_object_is_skipped_as_rfc_8259_allows(size)
 def test_a_value_over_max_value_bytes_is_a_dead_letter_saying_so_whatever_the_format() -> None:
     from ingest.formats.rows import SizeLimited
 
-    values = [good(0), good(1, s="x" * 200), None, good(3)]
+    too_long = good(1, s="x" * 200)
+    values = [good(0), too_long, None, good(3)]
     limited = SizeLimited(Decoder(FIELDS), max_bytes=100)
 
     decoded = limited.decode(chunk(values))
@@ -682,14 +701,14 @@ def test_a_value_over_max_value_bytes_is_a_dead_letter_saying_so_whatever_the_fo
     )
     assert (
         reasons[101]
-        == f"value is {len(values[1])} bytes, over dead_letters.max_value_bytes (100); raise it to take such records"
+        == f"value is {len(too_long)} bytes, over dead_letters.max_value_bytes (100); raise it to take such records"
     )
     assert reasons[102].startswith("value is null")
 
 
 # --- fields the table does not declare (unknown_fields) ---------------------------------------
 
-WITH_EXTRA = [*FIELDS[:2], Field(EXTRA_COLUMN, "string"), *FIELDS[2:]]
+WITH_EXTRA: list[Declared] = [*FIELDS[:2], Field(EXTRA_COLUMN, "string"), *FIELDS[2:]]
 
 
 def _unknown_values(size: int, poison: bool) -> list[bytes | None]:
@@ -705,7 +724,7 @@ def _unknown_values(size: int, poison: bool) -> list[bytes | None]:
 
 @pytest.mark.parametrize("poison", [False, True], ids=["clean", "with-poison"])
 @pytest.mark.parametrize("size", [8, 40], ids=["one-by-one", "whole-chunk"])
-def test_unknown_fields_are_counted_captured_or_dead_lettered(size, poison) -> None:
+def test_unknown_fields_are_counted_captured_or_dead_lettered(size: int, poison: bool) -> None:
     values = _unknown_values(size, poison)
 
     dropped = Decoder(FIELDS, None, "drop").decode(chunk(values))
@@ -750,7 +769,7 @@ LOSSY = [
 
 
 @pytest.mark.parametrize("size", [6, 40], ids=["one-by-one", "whole-chunk"])
-def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -> None:
+def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size: int) -> None:
     from ingest.engines.task_spec import TaskSpec
 
     values: list[bytes | None] = [good(i) for i in range(size)]
@@ -760,7 +779,8 @@ def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -
     values[5] = zoned[size % 2]  # a zone, however written, is no naive timestamp
 
     def spec(refuse: tuple[str, ...]) -> TaskSpec:
-        return TaskSpec({}, ("orders",), "g", 1.0, tuple(FIELDS), 1000, refuse=refuse)
+        fields = tuple(Field(f.name, f.type, f.required, f.doc) for f in FIELDS)
+        return TaskSpec({}, ("orders",), "g", 1.0, fields, 1000, refuse=refuse)
 
     taken = spec(()).decoder().decode(chunk(values))
     refused = spec(("nan", "naive_timestamps", "date_only_timestamps")).decoder().decode(chunk(values))
@@ -784,7 +804,7 @@ def test_lossy_values_are_taken_by_default_and_dead_letters_when_refused(size) -
 
 
 @pytest.mark.parametrize("size", [3, 40], ids=["one-by-one", "whole-chunk"])
-def test_review_cases_of_refused_and_unknown_values_hold_whatever_the_chunk(size) -> None:
+def test_review_cases_of_refused_and_unknown_values_hold_whatever_the_chunk(size: int) -> None:
     # a renamed column's old name is checked too; a date alone has no zone either; an unknown field
     # whose text is not UTF-8 is named, not missed, in a big chunk as in a small one
     renamed = Decoder(FIELDS, {"when": "at"}, "drop", frozenset({"naive_timestamps"}))

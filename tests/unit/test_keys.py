@@ -92,7 +92,7 @@ def test_avro_record_keys_are_a_struct_and_their_poison_and_value_poison_are_dea
     assert key == Field(KEY_COLUMN, "struct<tenant: string, id: long>", False)
     fields = [*FIELDS, key]
     decoder = keyed(fields, RegistryKeys(key, Registry((1, KEY_V1)), AvroDecoder, "fail"))
-    keys = [avro(1, KEY_V1, {"tenant": "a", "id": i}) for i in range(4)]
+    keys: list[bytes | None] = [avro(1, KEY_V1, {"tenant": "a", "id": i}) for i in range(4)]
     keys[1] = None
     keys[2] = b"\x00\x00\x00\x00\x09xx"  # an id the registry does not know
     values: list[bytes | None] = [b'{"id": %d}' % i for i in range(4)]
@@ -170,7 +170,7 @@ def test_an_optional_avro_record_key_is_read_as_the_struct_it_maps_to() -> None:
     fields = [*FIELDS, key]
     decoder = keyed(fields, RegistryKeys(key, Registry((3, schema)), AvroDecoder, "fail"))
 
-    keys = [avro(3, schema, {"tenant": "a", "id": 1}), avro(3, schema, None)]
+    keys: list[bytes | None] = [avro(3, schema, {"tenant": "a", "id": 1}), avro(3, schema, None)]
     rows = decoder.decode(chunk(keys, [b'{"id": 1}', b'{"id": 2}'])).rows
 
     assert rows.column(KEY_COLUMN).to_pylist() == [{"tenant": "a", "id": 1}, None]

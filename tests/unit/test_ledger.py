@@ -6,6 +6,7 @@ import base64
 import json
 import random
 import zlib
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -240,7 +241,16 @@ offset_maps = st.dictionaries(tps, st.integers(0, 2**62), max_size=6)
     topic_ids=st.dictionaries(st.sampled_from(["a", "b.c", "d-e_f"]), st.text(min_size=1, max_size=24)),
     caught_up=st.dictionaries(tps, st.integers(0, 2**45), max_size=6),
 )
-def test_round_trip_property(batch, offsets, starts, timestamps, cluster, lost, topic_ids, caught_up) -> None:
+def test_round_trip_property(
+    batch: int,
+    offsets: dict[TopicPartition, int],
+    starts: dict[TopicPartition, int],
+    timestamps: dict[TopicPartition, int],
+    cluster: str | None,
+    lost: list[LostRange],
+    topic_ids: dict[str, str],
+    caught_up: dict[TopicPartition, int],
+) -> None:
     ledger = Ledger(batch, offsets, starts, cluster, timestamps, tuple(lost), topic_ids=topic_ids, caught_up=caught_up)
 
     assert decode("pipe-1", encode("pipe-1", ledger, BatchCounts())) == ledger
@@ -361,7 +371,7 @@ def test_find_ledger_returns_the_head_when_it_carries_the_ledger() -> None:
 
 
 def test_find_ledger_stops_reading_at_the_first_match() -> None:
-    def ancestry():
+    def ancestry() -> Iterator[SnapshotView]:
         yield _snap(2, "orders", 2, 20)
         raise AssertionError("walked past the ledger-bearing snapshot")
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.core.ledger import Ledger, LostRange, TopicPartition
-from ingest.core.plan import Batch, KafkaView, PlanPolicy, Watermarks, fair_caps, plan_batch
+from ingest.core.plan import Batch, KafkaView, PlanPolicy, StartPosition, Watermarks, fair_caps, plan_batch
 from ingest.errors import DataLoss, ExitCode, FatalError, TopicIdChanged, TopicRecreated
 
 P0 = TopicPartition("orders", 0)
@@ -83,7 +83,9 @@ def test_fair_caps_invariants(available: dict[TopicPartition, int], limit: int) 
 
 
 @given(available=availability, limit=st.integers(1, 50_000), seed=st.integers(0, 2**32))
-def test_fair_caps_is_deterministic_whatever_the_mapping_order(available, limit, seed) -> None:
+def test_fair_caps_is_deterministic_whatever_the_mapping_order(
+    available: dict[TopicPartition, int], limit: int, seed: int
+) -> None:
     items = list(available.items())
     random.Random(seed).shuffle(items)
 
@@ -145,7 +147,7 @@ def test_resumes_at_the_ledger() -> None:
 
 
 @pytest.mark.parametrize("start", ["earliest", "latest"])
-def test_a_partition_added_later_starts_at_earliest_even_when_start_is_latest(start) -> None:
+def test_a_partition_added_later_starts_at_earliest_even_when_start_is_latest(start: StartPosition) -> None:
     batch = plan_batch(ledger(p0=10), view(p0=(0, 10), p1=(4, 9)), PlanPolicy(start=start))
 
     assert batch.start == {P0: 10, P1: 4}
@@ -174,7 +176,7 @@ hw = st.integers(0, 200)
 
 
 @st.composite
-def scenarios(draw):
+def scenarios(draw: st.DrawFn) -> tuple[Ledger | None, KafkaView, PlanPolicy]:
     """A ledger (or none) and a Kafka view that is consistent with it (no loss, no recreation)."""
     tps = draw(st.lists(st.sampled_from([P0, P1, P2, Q0]), min_size=1, max_size=4, unique=True))
     marks = {}
@@ -191,7 +193,9 @@ def scenarios(draw):
 
 
 @given(scenarios())
-def test_plan_ranges_stay_within_the_ledger_and_the_readable_end(scenario) -> None:
+def test_plan_ranges_stay_within_the_ledger_and_the_readable_end(
+    scenario: tuple[Ledger | None, KafkaView, PlanPolicy],
+) -> None:
     base, kafka, policy = scenario
     batch = plan_batch(base, kafka, policy)
 

@@ -8,7 +8,7 @@ import base64
 import datetime as dt
 import struct
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2, wrappers_pb2
@@ -80,7 +80,13 @@ class Registry:
         return self.schemas[max(self.schemas)]
 
 
-def framed(schema_id: int, message: Any, indexes: bytes = b"\x02\x02") -> bytes:
+class Message(Protocol):
+    """What :func:`framed` needs of a Protobuf message (protobuf ships no type hints)."""
+
+    def SerializeToString(self) -> bytes: ...
+
+
+def framed(schema_id: int, message: Message, indexes: bytes = b"\x02\x02") -> bytes:
     """Order is the second top-level message: indexes [1] (count 1, index 1, zigzag varints)."""
     return struct.pack(">bI", 0, schema_id) + indexes + message.SerializeToString()
 

@@ -44,7 +44,9 @@ def test_dead_letters_after_the_newest_row_are_read_again_not_skipped() -> None:
     [({P0: 120}, {}), ({}, {P0: 130}), ({P1: 0}, {})],
     ids=["row-beyond-the-end", "dead-letter-beyond-the-end", "partition-kafka-lacks"],
 )
-def test_offsets_kafka_does_not_hold_mean_a_recreated_topic(rows, dead) -> None:  # type: ignore[no-untyped-def]
+def test_offsets_kafka_does_not_hold_mean_a_recreated_topic(
+    rows: dict[TopicPartition, int], dead: dict[TopicPartition, int]
+) -> None:
     with pytest.raises(TopicRecreated) as caught:
         rebuild_offsets(rows, dead, kafka(p0=(0, 120)))
     assert "recreated" in str(caught.value) and "--to-offsets" in str(caught.value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -33,8 +33,13 @@ def serving(status: int, code: int, message: str) -> type[BaseHTTPRequestHandler
     return Handler
 
 
+#: starts a server on a free port answering every request with ``(status, error code, message)``;
+#: returns its URL
+Answering = Callable[[int, int, str], str]
+
+
 @pytest.fixture
-def answering() -> Iterator[object]:
+def answering() -> Iterator[Answering]:
     servers: list[ThreadingHTTPServer] = []
 
     def start(status: int, code: int, message: str) -> str:
@@ -48,14 +53,14 @@ def answering() -> Iterator[object]:
         server.shutdown()
 
 
-def test_a_registry_that_turns_the_client_away_is_a_configuration_error(answering) -> None:  # type: ignore[no-untyped-def]
+def test_a_registry_that_turns_the_client_away_is_a_configuration_error(answering: Answering) -> None:
     url = answering(401, 40101, "Unauthorized")
     with pytest.raises(RegistryRefused, match=r"refused this client \(401: Unauthorized\).*basic.auth.user.info"):
         Registry({"url": url, "basic.auth.user.info": "me:wrong"}).by_id(1)
     assert RegistryRefused.exit_code is ExitCode.CONFIG
 
 
-def test_an_error_on_the_registrys_side_or_no_answer_is_retryable(answering) -> None:  # type: ignore[no-untyped-def]
+def test_an_error_on_the_registrys_side_or_no_answer_is_retryable(answering: Answering) -> None:
     url = answering(500, 50001, "Error in the backend data store")
     with pytest.raises(RegistryUnavailable, match=r"500 Error in the backend data store.*run again"):
         Registry({"url": url, "max.retries": 0}).by_id(1)
@@ -63,7 +68,7 @@ def test_an_error_on_the_registrys_side_or_no_answer_is_retryable(answering) -> 
         Registry({"url": f"http://127.0.0.1:{free_port()}", "max.retries": 0}).latest("orders-value")
 
 
-def test_an_unknown_id_is_none_and_an_unknown_subject_says_what_to_do(answering) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_id_is_none_and_an_unknown_subject_says_what_to_do(answering: Answering) -> None:
     url = answering(404, 40403, "Schema 7 not found")
     assert Registry({"url": url}).by_id(7) is None
     with pytest.raises(RegistryRefused, match=r"has no subject 'orders-value'.*declare `schema:`"):

@@ -13,7 +13,9 @@ SCHEMA = rows_schema([Field("customer", "long"), Field("at", "timestamptz"), Fie
 
 
 def test_sort_keys_round_trip_through_the_table_sort_order() -> None:
-    keys = [parse_sort("customer"), parse_sort("at  DESC")]
+    customer, at = parse_sort("customer"), parse_sort("at  DESC")
+    assert customer is not None and at is not None
+    keys = [customer, at]
     assert keys == [SortKey("customer"), SortKey("at", descending=True)]
 
     order = sort_order(SCHEMA, keys)

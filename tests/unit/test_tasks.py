@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from ingest.config import parse
 from ingest.core.ledger import TopicPartition
+from ingest.core.ranges import Range, share
 from ingest.core.ranges import coverage_problem as combine_problem
-from ingest.core.ranges import share
 from ingest.engines.local import processes
 from ingest.engines.task_spec import TaskSpec
 from ingest.engines.tasks import hand_off
@@ -27,7 +27,7 @@ ranges_strategy = st.lists(
 
 
 @given(ranges_strategy, st.integers(1, 16))
-def test_shares_cover_every_offset_once_in_near_equal_groups(ranges, parts: int) -> None:
+def test_shares_cover_every_offset_once_in_near_equal_groups(ranges: list[Range], parts: int) -> None:
     groups = share(ranges, parts)
 
     total = sum(end - start for _, start, end in ranges)
@@ -62,7 +62,9 @@ def test_a_group_takes_whole_ranges_where_it_can() -> None:
     st.integers(1, 8),
     st.integers(1, 2_000),
 )
-def test_a_hand_off_gives_away_only_unread_offsets_and_loses_none(ranges, read, parts: int, least: int) -> None:
+def test_a_hand_off_gives_away_only_unread_offsets_and_loses_none(
+    ranges: list[Range], read: list[float], parts: int, least: int
+) -> None:
     stops = Stops(ranges)
     for (tp, start, end), fraction in zip(ranges, read, strict=False):
         if end > start:
@@ -85,7 +87,7 @@ def test_a_hand_off_gives_away_only_unread_offsets_and_loses_none(ranges, read, 
     assert all(stops.end[tp] >= before[tp] for tp in stops.end)  # nothing read is taken back
 
 
-def start_of(ranges, tp) -> int:
+def start_of(ranges: list[Range], tp: TopicPartition) -> int:
     return next(start for t, start, _ in ranges if t == tp)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pytest
@@ -43,6 +43,7 @@ CONFIG = parse(
     "memory.yaml",
 )
 
+Step = Literal["produce", "batch", "reset", "earliest", "latest"]
 STEPS = st.lists(
     st.one_of(
         st.tuples(st.just("produce"), st.integers(0, 1), st.integers(1, 12)),
@@ -65,7 +66,7 @@ class Source:
 
 @settings(max_examples=300, deadline=None)
 @given(steps=STEPS)
-def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: list[tuple[str, int, int]]) -> None:
+def test_verify_expects_each_offset_as_many_times_as_the_ledger_read_it(steps: list[tuple[Step, int, int]]) -> None:
     rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letter")
     source = Source()
     pipeline: Any = SimpleNamespace(config=CONFIG, rows=rows.table(), dead=dead.table(), source=source)
@@ -119,7 +120,8 @@ def test_after_expiry_the_resets_ledgers_remember_still_count(origin_kept: bool)
         commit_rows(pipeline.rows, RowsCommit(CONFIG.pipeline, planned, planned.ledger(), [], BatchCounts(), 3))
 
     source.high[tp] = 20
-    batch(10), batch(10)
+    batch(10)
+    batch(10)
     pipeline.rows.refresh()
     reset(pipeline, ResetTarget("offsets", {tp: 5}), "back")
     batch(15)

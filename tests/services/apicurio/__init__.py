@@ -25,7 +25,7 @@ from tests.services import maven
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 POM = HERE / "pom.xml"
-VERSION = re.search(r"<apicurio.version>([^<]+)</apicurio.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
+VERSION = maven.pinned(POM, "apicurio.version")
 APP = REPO / ".cache" / f"apicurio-{VERSION}" / "app"
 JAVA_NEEDED = 21
 START_TIMEOUT_S = 120.0

@@ -12,7 +12,6 @@ used by the pipeline.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +23,7 @@ from tests.services.ready import ready, stop
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 POM = HERE / "pom.xml"
-VERSION = re.search(r"<iceberg.version>([^<]+)</iceberg.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
+VERSION = maven.pinned(POM, "iceberg.version")
 LIB = REPO / ".cache" / f"iceberg-rest-{VERSION}" / "lib"
 
 

@@ -10,7 +10,6 @@ and stops them. Nothing here is used by the pipeline.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from tests.services import maven
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 POM = HERE / "pom.xml"
-VERSION = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
+VERSION = maven.pinned(POM, "kafka.version")
 CACHE = REPO / ".cache" / f"kafka-{VERSION}"
 LIB = CACHE / "lib"
 LOG4J = """\

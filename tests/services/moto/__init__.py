@@ -25,7 +25,9 @@ from tests.services.ready import ready, stop
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 REQUIREMENTS = HERE / "requirements.txt"
-VERSION = re.search(r"^moto==(\S+)$", REQUIREMENTS.read_text(), re.M).group(1)  # type: ignore[union-attr]
+_PIN = re.search(r"^moto==(\S+)$", REQUIREMENTS.read_text(), re.M)
+assert _PIN is not None, f"{REQUIREMENTS} pins no moto version"
+VERSION = _PIN.group(1)
 VENV = REPO / ".cache" / f"moto-{VERSION}"
 ACCESS_KEY = "ingest-test"
 SECRET_KEY = "ingest-test-secret"  # moto checks no signature; any pair will do
