@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from ingest.errors import BrokerUnavailable
+
+#: a record's headers as sent: each key with its value, or None for a header without one
+SentHeaders = Sequence[tuple[str, bytes | None]] | None
 
 
 def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
@@ -42,7 +45,7 @@ def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s:
 def produce(
     bootstrap_servers: str,
     topic: str,
-    records: Iterable[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]],
+    records: Iterable[tuple[int, bytes | None, bytes | None, SentHeaders]],
 ) -> int:
     """Send ``(partition, key, value, headers)`` records (idempotent, lz4); returns the count.
 
@@ -58,7 +61,7 @@ def produce(
             "batch.num.messages": 10_000,
         }
     )
-    last: dict[int, tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = {}
+    last: dict[int, tuple[bytes | None, bytes | None, SentHeaders]] = {}
     count = 0
     for partition, key, value, headers in records:
         if partition in last:
@@ -87,7 +90,7 @@ def _send(
     partition: int,
     key: bytes | None,
     value: bytes | None,
-    headers: list[tuple[str, bytes]] | None,
+    headers: SentHeaders,
 ) -> None:
     while True:
         try:

@@ -225,6 +225,11 @@ class MemoryTable:
     def branch_head(self, branch: str) -> int | None:
         return self._held.refs.get(branch)
 
+    def detached(self) -> MemoryTable:
+        """A copy that writes data files (as a worker's does: in memory, there is no catalog
+        connection or credential to leave out)."""
+        return self.on_branch(self._branch)
+
     def on_branch(self, branch: str) -> MemoryTable:
         handle = MemoryTable(self.catalog, branch)
         handle._held, handle._loaded_at, handle._wanted = self._held, self._loaded_at, self._wanted

@@ -100,7 +100,7 @@ def test_headers_true_keeps_each_records_headers_in_a_map_column(make_env: MakeE
             (0, b"k2", value % 2, [("retry", b"1"), ("retry", b"2")]),  # a repeated key: its last value
             (0, b"k3", value % 3, None),
             # a header without a value, which Kafka takes and produce()'s type hint leaves out
-            (0, b"k4", value % 4, [("empty", None)]),  # type: ignore[list-item]
+            (0, b"k4", value % 4, [("empty", None)]),
             (0, b"k5", b"{not json", [("trace", b"t-5")]),  # a dead letter keeps them as they came
         ],
     )

@@ -263,7 +263,7 @@ class Engine:
         covered = len([f for f in fields if f.name.startswith("c")])
         ahead = sorted({v for v in versions if v > covered})
         if ahead:
-            firsts = {}
+            firsts: dict[TopicPartition, int] = {}
             for (tp, offset), v in zip(good, versions, strict=True):
                 if v > covered:
                     firsts.setdefault(tp, offset)
@@ -278,7 +278,7 @@ class Engine:
         pass
 
 
-def new_pipeline(machine: ProtocolMachine, writer: int) -> tuple[Pipeline, Engine]:
+def new_pipeline(machine: ProtocolMachine, writer: int) -> tuple[Pipeline[MemoryTable, MemorySource], Engine]:
     """A run of writer ``writer``: the real :class:`ingest.pipeline.Pipeline` on fresh handles."""
     rows, dead = machine.rows.table(), machine.dead.table()
     pipeline = Pipeline(config_of(writer), machine.source, rows, dead, [], machine.registry)

@@ -11,16 +11,17 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pytest
 
-from ingest.config import parse
+from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import find_ledger
-from ingest.core.plan import Batch
+from ingest.core.plan import Batch, KafkaView
 from ingest.ops.replay import _rollback
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
 from ingest.records import Declared
 from ingest.retry import without_backoff
 from ingest.testing.memory_kafka import MemorySource
+from ingest.testing.memory_state import Fault
 from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
 TOPIC = "orders"
@@ -28,7 +29,7 @@ TP = TopicPartition(TOPIC, 0)
 POISON = {5, 15}  # one poison record in each of the first two batches
 
 
-def config(cap: int):
+def config(cap: int) -> PipelineConfig:
     return parse(
         {
             "pipeline": "orders",
@@ -49,7 +50,8 @@ class Engine:
         self.rows = rows
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-        good, bad = [], []
+        good: list[tuple[TopicPartition, int]] = []
+        bad: list[tuple[TopicPartition, int]] = []
         for tp, start, end in batch.ranges():
             for offset in range(start, end):
                 (bad if offset in POISON else good).append((tp, offset))
@@ -73,7 +75,9 @@ class Engine:
         pass
 
 
-def copy(source: MemorySource, rows: MemoryCatalog, dead: MemoryCatalog) -> tuple[Pipeline, Engine]:
+def copy(
+    source: MemorySource, rows: MemoryCatalog, dead: MemoryCatalog
+) -> tuple[Pipeline[MemoryTable, MemorySource], Engine]:
     r, d = rows.table(), dead.table()
     return Pipeline(config(10), source, r, d), Engine(r)
 
@@ -101,8 +105,8 @@ def test_a_batch_staged_before_a_rollback_to_its_own_base_keeps_its_dead_letters
     late, late_engine = copy(source, rows, dead)
     real_plan = late.plan
 
-    def plan_then_busy_lands_batch_2() -> Batch:
-        batch = real_plan()  # batch 2 [10, 20) on batch 1's ledger (no marker owed)
+    def plan_then_busy_lands_batch_2(view: KafkaView | None = None) -> Batch:
+        batch = real_plan(view)  # batch 2 [10, 20) on batch 1's ledger (no marker owed)
         if not planned:  # the first plan only: the copy was paused right after it
             planned.append(True)
             busy.run_batch(busy_engine)  # another copy lands batch 2: dead letter 15, floor 20
@@ -113,7 +117,7 @@ def test_a_batch_staged_before_a_rollback_to_its_own_base_keeps_its_dead_letters
     planned: list[bool] = []
     late.plan = plan_then_busy_lands_batch_2  # type: ignore[method-assign]
 
-    def rollback_before_late_commits(table: MemoryTable):
+    def rollback_before_late_commits(table: MemoryTable) -> Fault:
         # the late copy staged its dead letters (15 below the floor 20, held: left out of its
         # marker's files); now `ingest replay --rollback` to batch 1's snapshot moves main to a
         # restamp of batch 1's ledger with a rewind marker, and rewinds the dead letters

@@ -44,7 +44,7 @@ from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, Fenced
 from ingest.pipeline import Pipeline
-from ingest.ports import Produced
+from ingest.ports import Produced, RoutedTable
 from ingest.records import ROUTE_COLUMN, Declared
 from ingest.retry import without_backoff
 from ingest.route_by.tables import Routes
@@ -115,7 +115,7 @@ class Maker:
         event(f"a routed table opened ({'there' if name in self.machine.tables else 'created'})")
         return self.machine.table(name).table()
 
-    def misfit(self, table: MemoryTable, fields: Sequence[Declared]) -> str | None:
+    def misfit(self, table: RoutedTable, fields: Sequence[Declared]) -> str | None:
         return None
 
 
@@ -187,7 +187,7 @@ class RoutingMachine(RuleBasedStateMachine):
             self.tables[name].monotonic = self.clock
         return self.tables[name]
 
-    def new_writer(self, i: int) -> tuple[Pipeline, Engine]:
+    def new_writer(self, i: int) -> tuple[Pipeline[MemoryTable, MemorySource], Engine]:
         """A run of writer ``i`` on fresh handles: it opens the routed tables there are."""
         config = config_of(i)
         routes = Routes(config, Maker(self), {name: catalog.table() for name, catalog in self.tables.items()})
@@ -240,7 +240,7 @@ class RoutingMachine(RuleBasedStateMachine):
             self.source.produce(tp, self.data.draw(st.integers(1, 8), label="records"))
 
     @staticmethod
-    def handles_of(pipeline: Pipeline) -> list[object]:
+    def handles_of(pipeline: Pipeline[MemoryTable, MemorySource]) -> list[object]:
         routed = pipeline.routes.handles.values() if pipeline.routes is not None else ()
         return [pipeline.rows, pipeline.dead, *routed]
 
