@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup services kafka catalogs demo test test-fast test-spark soak iceberg-spark lint format bench clean
+.PHONY: help setup services kafka catalogs demo test test-fast test-spark soak iceberg-spark lint format bench dist clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -73,5 +73,9 @@ format: setup ## apply ruff's formatting and fixes
 bench: setup ## throughput, memory and fixed cost of every stage (BENCH_RECORDS=2000000 by default)
 	$(BIN)/python -m tests.benchmarks.bench
 
-clean: ## remove the virtualenv and the demo warehouse
-	rm -rf $(VENV) warehouse .pytest_cache .mypy_cache .ruff_cache
+dist: setup ## build the sdist and the wheel into dist/ (the wheel carries the example configs `ingest demo` runs)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+
+clean: ## remove the virtualenv, the demo warehouse and dist/
+	rm -rf $(VENV) warehouse dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""``make demo``: the embedded broker, a realistic order stream, batches, and what a user looks at."""
+"""``ingest demo`` (``make demo``): the embedded broker, a realistic order stream, batches, and what a user looks at."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from importlib.resources import files
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from rich.table import Table
 from ingest import config as config_module
 from ingest import records
 from ingest.assembly import Opened
+from ingest.errors import ConfigError
 from ingest.kafka.admin import create_topic, produce
 from ingest.kafka.embedded import EmbeddedBroker
 from ingest.kafka.registry import avro_serializer
@@ -123,7 +125,20 @@ def _fresh_warehouse(config_path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
-def main(records: int, config_path: Path, console: Console) -> None:
+def example(name: str) -> Path:
+    """An example config packaged with ingest (the repository's ``conf/``)."""
+    path = Path(str(files("ingest.examples") / name))
+    if not path.is_file():
+        raise ConfigError(f"the example config {name} is not in this installation of ingest ({path})")
+    return path
+
+
+def main(records: int, config_path: Path | None, console: Console) -> None:
+    if config_path is None:  # the packaged example, its catalog and warehouse in ./warehouse
+        config_path = example("orders.yaml")
+        warehouse = Path.cwd() / "warehouse"
+        os.environ.setdefault("ICEBERG_CATALOG_URI", f"sqlite:///{warehouse}/catalog.db")
+        os.environ.setdefault("ICEBERG_WAREHOUSE", warehouse.as_uri())
     _fresh_warehouse(config_path)
     with EmbeddedBroker() as broker:
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers

@@ -295,9 +295,15 @@ def replay(
 @app.command()
 def demo(
     records: Annotated[int, typer.Option(help="Order events to produce.")] = 200_000,
-    config: Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML for the demo.")] = Path(
-        "conf/orders.yaml"
-    ),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Pipeline YAML for the demo. Default: the packaged orders example, its warehouse in ./warehouse.",
+            show_default=False,
+        ),
+    ] = None,
     verbose: VerboseOption = False,
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
