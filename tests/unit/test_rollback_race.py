@@ -1,7 +1,10 @@
-"""A copy that planned and staged its batch before a rollback moved main back to exactly the
+"""A rollback racing a batch's dead letters, on the real loop and the real rollback over memory tables.
+
+A copy that planned and staged its batch before a rollback moved main back to exactly the
 ledger it planned from: the rollback's restamp carries the same ledger (batch number, offsets)
 but a rewind marker the copy never settled. The soak lost a dead letter this way (seed 663740123,
-soakb9f7219d_orders p3 offset 4583)."""
+soakb9f7219d_orders p3 offset 4583). And a marker the rollback discarded, settled late by a copy
+that saw it before: the rows-ledger check (``ingest.batch_commit.owed``) keeps its dead letters out."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pytest
 
+from ingest.batch_commit import land_dead_letters
 from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import find_ledger
@@ -21,7 +25,7 @@ from ingest.ports import Produced
 from ingest.records import Declared
 from ingest.retry import without_backoff
 from ingest.testing.memory_kafka import MemorySource
-from ingest.testing.memory_state import Fault
+from ingest.testing.memory_state import Crashed, Fault
 from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
 TOPIC = "orders"
@@ -46,15 +50,17 @@ def config(cap: int) -> PipelineConfig:
 
 
 class Engine:
-    def __init__(self, rows: MemoryTable) -> None:
+    def __init__(self, rows: MemoryTable, poison: frozenset[int] = frozenset(POISON)) -> None:
         self.rows = rows
+        #: the offsets this engine's decoding sets aside as dead letters
+        self.poison = poison
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
         good: list[tuple[TopicPartition, int]] = []
         bad: list[tuple[TopicPartition, int]] = []
         for tp, start, end in batch.ranges():
             for offset in range(start, end):
-                (bad if offset in POISON else good).append((tp, offset))
+                (bad if offset in self.poison else good).append((tp, offset))
         rows = pa.table(
             {
                 "_kafka_topic": pa.array([tp.topic for tp, _ in good], pa.string()),
@@ -146,3 +152,38 @@ def test_a_head_with_the_base_ledger_but_another_marker_fences_the_batch() -> No
 
     assert decide(restamp, batch) is Decision.FENCED
     assert decide(base, batch) is Decision.COMMIT  # a compaction's restamp keeps the marker: same
+
+
+def test_a_late_settle_of_a_marker_a_rollback_discarded_adds_nothing() -> None:
+    """Batch 2's rows land with the marker of its dead letter (15), and the process dies before it
+    adds it; an operator rolls main back to batch 1 (a fixed decoding reads 15 as a row now). A
+    copy that observed batch 2 before the rollback settles its marker late: the rows ledger no
+    longer carries it, so it adds nothing (else 15 would be a dead letter and a row)."""
+    source = MemorySource()
+    source.produce(TP, 20)
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letters")
+    one, engine = copy(source, rows, dead)
+    one.run_batch(engine)  # batch 1: [0, 10), dead letter 5
+    s1 = find_ledger("orders", rows.table().ancestry())
+    assert s1 is not None
+
+    def dies_before_the_dead_letters(table: MemoryTable) -> Fault:
+        return "crash-before"
+
+    dead.on_commit = dies_before_the_dead_letters
+    with pytest.raises(Crashed):
+        one.run_batch(engine)  # batch 2: [10, 20), its rows and marker land; the dead letter 15 does not
+    dead.on_commit = lambda table: "ok"
+    b2 = find_ledger("orders", rows.table().ancestry())
+    assert b2 is not None and b2.ledger.batch == 2 and b2.ledger.sync is not None
+
+    operator, _ = copy(source, rows, dead)
+    _rollback(operator, s1.snapshot_id, s1)  # type: ignore[arg-type]
+    land_dead_letters(dead.table(), rows.table(), "orders", b2.ledger, 4)  # the late settle
+
+    fixed, _ = copy(source, rows, dead)
+    fixed_engine = Engine(fixed.rows, frozenset({5}))
+    while fixed.run_batch(fixed_engine).status != "empty":
+        pass
+    assert offsets(dead, "offset") == Counter({5: 1})
+    assert sum(offsets(rows, "_kafka_offset").values()) == 19 and offsets(rows, "_kafka_offset")[15] == 1
