@@ -4,18 +4,19 @@ Exit codes (see :class:`ingest.errors.ExitCode`): 0 success, 75 retryable failur
 failure (data loss, ledger lost, verification failed), 78 configuration error, 1 internal error.
 
 The application and what its commands share are in :mod:`~ingest.cli.common`; ``ingest run`` in
-:mod:`~ingest.cli.running`; the other commands in :mod:`~ingest.cli.tables`.
+:mod:`~ingest.cli.running`; the commands on a pipeline's tables in :mod:`~ingest.cli.tables`; ``ingest demo``
+and ``ingest broker`` in :mod:`~ingest.cli.local`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ingest.cli import running, tables
+from ingest.cli import local, running, tables
 from ingest.cli.common import app, err
 from ingest.errors import ExitCode
 
-__all__ = ["app", "main", "running", "tables"]
+__all__ = ["app", "local", "main", "running", "tables"]
 
 
 def main() -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -290,24 +289,3 @@ def replay(
         emit(json_output, result.as_dict(), lambda: render.replay(result, out))
 
     guarded(json_output, body)
-
-
-@app.command()
-def demo(
-    records: Annotated[int, typer.Option(help="Order events to produce.")] = 200_000,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="Pipeline YAML for the demo. Default: the packaged orders example, its warehouse in ./warehouse.",
-            show_default=False,
-        ),
-    ] = None,
-    verbose: VerboseOption = False,
-    log_format: LogFormatOption = LogFormat.text,
-) -> None:
-    """Start the embedded broker, produce order events, ingest them, show the result, stop."""
-    from ingest import demo as demo_module
-
-    guarded(False, lambda: demo_module.main(records=records, config_path=config, console=out))

