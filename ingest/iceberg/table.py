@@ -290,9 +290,10 @@ class IcebergTable:
         refs, requiring what the handle saw of them. Returns the new snapshot's id (None for a ref
         intent). Raises :class:`CommitConflict` if what it requires moved (nothing applied) and
         :class:`CommitUnknown` for any failure that leaves the outcome open."""
+        if isinstance(intent, Expire) and not intent.snapshot_ids:
+            return None  # nothing to remove: no commit
         if isinstance(intent, MoveRef | RemoveRef | Expire):
-            if not (isinstance(intent, Expire) and not intent.snapshot_ids):
-                self._commit_updates(*ref_change(intent, self._table))
+            self._commit_updates(*ref_change(intent, self._table))
             return None
         # the catalog loads, deep-copies and writes the whole metadata
         with nogc.paused(), refused_as_conflict():

@@ -16,7 +16,7 @@ import pytest
 
 from ingest.batch_commit import land_dead_letters
 from ingest.config import PipelineConfig, parse
-from ingest.core.ledger import TopicPartition
+from ingest.core.ledger import Found, TopicPartition
 from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch, KafkaView
 from ingest.ops.replay import _rollback
@@ -81,9 +81,10 @@ class Engine:
         pass
 
 
-def copy(
-    source: MemorySource, rows: MemoryCatalog, dead: MemoryCatalog
-) -> tuple[Pipeline[MemoryTable, MemorySource], Engine]:
+Copy = Pipeline[MemoryTable, MemorySource]
+
+
+def copy(source: MemorySource, rows: MemoryCatalog, dead: MemoryCatalog) -> tuple[Copy, Engine]:
     r, d = rows.table(), dead.table()
     return Pipeline(config(10), source, r, d), Engine(r)
 
@@ -99,14 +100,20 @@ def _no_backoff() -> Iterator[None]:
         yield
 
 
-def test_a_batch_staged_before_a_rollback_to_its_own_base_keeps_its_dead_letters() -> None:
+def _batch_1_landed() -> tuple[MemorySource, MemoryCatalog, MemoryCatalog, tuple[Copy, Engine], Found]:
+    """Kafka with 20 records, and a copy whose batch 1 ([0, 10), dead letter 5) landed in both tables."""
     source = MemorySource()
     source.produce(TP, 20)
     rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letters")
-    busy, busy_engine = copy(source, rows, dead)
-    busy.run_batch(busy_engine)  # batch 1: [0, 10), dead letter 5
+    first = copy(source, rows, dead)
+    first[0].run_batch(first[1])
     s1 = find_ledger("orders", rows.table().ancestry())
     assert s1 is not None
+    return source, rows, dead, first, s1
+
+
+def test_a_batch_staged_before_a_rollback_to_its_own_base_keeps_its_dead_letters() -> None:
+    source, rows, dead, (busy, busy_engine), s1 = _batch_1_landed()
 
     late, late_engine = copy(source, rows, dead)
     real_plan = late.plan
@@ -159,13 +166,7 @@ def test_a_late_settle_of_a_marker_a_rollback_discarded_adds_nothing() -> None:
     adds it; an operator rolls main back to batch 1 (a fixed decoding reads 15 as a row now). A
     copy that observed batch 2 before the rollback settles its marker late: the rows ledger no
     longer carries it, so it adds nothing (else 15 would be a dead letter and a row)."""
-    source = MemorySource()
-    source.produce(TP, 20)
-    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letters")
-    one, engine = copy(source, rows, dead)
-    one.run_batch(engine)  # batch 1: [0, 10), dead letter 5
-    s1 = find_ledger("orders", rows.table().ancestry())
-    assert s1 is not None
+    source, rows, dead, (one, engine), s1 = _batch_1_landed()
 
     def dies_before_the_dead_letters(table: MemoryTable) -> Fault:
         return "crash-before"
