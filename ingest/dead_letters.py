@@ -37,7 +37,7 @@ from ingest.core.expiry import MAIN
 from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
 from ingest.core.ledger_codec import encode
 from ingest.errors import CommitGaveUp
-from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters
+from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters, Spans
 from ingest.ports import LedgerTable
 from ingest.retry import with_retries
 
@@ -54,8 +54,9 @@ def rewind(
     *,
     rows: LedgerTable | None = None,
     also: Sequence[str] = (),
+    gaps: Spans | None = None,
 ) -> None:
-    """Remove ``pipeline``'s dead letters at or past ``to`` on ``dead``'s branch and set its floor
+    """Remove ``pipeline``'s dead letters at or past ``to`` (and in ``gaps``) on ``dead``'s branch and set its floor
     to ``to``, in one commit that remembers ``sync_id`` (and the steps ``also`` names, done by the
     dead letters kept); a no-op once remembered, or (``rows``: the rows branch whose marker asks
     for it) once the rows ledger no longer carries the marker."""
@@ -77,7 +78,8 @@ def rewind(
             cluster_id=found.ledger.cluster_id if found else None,
             resets=_remembering_all(found.ledger if found else None, [*also, sync_id]),
         )
-        dead.commit(RewindDeadLetters(every, to, encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})))
+        summary = encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})
+        dead.commit(RewindDeadLetters(every, to, summary, gaps or {}))
 
     with_retries(
         attempt,
@@ -196,7 +198,7 @@ def settle(dead: LedgerTable, rows: LedgerTable, config: PipelineConfig, ledger:
     elif sync.branch is not None:
         publish_branch(dead, pipeline, sync.branch, sync.sync_id, attempts, rows)
     elif sync.rewind_to is not None:
-        rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts, rows=rows)
+        rewind(dead, pipeline, topics, sync.rewind_to, sync.sync_id, attempts, rows=rows, gaps=sync.rewind_gaps)
     return 0
 
 

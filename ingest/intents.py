@@ -67,11 +67,13 @@ class Rewrite:
 @dataclass(frozen=True)
 class RewindDeadLetters:
     """A snapshot on the dead-letter table's branch without the dead letters of ``topics`` at or past
-    ``to`` (every one of a partition ``to`` does not name), with ``summary``: a rollback's rewind."""
+    ``to`` (every one of a partition ``to`` does not name) or in ``gaps``, with ``summary``: a
+    rollback's rewind."""
 
     topics: Sequence[str]
     to: Mapping[TopicPartition, int]
     summary: Mapping[str, str]
+    gaps: Spans = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

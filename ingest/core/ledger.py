@@ -54,8 +54,9 @@ class DeadLetterSync:
 
     The rows table decides which records a pipeline has stored, and its dead-letter table follows:
     a batch's dead letters are added once the batch's rows commit has landed (``files``: the data
-    files holding them, written before that commit); after a rollback to a ledger ``L`` the dead
-    letters at or past ``L`` go (``rewind_to``); after a replay's publish the dead-letter table's
+    files holding them, written before that commit); after a rollback to a snapshot the dead
+    letters its line never read go (``rewind_to``, ``rewind_gaps``:
+    :func:`rewind_of`); after a replay's publish the dead-letter table's
     replay branch becomes its main (``branch``); after a redrive the dead letters it moved to the
     rows go (``redriven``). The dead-letter ledger remembers ``sync_id`` once the step is done (as
     an :class:`AppliedReset`), no rows commit is made on top of the marker before that, and the
@@ -72,6 +73,9 @@ class DeadLetterSync:
     files: tuple[str, ...] | None = None
     #: a batch: how many dead letters ``files`` hold
     count: int = 0
+    #: a rollback: below ``rewind_to``, the offset ranges its line never read (a forward reset
+    #: skipped them), whose dead letters go too
+    rewind_gaps: Mapping[TopicPartition, tuple[tuple[int, int], ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,10 @@ class Ledger:
     #: data is complete through then, however long ago its newest record was written (the
     #: idle-source rule of stream processors); carried forward. Empty in ledgers written before it was kept
     caught_up: Mapping[TopicPartition, int] = field(default_factory=dict)
+    #: per partition, the offset ranges this ledger's line of batches has read (merged; a forward
+    #: reset leaves a gap, a backward one an overlap), carried forward: what a rollback to it keeps
+    #: of the dead letters. None in ledgers written before it was kept
+    read: Mapping[TopicPartition, tuple[tuple[int, int], ...]] | None = None
 
     @property
     def topics(self) -> frozenset[str]:
@@ -185,3 +193,57 @@ def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[Topi
         for tp, value in part.items():
             merged[tp] = max(merged.get(tp, value), value)
     return merged
+
+
+Spans = Mapping[TopicPartition, tuple[tuple[int, int], ...]]
+
+
+def carried_reads(base: Ledger | None) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    """What ``base``'s line has read: its own record of it, or (a ledger written before it was kept)
+    everything below its offsets."""
+    if base is None:
+        return {}
+    if base.read is not None:
+        return dict(base.read)
+    return {tp: ((0, end),) for tp, end in base.offsets.items() if end > 0}
+
+
+def reads_after(
+    base: Ledger | None, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    """What the line of a batch on ``base`` that reads ``[start, end)`` has read."""
+    read = carried_reads(base)
+    for tp, stop in end.items():
+        begin = start.get(tp, stop)
+        if stop > begin:
+            read[tp] = _merged([*read.get(tp, ()), (begin, stop)])
+    return read
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def rewind_of(ledger: Ledger) -> tuple[dict[TopicPartition, int], dict[TopicPartition, tuple[tuple[int, int], ...]]]:
+    """Where a rollback (or a replay) to ``ledger`` rewinds the dead letters: per partition, the end
+    of what its line has read (above its offsets after a backward reset: the dead letters between are
+    the line's own, and the runs that read those records again keep them), and below that the ranges
+    it never read (a discarded line may have read them). A ledger written before its reads were
+    kept: its offsets, no gaps."""
+    if ledger.read is None:
+        return dict(ledger.offsets), {}
+    to: dict[TopicPartition, int] = {}
+    gaps: dict[TopicPartition, tuple[tuple[int, int], ...]] = {}
+    for tp in {*ledger.offsets, *ledger.read}:
+        spans = ledger.read.get(tp, ())
+        to[tp] = spans[-1][1] if spans else 0
+        holes = tuple((hi, lo) for (_, hi), (lo, _) in zip(((0, 0), *spans), spans, strict=False) if lo > hi)
+        if holes:
+            gaps[tp] = holes
+    return to, gaps

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ingest.core.ledger import (
@@ -58,6 +58,7 @@ class Detail:
     origin: dict[TopicPartition, int]
     topic_ids: dict[str, str]
     caught_up: dict[TopicPartition, int]
+    read: dict[TopicPartition, tuple[tuple[int, int], ...]] | None = None
 
 
 def _key(pipeline: str, name: str) -> str:
@@ -113,6 +114,8 @@ def _encode_detail(ledger: Ledger) -> str:
         "caught-up-base": caught_base,
         "caught-up": _nested({tp: when - caught_base for tp, when in ledger.caught_up.items()}),
     }
+    if ledger.read is not None:
+        detail["read-spans"] = _encode_spans(ledger.read)
     text = json.dumps(detail, separators=(",", ":"), sort_keys=True).encode()
     return base64.b64encode(zlib.compress(text, 9)).decode("ascii")
 
@@ -128,7 +131,9 @@ def _decode_detail(pipeline: str, text: str, offsets: Mapping[TopicPartition, in
         topic_ids = {str(topic): str(topic_id) for topic, topic_id in detail.get("topic-ids", {}).items()}
         caught_base = int(detail.get("caught-up-base", 0))
         caught_up = {tp: caught_base + delta for tp, delta in _offsets_of(detail.get("caught-up", {})).items()}
-        return Detail(starts, timestamps, _offsets_of(detail["origin"]), topic_ids, caught_up)
+        spans = detail.get("read-spans")
+        read = _decode_spans(spans) if spans is not None else None
+        return Detail(starts, timestamps, _offsets_of(detail["origin"]), topic_ids, caught_up, read)
     except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as error:
         raise LedgerFormatError(
             f"'ingest.{pipeline}.detail' is not the zlib-compressed JSON this version writes: corrupted ledger "
@@ -184,11 +189,10 @@ def encode_sync(marker: DeadLetterSync) -> str:
     sync: dict[str, object] = {"id": marker.sync_id, "branch": marker.branch}
     if marker.rewind_to is not None:
         sync["rewind-to"] = _nested(marker.rewind_to)
+    if marker.rewind_gaps:
+        sync["rewind-gaps"] = _encode_spans(marker.rewind_gaps)
     if marker.redriven is not None:
-        redriven: dict[str, dict[str, list[list[int]]]] = {}
-        for tp, spans in sorted(marker.redriven.items()):
-            redriven.setdefault(tp.topic, {})[str(tp.partition)] = [[lo, hi] for lo, hi in spans]
-        sync["redriven"] = redriven
+        sync["redriven"] = _encode_spans(marker.redriven)
     if marker.files is not None:
         sync["files"] = list(marker.files)
         sync["count"] = marker.count
@@ -208,22 +212,36 @@ def decode_sync(text: str | None) -> DeadLetterSync | None:
         return None
     data = json.loads(text)
     rewind = data.get("rewind-to")
+    gaps = data.get("rewind-gaps")
     redriven = data.get("redriven")
     files = data.get("files")
     return DeadLetterSync(
         data["id"],
         data.get("branch"),
         _offsets_of(rewind) if rewind is not None else None,
-        None
-        if redriven is None
-        else {
-            TopicPartition(topic, int(partition)): tuple((int(lo), int(hi)) for lo, hi in spans)
-            for topic, partitions in redriven.items()
-            for partition, spans in partitions.items()
-        },
+        _decode_spans(redriven) if redriven is not None else None,
         tuple(str(path) for path in files) if files is not None else None,
         int(data.get("count", 0)),
+        _decode_spans(gaps) if gaps is not None else None,
     )
+
+
+def _encode_spans(spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> dict[str, dict[str, list[list[int]]]]:
+    """``{"topic": {"partition": [[start, end], ...]}}``."""
+    nested: dict[str, dict[str, list[list[int]]]] = {}
+    for tp, ranges in sorted(spans.items()):
+        nested.setdefault(tp.topic, {})[str(tp.partition)] = [[lo, hi] for lo, hi in ranges]
+    return nested
+
+
+def _decode_spans(
+    nested: Mapping[str, Mapping[str, Sequence[Sequence[int]]]],
+) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
+    return {
+        TopicPartition(topic, int(partition)): tuple((int(lo), int(hi)) for lo, hi in ranges)
+        for topic, partitions in nested.items()
+        for partition, ranges in partitions.items()
+    }
 
 
 def _decode_resets(text: str) -> tuple[AppliedReset, ...]:
@@ -274,6 +292,7 @@ def decode(pipeline: str, summary: Mapping[str, str]) -> Ledger | None:
         origin=kept.origin,
         topic_ids=kept.topic_ids,
         caught_up=kept.caught_up,
+        read=kept.read,
     )
 
 

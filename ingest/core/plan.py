@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried, carried_origin
+from ingest.core.ledger import Ledger, LostRange, TopicPartition, carried, carried_origin, reads_after
 from ingest.errors import DataLoss, TopicIdChanged, TopicRecreated
 
 #: where a pipeline's first batch starts: the earliest or latest offsets, or (a timestamp in
@@ -91,6 +91,7 @@ class Batch:
             reset_id=self.reset_id,
             resets=carried(self.base),
             origin=carried_origin(self.base, self.start),
+            read=reads_after(self.base, self.start, self.end),
             topic_ids=self._recorded_ids(),
             caught_up={tp: when for tp, when in {**earlier, **self.caught_up}.items() if tp in self.end},
         )

@@ -22,6 +22,7 @@ from pyiceberg.expressions import (
     LessThan,
     Or,
 )
+from pyiceberg.expressions.parser import parse
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
@@ -146,8 +147,9 @@ def stage(
 def _doomed(intent: SnapshotIntent) -> str | BooleanExpression | None:
     """The rows ``intent`` removes, as a row filter; None if it removes none by filter."""
     match intent:
-        case RewindDeadLetters(topics, to):
-            return dead_letters_past(topics, to)
+        case RewindDeadLetters(topics, to, _, gaps):
+            past = dead_letters_past(topics, to)
+            return Or(parse(past), in_spans(gaps)) if gaps else past
         case RemoveDeadLetters(spans):
             return in_spans(spans)
     return None

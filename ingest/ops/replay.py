@@ -23,8 +23,9 @@ S's ancestry (it would lose it). Before anything changes, the replay checks that
 every record after S's ledger and fails naming the missing ranges if not.
 
 The dead-letter table follows (:mod:`ingest.dead_letters`): a replay's dead letters go to its
-branch of the same name, rewound to S's ledger at its start, and publish makes it main; a rollback
-removes the dead letters at or past S's ledger. Re-read ranges so add none twice.
+branch of the same name, rewound at its start to what S's line had read (to S's ledger, or above
+it after a backward reset, less what a forward reset skipped: :func:`ingest.core.ledger.rewind_of`),
+and publish makes it main; a rollback removes the others. Re-read ranges so add none twice.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ingest import failpoints
 from ingest.assembly import Opened
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, Found
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, rewind_of
 from ingest.core.ledger_codec import encode, find_ledger, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
 from ingest.errors import (
@@ -118,29 +119,15 @@ def replay(
     rollback: bool = False,
 ) -> ReplayResult:
     pipeline = run.pipeline
-    name = pipeline.config.pipeline
     rows = pipeline.rows
     rows.refresh()
     if snapshot_id is not None and not rollback and rows.branch_head(f"replay-{snapshot_id}") is not None:
         # the replay's branch exists: it continues from its own ledger (S itself may be expired by now)
         return _continue(run, snapshot_id, publish)
     target = resolve_snapshot(rows, snapshot_id, as_of_ms)
-    head = observe(rows, name)
-    # main's head may owe the dead-letter table its step (a batch's dead letters): done before the
-    # dead letters are rewound or branched, so what they keep below S is complete
-    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, _attempts(pipeline))
-    start = find_ledger(name, rows.ancestry(target))
-    if start is None:
-        raise ConfigError(
-            f"snapshot {target} has no ledger of pipeline {name!r} in its ancestry; nothing to replay from"
-        )
-    _check_retained(pipeline, start)
-    _check_redrives(pipeline, target, start)
     if rollback:
-        main, discarded = _rollback(pipeline, target, start)
-        return ReplayResult(
-            name, target, "rolled-back", start.ledger.batch, main=main, discarded_foreign=tuple(discarded)
-        )
+        return roll_back(pipeline, target)
+    start = _start(pipeline, target)
     branch = f"replay-{target}"
     _branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
@@ -156,9 +143,43 @@ def replay(
     return replace(_continue(run, target, publish), ledger_batch=start.ledger.batch)
 
 
+def roll_back(pipeline: Opened, target: int) -> ReplayResult:
+    """``ingest replay --rollback`` to snapshot ``target`` of the rows table: main points at it again
+    (restamped with the dead-letter rewind it owes), and the runs continue from its ledger."""
+    start = _start(pipeline, target)
+    main, discarded = _rollback(pipeline, target, start)
+    return ReplayResult(
+        pipeline.config.pipeline,
+        target,
+        "rolled-back",
+        start.ledger.batch,
+        main=main,
+        discarded_foreign=tuple(discarded),
+    )
+
+
+def _start(pipeline: Opened, target: int) -> Found:
+    """The ledger a replay or rollback to snapshot ``target`` starts from, once main's head owes the
+    dead-letter table nothing and Kafka still holds every record after it."""
+    name = pipeline.config.pipeline
+    rows = pipeline.rows
+    head = observe(rows, name)
+    # main's head may owe the dead-letter table its step (a batch's dead letters): done before the
+    # dead letters are rewound or branched, so what they keep below S is complete
+    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, _attempts(pipeline))
+    start = find_ledger(name, rows.ancestry(target))
+    if start is None:
+        raise ConfigError(
+            f"snapshot {target} has no ledger of pipeline {name!r} in its ancestry; nothing to replay from"
+        )
+    _check_retained(pipeline, start)
+    _check_redrives(pipeline, target, start)
+    return start
+
+
 def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
     """The dead-letter table's branch for a replay: at its main head, with this pipeline's dead
-    letters from S's ledger on removed (the replay stores them again, as its decoding says).
+    letters past what S's line had read removed (the replay stores them again, as its decoding says).
     Done before the rows branch exists, so a replay that finds its rows branch finds this too."""
     dead = pipeline.dead
     dead.refresh()
@@ -172,14 +193,16 @@ def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
     # S's own batch put its dead letters on main before anything was committed on top of it (and
     # main's head settled above): the branch holds them, and its ledger says so
     sync = start.ledger.sync
+    to, gaps = rewind_of(start.ledger)
     rewind(
         dead.on_branch(branch),
         pipeline.config.pipeline,
         pipeline.config.topics_in(start.ledger.topics),
-        start.ledger.offsets,
+        to,
         f"{branch}-start",
         pipeline.config.commit.max_attempts,
         also=[sync.sync_id] if sync is not None and sync.files is not None else [],
+        gaps=gaps,
     )
 
 
@@ -231,7 +254,8 @@ def _rollback(pipeline: Opened, target: int, start: Found) -> tuple[int | None, 
             break
         if find_ledger(name, [snap]) is None:
             discarded.append(Discarded(snap.snapshot_id, snap.operation))
-    sync = DeadLetterSync(f"rollback-{target}-{uuid.uuid4().hex[:12]}", rewind_to=start.ledger.offsets)
+    to, gaps = rewind_of(start.ledger)
+    sync = DeadLetterSync(f"rollback-{target}-{uuid.uuid4().hex[:12]}", rewind_to=to, rewind_gaps=gaps or None)
     staging = f"rollback-{target}"
     try:
         rows.commit(MoveRef(staging, target, expected=rows.branch_head(staging)))
@@ -243,6 +267,11 @@ def _rollback(pipeline: Opened, target: int, start: Found) -> tuple[int | None, 
     except (CommitConflict, CommitUnknown) as error:
         rows.refresh()
         found = find_ledger(name, rows.ancestry())
+        if (found is None or found.ledger.sync != sync) and not rows.ancestry(target):
+            raise ReplayImpossible(
+                f"rollback of {rows.identifier} to snapshot {target} not applied: the snapshot was expired meanwhile "
+                f"({error}). Nothing was changed; roll back to a later snapshot (ingest history lists them)."
+            ) from None
         if found is None or found.ledger.sync != sync:
             raise MainMoved(
                 f"rollback of {rows.identifier} to snapshot {target} not applied: main moved while it was decided "

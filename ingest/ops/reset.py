@@ -34,6 +34,7 @@ from ingest.core.ledger import (
     TopicPartition,
     carried,
     carried_origin,
+    carried_reads,
 )
 from ingest.core.ledger_codec import find_ledger, read_extra
 from ingest.core.plan import Batch, KafkaView, changed_topics
@@ -213,6 +214,7 @@ def _commit(
         start_offsets=new,
         resets=(*carried(base), AppliedReset(command.reset_id, _moves(base, new)))[-RESET_MEMORY:],
         origin=carried_origin(base, new),
+        read=carried_reads(base),  # a reset moves the ledger, it reads nothing
         timestamps={tp: ts for tp, ts in carried_over.timestamps.items() if tp.topic not in renewed},
         caught_up={tp: when for tp, when in carried_over.caught_up.items() if tp.topic not in renewed},
     )

@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import overload
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.core.ledger_codec import find_ledger
 from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
 from ingest.intents import (
     Append,
@@ -135,6 +135,10 @@ class MemoryCatalog:
 
     def head(self, branch: str = MAIN) -> int | None:
         return self._state.refs.get(branch)
+
+    @property
+    def refs(self) -> Mapping[str, int]:
+        return dict(self._state.refs)
 
     @property
     def properties(self) -> Mapping[str, str]:
@@ -350,11 +354,16 @@ class MemoryTable:
                 gone = {f.file_path for f in remove}
                 after = tuple(f for f in live if f.file_path not in gone) + tuple(memory_file(f) for f in add)
                 operation = "replace"
-            case RewindDeadLetters(topics, to, _):
-                after, operation = without(live, lambda data: past(data, topics, to))
+            case RewindDeadLetters(topics, to, _, gaps):
+                after, operation = without(
+                    live, lambda data: pc.or_(past(data, topics, to), in_spans(data, DEAD_LETTERS, gaps))
+                )
             case RemoveDeadLetters(spans, _):
                 after, operation = without(live, lambda data: in_spans(data, DEAD_LETTERS, spans))
-        return self.catalog._apply(held, self._branch, intent.summary, after, properties, operation, staged)
+        # a commit that does not evolve the schema leaves the table's current one (which another
+        # writer may have evolved since this handle loaded it) as it is, as Iceberg's appends do
+        evolved = staged if staged != self._held.schema else None
+        return self.catalog._apply(held, self._branch, intent.summary, after, properties, operation, evolved)
 
     def _added_by(self, snapshot_id: int) -> tuple[MemoryFile, ...]:
         snapshot = self._held.snapshots[snapshot_id]
@@ -366,6 +375,8 @@ class MemoryTable:
         refs = self.catalog._state.refs
         match intent:
             case MoveRef(name, snapshot_id, expected, _):
+                if snapshot_id not in self.catalog._state.snapshots:  # pyiceberg's ValueError, as IcebergTable has it
+                    raise CommitConflict(f"{self.identifier}: cannot set {name} to unknown snapshot {snapshot_id}")
                 if refs.get(name) != expected:
                     raise CommitConflict(
                         f"{self.identifier}: {name} is at {refs.get(name)}, the commit required {expected}"
@@ -381,17 +392,3 @@ class MemoryTable:
                 if refs != self._held.refs or any(f"replay-{i}" in refs for i in snapshot_ids):
                     raise CommitConflict(f"{self.identifier}: the refs changed since this handle loaded them")
                 self.catalog.expire(snapshot_ids)
-
-
-def owed_dead_letters(rows: MemoryCatalog, dead: MemoryCatalog, pipeline: str) -> pa.Table | None:
-    """The dead letters the rows head's marker names that the dead-letter table has not added yet
-    (a crash between a batch's two commits leaves them in files, for the next run to add); None if
-    nothing is owed. What a reader of both tables sees as "in neither table, yet"."""
-    head = find_ledger(pipeline, rows.table().ancestry())
-    sync = head.ledger.sync if head is not None else None
-    if sync is None or sync.files is None:
-        return None
-    floor = find_ledger(pipeline, dead.table().ancestry())
-    if floor is not None and floor.ledger.remembers(sync.sync_id):
-        return None
-    return pa.concat_tables([dead.stored[path].data for path in sync.files])

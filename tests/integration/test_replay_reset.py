@@ -379,3 +379,23 @@ def test_a_poison_record_a_forward_reset_skipped_is_a_dead_letter_once_a_backwar
     env.verify()
     _, dead = env.counts()
     assert dead == env.bad
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_a_rollback_to_a_backward_reset_keeps_the_dead_letters_its_line_read(make_env: MakeEnv) -> None:
+    """Everything read (its poison records dead letters), a reset to the earliest offset, a rollback
+    to that reset, then a reset to the latest: the records the first batches read as poison are still
+    dead letters (the rollback rewinds the dead letters to what its snapshot's line had read, not to
+    its offsets, which the backward reset had taken below them)."""
+    env = make_env()
+    env.produce(200, bad_every=20)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.cli("reset", "--to-earliest", "--reason", "read it all again").returncode == 0
+    reset_snapshot = head_ledger(open_pipeline(env.config)).snapshot_id
+
+    rolled = env.cli("replay", "--from-snapshot", str(reset_snapshot), "--rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert env.cli("reset", "--to-latest", "--reason", "no need after all").returncode == 0
+
+    assert env.counts() == (200 - env.bad, env.bad)
+    env.verify()

@@ -207,7 +207,7 @@ def test_the_commit_loop_commits_once_finds_a_landed_batch_and_is_fenced_by_anot
     reader.refresh()
     found = find_ledger("orders", reader.ancestry())
     assert found is not None and found.ledger == Ledger(
-        batch=1, offsets={TP: 10}, start_offsets={TP: 0}, cluster_id="c", origin={TP: 0}
+        batch=1, offsets={TP: 10}, start_offsets={TP: 0}, cluster_id="c", origin={TP: 0}, read={TP: ((0, 10),)}
     )
     assert sum(1 for _ in reader.ancestry()) == 1
 

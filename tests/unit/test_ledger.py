@@ -22,6 +22,8 @@ from ingest.core.ledger import (
     LostRange,
     SnapshotView,
     TopicPartition,
+    reads_after,
+    rewind_of,
 )
 from ingest.core.ledger_codec import (
     FORMAT_VERSION,
@@ -52,6 +54,7 @@ def full_ledger() -> Ledger:
         lost=(LostRange(A0, 40, 60), LostRange(B0, 0, 3)),
         topic_ids={"orders": "GCRqv5ExRvmLGBc9uuOoNQ", "payments": "uNtjX0cYT6K1pW3v_9Bfsw"},
         caught_up={A1: 1_700_000_250_000, B0: 1_700_000_250_000},
+        read={A0: ((0, 50), (80, 120)), A1: ((10, 99),), B0: ()},
     )
 
 
@@ -81,6 +84,8 @@ def test_summary_layout_matches_the_protocol() -> None:
         "topic-ids": {"orders": "GCRqv5ExRvmLGBc9uuOoNQ", "payments": "uNtjX0cYT6K1pW3v_9Bfsw"},
         "caught-up-base": 1_700_000_250_000,
         "caught-up": {"orders": {"1": 0}, "payments": [0]},
+        # the ranges the ledger's line has read, per partition
+        "read-spans": {"orders": {"0": [[0, 50], [80, 120]], "1": [[10, 99]]}, "payments": {"0": []}},
     }
     assert "ingest.orders.start-offsets" not in summary and "ingest.orders.timestamps" not in summary
     assert summary["ingest.orders.batch"] == "7"
@@ -115,7 +120,9 @@ def test_a_format_1_ledger_is_still_read() -> None:
         "ingest.orders.lost-ranges": '[["orders",0,40,60],["payments",0,0,3]]',
     }
 
-    assert decode("orders", summary) == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={})
+    assert decode("orders", summary) == replace(
+        full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={}, read=None
+    )
 
 
 def test_a_format_2_ledger_is_read_without_topic_ids_or_caught_up_times() -> None:
@@ -133,7 +140,7 @@ def test_a_format_2_ledger_is_read_without_topic_ids_or_caught_up_times() -> Non
 
     decoded = decode("orders", summary)
 
-    assert decoded == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={})
+    assert decoded == replace(full_ledger(), origin={A0: 0, A1: 0, B0: 0}, topic_ids={}, caught_up={}, read=None)
     assert decoded is not None and decoded.valid_through == 1_700_000_100_000  # the newest records' alone
 
 
@@ -460,3 +467,35 @@ def test_a_ledger_that_owes_a_batch_s_dead_letters_is_one_older_versions_refuse(
     assert OWES_DEAD_LETTERS_FORMAT > FORMAT_VERSION
     plain = encode("orders", Ledger(batch=4, offsets={A0: 6}), BatchCounts())
     assert plain["ingest.orders.format"] == str(FORMAT_VERSION)
+
+
+# --- what a line has read, and where a rollback rewinds the dead letters ---------------------------
+
+
+def test_a_line_reads_its_batches_ranges_merged_and_a_reset_reads_nothing() -> None:
+    first = Ledger(batch=1, offsets={A0: 10}, start_offsets={A0: 0}, read=reads_after(None, {A0: 0}, {A0: 10}))
+    assert first.read == {A0: ((0, 10),)}
+    # a forward reset to 20, then a batch: a gap; a backward reset to 5, then a batch: an overlap
+    assert reads_after(first, {A0: 20}, {A0: 30}) == {A0: ((0, 10), (20, 30))}
+    gapped = Ledger(batch=3, offsets={A0: 30}, read={A0: ((0, 10), (20, 30))})
+    assert reads_after(gapped, {A0: 5}, {A0: 25}) == {A0: ((0, 30),)}
+    # a ledger written before reads were kept: everything below its offsets counts as read
+    assert reads_after(Ledger(batch=1, offsets={A0: 10}), {A0: 10}, {A0: 12}) == {A0: ((0, 12),)}
+
+
+def test_a_rollback_rewinds_to_what_the_line_read_less_its_gaps() -> None:
+    # after a backward reset to 5 the offsets are below what the line read: its dead letters stay
+    after_reset = Ledger(batch=4, offsets={A0: 5, A1: 0}, read={A0: ((0, 10), (20, 30))})
+    assert rewind_of(after_reset) == ({A0: 30, A1: 0}, {A0: ((10, 20),)})
+    # the first read began above 0 (start: latest): below it, a gap
+    assert rewind_of(Ledger(batch=1, offsets={A0: 9}, read={A0: ((4, 9),)})) == ({A0: 9}, {A0: ((0, 4),)})
+    # a ledger written before reads were kept: its offsets, no gaps (what rollbacks always did)
+    assert rewind_of(Ledger(batch=2, offsets={A0: 5})) == ({A0: 5}, {})
+
+
+def test_a_rollbacks_marker_keeps_its_gaps() -> None:
+    sync = DeadLetterSync("rollback-7-abc", rewind_to={A0: 30}, rewind_gaps={A0: ((10, 20),)})
+    ledger = Ledger(batch=4, offsets={A0: 5}, sync=sync)
+
+    decoded = decode("orders", encode("orders", ledger, BatchCounts()))
+    assert decoded is not None and decoded.sync == sync

@@ -34,9 +34,14 @@ What the machine varies:
   the ledger, copies a row or a dead letter, or stores a record as both a row and a dead letter) and
   later undoes it. While the corruption stands no batch, reset or expiry runs: they would change how
   many times verify expects the record.
-* An operator runs ``ingest reset`` (the real :func:`ingest.ops.reset.move_ledger`) to earliest,
+* An operator runs ``ingest reset`` (the real :func:`ingest.ops.reset.reset`) to earliest,
   latest or chosen offsets, while writers may be mid-batch; its commit meets the same faults, and
   the same command may be run again (an orchestrator's retry).
+* An operator runs ``ingest replay --rollback`` (the real :func:`ingest.ops.replay.roll_back`) to
+  a snapshot of main's line, also while a writer is mid-batch (a copy that observed a batch's
+  marker before the rollback then settles it late); its commits meet the same faults. Left out:
+  a rollback that would discard a batch reading what the snapshot's own line had read (a known
+  gap, see :meth:`ProtocolMachine.rollback_targets`).
 * Schemas: the producing service deploys new writer schemas (each adds a column), so a batch may
   read records the table's schema lacks columns for. The loop evolves the table to the subject's
   latest schema before it produces, and to the schemas a produced batch met (the engine raises
@@ -45,18 +50,20 @@ What the machine varies:
   between a writer's write and its commit (the files, written for the evolved schema, must then
   never be committed: :class:`~ingest.errors.SchemaMoved` ends that writer's run).
 
-Invariants after every step, against a model kept from every snapshot ever committed (expiry
-removes none of it from :attr:`ingest.testing.memory_table.MemoryCatalog.log`): each batch starts where the
-ledger before it ended, each reset lands at most once; every record is in the rows table as many
-times as landed batches read it as a row under their decoding (once, unless a backward reset had
-it read again; never, if a forward reset skipped it), nothing else is; a record a landed batch
+Invariants after every step, against a model kept from every snapshot ever committed on main's
+line (expiry removes none of it from :attr:`ingest.testing.memory_table.MemoryCatalog.log`; what a
+rollback discarded is no longer on the line): each batch starts where the ledger before it
+ended, each reset lands at most once; every record is in the rows table as many times as landed
+batches read it as a row under their decoding (once, unless a backward reset had it read again;
+never, if a forward reset skipped it), nothing else is; a record a landed batch
 read as poison is in the dead-letter table exactly once (or, right after a crash between a batch's
-two commits, in the files its marker names), none other is, none is duplicated and the
-dead-letter floor holds (a corruption taken out); ``ingest verify``'s reasoning (the real
-:func:`ingest.core.coverage.coverage` and its check, from the ledger history alone) finds every
-partition correct, whatever the sequence of resets, exactly while no table is corrupted, and while
-one is, finds the corrupted record and what is wrong with it, nothing else; every snapshot's schema has the columns of
-every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
+two commits, in the files its marker names; after a crash between a rollback's, as its rewind
+will leave them), none other is, none is duplicated and the dead-letter floor holds (a
+corruption taken out); ``ingest verify``'s reasoning (the real :func:`ingest.core.coverage.coverage`
+and its check, from the ledger history alone) finds every partition correct, whatever the sequence
+of resets and rollbacks, exactly while no table is corrupted, and while one is, finds the
+corrupted record and what is wrong with it, nothing else; every snapshot's schema has the columns
+of every row it holds, and the pipeline's columns change only in snapshots of its batches. At the end
 a fault-free writer drains Kafka and the ledger reaches every high watermark: nothing stalls.
 """
 
@@ -74,11 +81,10 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ingest.batch_commit import land_dead_letters
 from ingest.config import PipelineConfig, parse
 from ingest.core.coverage import Coverage, coverage
-from ingest.core.expiry import MAIN, Ref, doomed, protected
-from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
+from ingest.core.expiry import Ref, doomed, protected
+from ingest.core.ledger import BatchCounts, Ledger, TopicPartition, carried_reads
 from ingest.core.ledger_codec import (
     COMPACTION,
     MAINTENANCE_KEY,
@@ -86,11 +92,22 @@ from ingest.core.ledger_codec import (
     decode_counts,
     encode,
     find_ledger,
+    read_extra,
     registered_pipelines,
 )
 from ingest.core.plan import Batch
-from ingest.errors import CommitGaveUp, FatalError, Fenced, SchemaAhead, SchemaMoved
-from ingest.ops.reset import move_ledger
+from ingest.errors import (
+    CommitGaveUp,
+    FatalError,
+    Fenced,
+    MainMoved,
+    ReplayImpossible,
+    RollbackRefused,
+    SchemaAhead,
+    SchemaMoved,
+)
+from ingest.ops.replay import roll_back
+from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetCommand, ResetTarget
 from ingest.ops.verify import Problem, expected_reads, judge_partition
 from ingest.pipeline import Pipeline
@@ -98,8 +115,9 @@ from ingest.ports import Produced, WriterSchema
 from ingest.records import Declared
 from ingest.retry import without_backoff
 from ingest.testing.memory_kafka import MemoryRegistry, MemorySource
-from ingest.testing.memory_state import Crashed, Fault, ticking
-from ingest.testing.memory_table import MemoryCatalog, MemoryTable, owed_dead_letters
+from ingest.testing.memory_state import Crashed, Fault, MemorySnapshot, ticking
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable
+from ingest.testing.owed import owed_dead_letters, owed_rewind
 
 PIPELINE = "orders"
 TOPIC = "orders"
@@ -116,12 +134,14 @@ MAX_ATTEMPTS = 4
 #: what befalls a commit attempt itself (:data:`ingest.testing.Fault`)
 FAULTS = ("ok", "ack-lost", "unknown", "crash-before", "crash-after")
 #: what happens at a commit attempt: a fault of the attempt itself, or work slipped in before it
-AT_COMMIT = st.sampled_from([*FAULTS, "ok", "other-writer", "foreign", "expire", "alter", "produce", "reset"])
+AT_COMMIT = st.sampled_from(
+    [*FAULTS, "ok", "other-writer", "foreign", "expire", "alter", "produce", "reset", "rollback"]
+)
 #: what happens while a writer's engine reads and once it has written its files
 MEANWHILE = st.sampled_from(
     [
         *("nothing", "nothing", "other-writer", "other-writer", "crash"),
-        *("foreign", "expire", "alter", "produce", "deploy", "reset"),
+        *("foreign", "expire", "alter", "produce", "deploy", "reset", "rollback"),
     ]
 )
 
@@ -378,6 +398,12 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.reset_to(self.data, self.data.draw(st.sampled_from(["earliest", "latest", "offsets"])))
             finally:
                 self.depth -= 1
+        elif what == "rollback" and self.depth == 0 and self.corruption is None:
+            self.depth += 1
+            try:
+                self.roll_back(self.data)
+            finally:
+                self.depth -= 1
 
     def at_commit(self, table: MemoryTable) -> Fault:
         """Asked by the memory tables before every commit attempt: what befalls it, or what happens
@@ -420,24 +446,21 @@ class ProtocolMachine(RuleBasedStateMachine):
         head = view.head()
         if head.snapshot_id is None:
             return
-        keep = protected(
-            [Ref(MAIN, head.snapshot_id, True)], lambda _: view.ancestry(), registered_pipelines(head.properties)
-        )
+        refs = [Ref(name, snapshot_id, True) for name, snapshot_id in catalog.refs.items()]
+        keep = protected(refs, view.ancestry, registered_pipelines(head.properties))
         gone = doomed(view.all_snapshots(), keep, keep_last, cutoff_ms=10**18)
         event(f"expiry removed snapshots: {bool(gone)}")
         catalog.expire(gone)
+
+    def operator(self) -> Pipeline[MemoryTable, MemorySource]:
+        """An operator's command's own process: the pipeline on fresh handles."""
+        return Pipeline(config_of(0), self.source, self.rows.table(), self.dead.table(), [], self.registry)
 
     def run_reset(self, command: ResetCommand) -> None:
         """``ingest reset`` from the operator's own process (a fresh handle), every commit attempt
         meeting what Hypothesis draws; it may die, give up or be fenced by a writer's commit."""
         try:
-            rows, dead = self.rows.table(), self.dead.table()
-
-            def settle(ledger: Ledger | None) -> None:  # as ``ingest.ops.reset.reset`` has it settled
-                if ledger is not None:
-                    land_dead_letters(dead, rows, PIPELINE, ledger, MAX_ATTEMPTS)
-
-            result = move_ledger(rows, self.source, command, settle)
+            result = ingest_reset(self.operator(), command.target, command.reason, command.reset_id)  # type: ignore[arg-type]
             event(f"reset: {result.status}")
         except Crashed:
             event("a reset crashed during its commit")
@@ -513,6 +536,62 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.run_reset(self.last_reset)
         finally:
             self.data = None
+
+    @precondition(lambda self: self.corruption is None)
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        """An operator rolls main back to a snapshot of the pipeline's (also while a writer is
+        mid-batch: :meth:`meanwhile`)."""
+        self.data = data
+        try:
+            self.roll_back(data)
+        finally:
+            self.data = None
+
+    def roll_back(self, data: st.DataObject) -> None:
+        """``ingest replay --rollback`` (the real :func:`ingest.ops.replay.roll_back`) from the
+        operator's own process, to a snapshot with the pipeline's ledger on main's line; its commits
+        meet the same faults."""
+        targets = self.rollback_targets()
+        if not targets:
+            return
+        target = data.draw(st.sampled_from(targets), label="rolls back to")
+        try:
+            roll_back(self.operator(), target)  # type: ignore[arg-type]
+            event("rollback: applied")
+        except Crashed:
+            event("a rollback crashed")
+        except (CommitGaveUp, MainMoved):
+            event("a rollback met a moving main")
+        except RollbackRefused:
+            event("a rollback was refused: another pipeline first committed after its snapshot")
+        except ReplayImpossible:
+            event("a rollback's snapshot was expired meanwhile")
+
+    def rollback_targets(self) -> list[int]:
+        """The snapshots with the pipeline's ledger on main's line, but those whose rollback would
+        discard a batch that read records the snapshot's own line had read: after a backward reset,
+        a batch of another decoding may set aside records the line had read as rows, and no rewind
+        by offsets tells those dead letters from the line's (a known gap: the rollback should bring
+        the dead-letter table back to its snapshot of the line instead,
+        ``test_rollback_race.test_a_rollback_over_a_reread_of_another_decoding_keeps_no_dead_letter_of_it``)."""
+        targets: list[int] = []
+        left_out = False
+        discarded: list[tuple[TopicPartition, int, int]] = []  # what the batches after a snapshot read
+        for snap in self.rows.table().ancestry():
+            ledger = decode(PIPELINE, snap.summary)
+            if ledger is None:
+                continue
+            line = carried_reads(ledger)
+            if not any(lo < end and start < hi for tp, start, end in discarded for lo, hi in line.get(tp, ())):
+                targets.append(snap.snapshot_id)
+            else:
+                left_out = True
+            if ledger.reset_id is None and read_extra(PIPELINE, snap.summary, "restamped-by") is None:
+                discarded += [(tp, ledger.start_offsets.get(tp, end), end) for tp, end in ledger.offsets.items()]
+        if left_out:
+            event("a rollback target left out: it would discard a re-read (a known gap)")
+        return targets
 
     @precondition(lambda self: self.corruption is None)
     @rule(data=st.data(), writer=st.integers(0, WRITERS - 1))
@@ -644,9 +723,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         skipped: set[Record] = set()
         resets: set[str] = set()
         ledger: dict[TopicPartition, int] = {}
-        for branch, snap in self.rows.log:
-            new = decode(PIPELINE, snap.summary) if branch == MAIN else None
+        for snap in self.main_line():
+            new = decode(PIPELINE, snap.summary)
             if new is None:
+                continue
+            if read_extra(PIPELINE, snap.summary, "restamped-by") is not None:
+                assert dict(new.offsets) == ledger, f"a restamp moved the ledger from {ledger} to {new.offsets}"
                 continue
             if new.reset_id is None:
                 decoding = self.decoding_of(ledger, new, decode_counts(PIPELINE, snap.summary))
@@ -671,6 +753,18 @@ class ProtocolMachine(RuleBasedStateMachine):
             ledger = dict(new.offsets)
         return reads, skipped, as_row, as_poison
 
+    def main_line(self) -> list[MemorySnapshot]:
+        """The snapshots of main's line, oldest first: from main's head back through every parent
+        (expired ones too: the catalog's log keeps them). A rollback's restamp is a child of the
+        snapshot it went back to, so what main left behind is not on it."""
+        snapshots = {snap.snapshot_id: snap for _, snap in self.rows.log}
+        line: list[MemorySnapshot] = []
+        at = self.rows.head()
+        while at is not None:
+            line.append(snapshots[at])
+            at = snapshots[at].parent_id
+        return line[::-1]
+
     def decoding_of(self, before: Mapping[TopicPartition, int], batch: Ledger, counts: BatchCounts) -> str:
         """The decoding of the writer that landed ``batch`` (read from ``before`` on), told by the dead
         letters its summary counts: where both decodings set the same records aside, either."""
@@ -692,6 +786,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         floor_found = find_ledger(PIPELINE, self.dead.table().ancestry())
         floor = dict(floor_found.ledger.offsets) if floor_found else {}
         rows, dead = self.as_the_pipeline_left_them()
+        rewind = owed_rewind(self.rows, self.dead, PIPELINE)
+        if rewind is not None:  # a rollback's rows step landed, its dead-letter step not yet
+            to, gaps = rewind
+            dead = Counter(
+                {
+                    (tp, o): n
+                    for (tp, o), n in dead.items()
+                    if tp.topic != TOPIC or (o < to.get(tp, 0) and not any(lo <= o < hi for lo, hi in gaps.get(tp, ())))
+                }
+            )
+            floor = dict(to)
         owed = self.owed()
         reads, skipped, as_row, as_poison = self.history()
 

@@ -51,7 +51,8 @@ from ingest.route_by.tables import Routes
 from ingest.route_by.writing import RoutedTables
 from ingest.testing.memory_kafka import MemorySource
 from ingest.testing.memory_state import Crashed, Fault, ticking
-from ingest.testing.memory_table import MemoryCatalog, MemoryTable, owed_dead_letters
+from ingest.testing.memory_table import MemoryCatalog, MemoryTable
+from ingest.testing.owed import owed_dead_letters
 
 PIPELINE = "events"
 TOPIC = "events"
