@@ -5,18 +5,19 @@ failure (data loss, ledger lost, verification failed), 78 configuration error, 1
 
 The application and what its commands share are in :mod:`~ingest.cli.common`; ``ingest run`` in
 :mod:`~ingest.cli.running`; the commands on a pipeline's tables in :mod:`~ingest.cli.tables`; ``ingest demo``
-and ``ingest broker`` in :mod:`~ingest.cli.local`.
+and ``ingest broker`` in :mod:`~ingest.cli.local`; ``ingest init`` and ``ingest config-schema`` in
+:mod:`~ingest.cli.starting`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ingest.cli import local, running, tables
+from ingest.cli import local, running, starting, tables
 from ingest.cli.common import app, err
 from ingest.errors import ExitCode
 
-__all__ = ["app", "local", "main", "running", "tables"]
+__all__ = ["app", "local", "main", "running", "starting", "tables"]
 
 
 def main() -> None:

@@ -109,7 +109,7 @@ def _format(error: ValidationError, data: Any) -> str:
         where = _where(data, item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see conf/orders.yaml for the keys)"
+            message = "unknown key (check the spelling; `ingest config-schema` lists every key)"
         elif item["type"] == "missing":
             message = "required key is missing"
         lines.append(f"  {where}: {message}" if where else f"  {message}")

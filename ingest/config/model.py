@@ -6,35 +6,26 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from pydantic import (
-    AwareDatetime,
-    Field,
     PrivateAttr,
     field_validator,
     model_validator,
 )
 
+from ingest.config.keys import PipelineKeys
 from ingest.config.sections import (
     NO_TOPICS,
     ROUTE_TYPES,
     TABLE_ID,
-    BatchSpec,
-    CommitSpec,
-    DeadLetterSpec,
-    FieldSpec,
-    MaintenanceSpec,
-    MetricsSpec,
-    RouteBySpec,
-    Strict,
     TopicPattern,
     TopicSource,
     TopicSpec,
     has_map,
 )
 from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
-from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
+from ingest.format_names import REGISTRY_FORMATS
 from ingest.records import KAFKA_COLUMNS, KEY_COLUMN, OWN_COLUMNS, parse_sort, parse_transform
 from ingest.type_names import arrow_type
 
@@ -42,55 +33,13 @@ PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 SECRET_WORDS = ("password", "secret", "token", "credential", "sasl.jaas", "user.info")
 
 
-class PipelineConfig(Strict):
-    pipeline: str
-    kafka: dict[str, str | int | float | bool]
-    topic_specs: Annotated[list[TopicSpec], Field(alias="topics")] = []
-    #: instead of ``topics:``, every topic whose name matches, as Kafka Connect's ``topics.regex``
-    topics_pattern: TopicPattern | None = None
-    #: confluent-kafka ``SchemaRegistryClient`` properties (``url``, ``basic.auth.user.info``, ...)
-    schema_registry: dict[str, str | int | float | bool] | None = None
-    #: where the first batch starts: ``earliest``, ``latest``, or an ISO-8601 timestamp with a zone
-    #: (the first offsets at or after it); partitions added later always start at earliest
-    start: Literal["earliest", "latest"] | AwareDatetime = "earliest"
-    on_data_loss: Literal["fail", "skip"] = "fail"
-    catalog: dict[str, str]
-    table: str
-    #: the rows table's fields; omitted, they are derived from the registry subject of the topic(s)
-    schema_: Annotated[list[FieldSpec] | None, Field(alias="schema", min_length=1)] = None
-    #: what a batch does with records whose writer schema the table does not have: ``evolve`` the
-    #: table with the batch's commit, ``fail`` (exit 65, nothing committed), or ``dead_letter`` them
-    on_schema_change: OnSchemaChange = "evolve"
-    #: columns renamed by the writers, old top-level name → new: the table's column (its field id)
-    #: is renamed with the next batch's commit, and records of either name land in it
-    renames: dict[str, str] = {}
-    #: what a JSON record's fields that ``schema:`` does not declare become: ``drop``ped (counted),
-    #: ``capture``d as one JSON object in the column ``_extra``, or the record a ``dead_letter``
-    unknown_fields: Literal["drop", "capture", "dead_letter"] = "drop"
-    #: values taken by default that are dead letters instead when listed: ``nan`` (NaN or ±Infinity
-    #: in a float or double column, any format), ``naive_timestamps`` (a JSON timestamptz string
-    #: without a zone, otherwise read as UTC), ``date_only_timestamps`` (a JSON timestamp or
-    #: timestamptz string that is a date alone, otherwise read as midnight)
-    refuse: list[Literal["nan", "naive_timestamps", "date_only_timestamps"]] = []
-    partition_by: list[str] = []
-    #: Iceberg table properties the rows table is created with (and an existing one must have)
-    table_properties: dict[str, str] = {}
-    #: the rows table's sort order: top-level columns, ``col`` or ``col desc``
-    sort_by: list[str] = []
-    #: each record's Kafka headers in the column ``_kafka_headers`` (a map of each key's last value)
-    headers: bool = False
-    dead_letter_table: str | None = None
-    dead_letter_policy: Annotated[DeadLetterSpec, Field(alias="dead_letters")] = DeadLetterSpec()
-    batch: BatchSpec = BatchSpec()
-    commit: CommitSpec = CommitSpec()
-    maintenance: MaintenanceSpec = MaintenanceSpec()
-    metrics: MetricsSpec | None = None
-    #: a field's or a header's value picks each record's table (``table:`` is then the ledger's)
-    route_by: RouteBySpec | None = None
+class PipelineConfig(PipelineKeys):
+    """A pipeline's config: its keys (:class:`~ingest.config.keys.PipelineKeys`), checked across sections."""
 
-    #: with ``tables:``, the other entries' tables: a topic new to this table's ledger that one of
-    #: them has read is not read again here from the start (see :meth:`ingest.pipeline.Pipeline.plan`)
     _siblings: tuple[str, ...] = PrivateAttr(default=())
+    """with ``tables:``, the other entries' tables: a topic new to this table's ledger that one of them has read is not
+    read again here from the start (see :meth:`ingest.pipeline.Pipeline.plan`)
+    """
 
     @property
     def siblings(self) -> tuple[str, ...]:
@@ -118,14 +67,14 @@ class PipelineConfig(Strict):
             "table": route.get("ledger_table") or f"{namespace}.{pipeline.replace('-', '_')}_ledger",
         }
 
-    @field_validator("topic_specs", mode="before")
+    @field_validator("topic_specs", mode="before", json_schema_input_type=list[str | TopicSpec])
     @classmethod
     def _plain_names(cls, value: Any) -> Any:
         if isinstance(value, list):
             return [{"name": item} if isinstance(item, str) else item for item in value]
         return value
 
-    @field_validator("topics_pattern", mode="before")
+    @field_validator("topics_pattern", mode="before", json_schema_input_type=str | TopicPattern | None)
     @classmethod
     def _plain_pattern(cls, value: Any) -> Any:
         return {"pattern": value} if isinstance(value, str) else value
@@ -182,7 +131,9 @@ class PipelineConfig(Strict):
                 raise ValueError(f"{managed!r} is set by the pipeline for exactly-once reads; remove it")
         return value
 
-    @field_validator("catalog", "table_properties", mode="before")
+    @field_validator(
+        "catalog", "table_properties", mode="before", json_schema_input_type=dict[str, str | int | float | bool]
+    )
     @classmethod
     def _catalog_scalars(cls, value: Any) -> Any:
         """``port: 5432`` as pyiceberg wants it, a string: catalog and table properties are strings."""

@@ -38,7 +38,7 @@ ORPHAN_AGE_FLOOR_HOURS = 1.0
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
 
 
 def has_map(arrow: Any) -> bool:
@@ -51,9 +51,15 @@ def has_map(arrow: Any) -> bool:
 
 class FieldSpec(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    """the field's name in the record, and the column's"""
     type: str
+    """an Iceberg type name: ``boolean``, ``int``, ``long``, ``float``, ``double``, ``decimal(P,S)``, ``string``,
+    ``binary``, ``date``, ``time``, ``timestamp``, ``timestamptz``, ``uuid``, ``list<T>``, ``struct<a: T, ...>``
+    """
     required: bool = False
+    """a record without it (or with null) is a dead letter; the column is required"""
     doc: str | None = None
+    """the column's doc in the table's schema"""
 
     @field_validator("type")
     @classmethod
@@ -71,20 +77,24 @@ class FieldSpec(Strict):
 class _Encoding(Strict):
     """How a topic's record values (and keys) are encoded."""
 
-    #: ``json``: a JSON object per value, fields as declared in ``schema:``; the others are the
-    #: Confluent wire format, their writer schemas fetched by id from ``schema_registry``
     format: ValueFormat = "json"
-    #: the registry subject the table's schema is derived from when ``schema:`` is omitted
-    #: (default: ``<topic>-value``, the topic-name strategy)
+    """``json``: a JSON object per value, fields as declared in ``schema:``; the others are the Confluent wire format,
+    their writer schemas fetched by id from ``schema_registry``
+    """
     subject: str | None = None
-    #: ``avro`` without a registry: the values are plain Avro bodies (no prefix) of the writer schema
-    #: in this ``.avsc`` file (relative to the config file)
+    """the registry subject the table's schema is derived from when ``schema:`` is omitted (default: ``<topic>-value``,
+    the topic-name strategy)
+    """
     schema_file: str | None = None
-    #: the keys' format, decoded into the column ``_kafka_key_decoded`` beside the raw ``_kafka_key``:
-    #: ``string`` (UTF-8), or a registry format (the Confluent wire format); unset: keys stay raw bytes
+    """``avro`` without a registry: the values are plain Avro bodies (no prefix) of the writer schema in this ``.avsc``
+    file (relative to the config file)
+    """
     key_format: KeyFormat | None = None
-    #: the registry subject the key column's type is derived from (default: ``<topic>-key``)
+    """the keys' format, decoded into the column ``_kafka_key_decoded`` beside the raw ``_kafka_key``: ``string``
+    (UTF-8), or a registry format (the Confluent wire format); unset: keys stay raw bytes
+    """
     key_subject: str | None = None
+    """the registry subject the key column's type is derived from (default: ``<topic>-key``)"""
 
     @model_validator(mode="after")
     def _schema_file_has_its_format(self) -> _Encoding:
@@ -106,6 +116,7 @@ class TopicSpec(_Encoding):
     """A topic and how its record values are encoded (a plain name in ``topics:`` is a JSON topic)."""
 
     name: Annotated[str, Field(min_length=1)]
+    """the Kafka topic"""
 
     @property
     def value_subject(self) -> str:
@@ -122,9 +133,13 @@ class TopicPattern(_Encoding):
     by the next batch. Topics whose names begin with ``__`` (Kafka's own) never match."""
 
     pattern: Annotated[str, Field(min_length=1)]
-    #: with ``tables:``: topics another entry lists, and the patterns of the entries before this
-    #: one; a topic goes to one table (listed beats matched, then the first pattern in order)
+    """a regular expression (Python's ``re``, matched in full) of the topic names to read; new matching topics are read
+    from their earliest offset
+    """
     _claimed: tuple[frozenset[str], tuple[TopicPattern, ...]] = PrivateAttr(default=(frozenset(), ()))
+    """with ``tables:``: topics another entry lists, and the patterns of the entries before this one; a topic goes to
+    one table (listed beats matched, then the first pattern in order)
+    """
 
     @field_validator("pattern")
     @classmethod
@@ -183,15 +198,17 @@ TopicSource = TopicSpec | TopicPattern
 
 class BatchSpec(Strict):
     max_records: Annotated[int, Field(gt=0)] = 500_000
-    #: rows written together (a data file per partition value); decoded rows are held in Arrow until
-    #: then, so this and ``workers`` bound memory independently of the batch size. A batch is shared
-    #: with one worker process per full chunk beyond the first, and a batch of one chunk of 1M
-    #: records or more with one (ingest.engines.local.processes: a worker's imports take ~0.5-1 s)
+    """at most this many records per batch, shared fairly across partitions"""
     chunk_records: Annotated[int, Field(gt=0)] = 1_000_000
-    #: seconds without progress from Kafka before the batch gives up (retryable)
+    """rows written together (a data file per partition value); decoded rows are held in Arrow until then, so this and
+    ``workers`` bound memory independently of the batch size. A batch is shared with one worker process per full
+    chunk beyond the first, and a batch of one chunk of 1M records or more with one (ingest.engines.local.processes:
+    a worker's imports take ~0.5-1 s)
+    """
     read_timeout_s: Annotated[float, Field(gt=0)] = 30.0
-    #: processes the local engine shares a batch of two chunks or more between ("auto": one per core)
+    """seconds without progress from Kafka before the batch gives up (retryable)"""
     workers: int | Literal["auto"] = "auto"
+    """processes the local engine shares a batch of two chunks or more between ("auto": one per core)"""
 
     @field_validator("workers", mode="plain")
     @classmethod
@@ -208,32 +225,34 @@ class DeadLetterSpec(Strict):
     ``max_ratio`` stops before anything is committed (exit 65) if it has ``min_records``, or if the
     last ``window`` batches with it are over it together: a table of dead letters never looks healthy."""
 
-    #: the largest share of dead letters among a batch's records (0-1); unset: no limit
     max_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
-    #: batches the rolling share is taken over: this one and the ones committed before it
+    """the largest share of dead letters among a batch's records (0-1); unset: no limit"""
     window: Annotated[int, Field(ge=1, le=1000)] = 10
-    #: a batch of fewer records is judged by the rolling share only (one poison record of two is
-    #: not a trend)
+    """batches the rolling share is taken over: this one and the ones committed before it"""
     min_records: Annotated[int, Field(ge=1)] = 100
-    #: a record whose value is longer is a dead letter saying so; unset: as long as Kafka lets
-    #: through (the topic's ``max.message.bytes``, the consumer's ``receive.message.max.bytes``)
+    """a batch of fewer records is judged by the rolling share only (one poison record of two is not a trend)"""
     max_value_bytes: Annotated[int, Field(ge=1)] | None = None
+    """a record whose value is longer is a dead letter saying so; unset: as long as Kafka lets through (the topic's
+    ``max.message.bytes``, the consumer's ``receive.message.max.bytes``)
+    """
 
 
 class MetricsSpec(Strict):
     """Prometheus metrics of the runs (``metrics:``), exported when each run ends."""
 
-    #: a node_exporter textfile collector file (``…/ingest_orders.prom``), written atomically
     textfile: str | None = None
-    #: a Pushgateway URL (``http://pushgateway:9091``): pushed under ``job`` and the pipeline
+    """a node_exporter textfile collector file (``…/ingest_orders.prom``), written atomically"""
     pushgateway: str | None = None
+    """a Pushgateway URL (``http://pushgateway:9091``): pushed under ``job`` and the pipeline"""
     job: str = "ingest"
-    #: ``ingest run --every``: serve ``/metrics`` on this port while running
+    """the Prometheus ``job`` label (the Pushgateway group's name)"""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """``ingest run --every``: serve ``/metrics`` on this port while running"""
 
-    #: with ``tables:``, each table's run exports its own: a textfile per table, a Pushgateway group
-    #: per table (``{pipeline, table}``)
     _per_table: bool = PrivateAttr(default=False)
+    """with ``tables:``, each table's run exports its own: a textfile per table, a Pushgateway group per table
+    (``{pipeline, table}``)
+    """
 
     @property
     def per_table(self) -> bool:
@@ -258,27 +277,30 @@ class MetricsSpec(Strict):
 
 class CommitSpec(Strict):
     max_attempts: Annotated[int, Field(gt=0, le=100)] = 8
-    #: how often a fenced batch is planned again within one run before giving up (retryable)
+    """commit attempts per batch; each observes the ledger again first, so no attempt can land a batch twice"""
     max_replans: Annotated[int, Field(ge=0, le=100)] = 3
-    #: how long one request to a REST catalog may take: a commit left unanswered this long is an
-    #: unknown outcome, settled by reading the ledger again (pyiceberg itself waits forever)
+    """how often a fenced batch is planned again within one run before giving up (retryable)"""
     request_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """how long one request to a REST catalog may take: a commit left unanswered this long is an unknown outcome,
+    settled by reading the ledger again (pyiceberg itself waits forever)
+    """
 
 
 class MaintenanceSpec(Strict):
     """Defaults of ``ingest maintain``; five-minute batches make a snapshot and a few files each."""
 
-    #: snapshots younger than this are kept (time travel window)
     snapshot_retention_hours: Annotated[float, Field(ge=0)] = 24.0
-    #: ... and always at least this many of the newest
+    """snapshots younger than this are kept (time travel window)"""
     keep_last_snapshots: Annotated[int, Field(ge=1)] = 20
-    #: unreferenced data files younger than this are left alone: a batch writes its files before
-    #: it commits them, and removing them then breaks the table (at least ORPHAN_AGE_FLOOR_HOURS)
+    """... and always at least this many of the newest"""
     orphan_age_hours: float = 24.0
-    #: compaction rewrites data files smaller than this ...
+    """unreferenced data files younger than this are left alone: a batch writes its files before it commits them, and
+    removing them then breaks the table (at least ORPHAN_AGE_FLOOR_HOURS)
+    """
     small_file_mb: Annotated[float, Field(gt=0)] = 32.0
-    #: ... into files of about this size (at least ``small_file_mb``)
+    """compaction rewrites data files smaller than this ..."""
     target_file_mb: Annotated[float, Field(gt=0)] = 128.0
+    """... into files of about this size (at least ``small_file_mb``)"""
 
     @field_validator("orphan_age_hours")
     @classmethod
@@ -311,17 +333,18 @@ ROUTE_VALUE_CHARS = re.compile(r"^[A-Za-z0-9_]{1,100}$")
 class RouteBySpec(Strict):
     """``route_by:``: a field's (or a header's) value picks the table each record goes to."""
 
-    #: a top-level field of the records (a column of ``schema:``) whose value names the table
     field: str | None = None
-    #: instead of ``field:``, a Kafka header whose (last) value names the table
+    """a top-level field of the records (a column of ``schema:``) whose value names the table"""
     header: str | None = None
-    #: the table's name, ``{value}`` standing for the record's value: ``analytics.events_{value}``
+    """instead of ``field:``, a Kafka header whose (last) value names the table"""
     table: str
-    #: the values taken; any other (and a missing one) makes the record a dead letter. Unset: every
-    #: value that can be part of a table name (letters, digits, ``_``) is taken
+    """the table's name, ``{value}`` standing for the record's value: ``analytics.events_{value}``"""
     allow: Annotated[list[str], Field(min_length=1)] | None = None
-    #: the table whose snapshots carry the pipeline's ledger (no rows); ``<namespace>.<pipeline>_ledger``
+    """the values taken; any other (and a missing one) makes the record a dead letter. Unset: every value that can be
+    part of a table name (letters, digits, ``_``) is taken
+    """
     ledger_table: str | None = None
+    """the table whose snapshots carry the pipeline's ledger (no rows); ``<namespace>.<pipeline>_ledger``"""
 
     @model_validator(mode="after")
     def _one_source(self) -> RouteBySpec:
