@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help setup services kafka catalogs demo test test-fast test-spark soak iceberg-spark lint format bench dist clean
+.PHONY: help setup services test-services kafka catalogs demo test test-fast test-spark soak iceberg-spark lint format bench dist docs clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -43,7 +43,11 @@ endif
 # its own session broker and servers; TEST_WORKERS=0 runs it in one process. With CI=true (as .ci/run
 # sets it) or INGEST_TEST_STRICT=1 a component the tests cannot start fails the run (tests/strict.py)
 TEST_WORKERS ?= 2
-test: setup ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with the REST catalog)
+test-services: ## PostgreSQL and the Pushgateway for the tests: runs `make services` if either is missing (INGEST_TEST_POSTGRES_URI: yours)
+	@if [ -z "$$INGEST_TEST_POSTGRES_URI" ] && ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then $(MAKE) services; \
+	elif ! command -v prometheus-pushgateway >/dev/null; then $(MAKE) services; fi
+
+test: setup test-services ## run the whole test suite (unit, integration on Apache Kafka, SQLite and PostgreSQL, crash tests; crash and protocol tests again on S3 with the REST catalog)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 	INGEST_TEST_CATALOGS=rest+s3 $(BIN)/pytest -q tests/integration/test_crash.py tests/integration/test_protocol.py
 	INGEST_TEST_BROKER=tansu $(BIN)/pytest -q tests/integration/test_cli_end_to_end.py  # smoke: the demo's broker
@@ -73,9 +77,12 @@ format: setup ## apply ruff's formatting and fixes
 bench: setup ## throughput, memory and fixed cost of every stage (BENCH_RECORDS=2000000 by default)
 	$(BIN)/python -m tests.benchmarks.bench
 
+docs: setup ## the documentation site into site/ (MkDocs Material, --strict: a broken link fails it)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 dist: setup ## build the sdist and the wheel into dist/ (the wheel carries the example configs `ingest demo` runs)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist
 
 clean: ## remove the virtualenv, the demo warehouse and dist/
-	rm -rf $(VENV) warehouse dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) warehouse dist site .pytest_cache .mypy_cache .ruff_cache

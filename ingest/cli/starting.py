@@ -29,11 +29,19 @@ def config_schema(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write it to this file instead of stdout.")
     ] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The configuration reference as Markdown instead.")
+    ] = False,
 ) -> None:
     """Print the JSON Schema (draft 2020-12) of a pipeline config: every key with its type, default and
     description. Editors check and complete a config with it (the YAML language server reads a
     `# yaml-language-server: $schema=<file>` first line)."""
-    text = schema_text()
+    if markdown:
+        from ingest.config.reference import reference_markdown
+
+        text = reference_markdown()
+    else:
+        text = schema_text()
     if output is None:
         print(text, end="")
         return

@@ -38,6 +38,16 @@ def test_the_committed_schema_is_what_the_command_prints() -> None:
     assert (CONF / SCHEMA_FILE).read_text() == schema_text(), "run `ingest config-schema -o conf/ingest.schema.json`"
 
 
+def test_the_reference_page_is_what_the_command_prints_and_names_every_key() -> None:
+    page = (CONF.parent / "docs" / "configuration.md").read_text()
+    result = CliRunner().invoke(app, ["config-schema", "--markdown"])
+
+    assert result.stdout == page, "run `ingest config-schema --markdown -o docs/configuration.md`"
+    schema = config_schema()
+    keys = [*schema["properties"], *(k for d in schema["$defs"].values() for k in d.get("properties", {}))]
+    assert [k for k in keys if f"| `{k}` |" not in page] == []
+
+
 def test_every_key_of_the_model_is_described() -> None:
     schema = config_schema()
     undescribed = [
