@@ -115,7 +115,11 @@ def _encode_detail(ledger: Ledger) -> str:
         "caught-up": _nested({tp: when - caught_base for tp, when in ledger.caught_up.items()}),
     }
     if ledger.read is not None:
-        detail["read-spans"] = _encode_spans(ledger.read)
+        # what the line read, but where it is all of [origin, offset) (a line without resets): implied
+        read = {tp: tuple(ledger.read.get(tp, ())) for tp in {*ledger.offsets, *ledger.read}}
+        detail["read-spans"] = _encode_spans(
+            {tp: spans for tp, spans in read.items() if spans != _implied(tp, ledger.origin, ledger.offsets)}
+        )
     text = json.dumps(detail, separators=(",", ":"), sort_keys=True).encode()
     return base64.b64encode(zlib.compress(text, 9)).decode("ascii")
 
@@ -132,8 +136,12 @@ def _decode_detail(pipeline: str, text: str, offsets: Mapping[TopicPartition, in
         caught_base = int(detail.get("caught-up-base", 0))
         caught_up = {tp: caught_base + delta for tp, delta in _offsets_of(detail.get("caught-up", {})).items()}
         spans = detail.get("read-spans")
-        read = _decode_spans(spans) if spans is not None else None
-        return Detail(starts, timestamps, _offsets_of(detail["origin"]), topic_ids, caught_up, read)
+        origin = _offsets_of(detail["origin"])
+        read = None
+        if spans is not None:
+            implied = {tp: _implied(tp, origin, offsets) for tp in offsets}
+            read = {tp: s for tp, s in implied.items() if s is not None} | _decode_spans(spans)
+        return Detail(starts, timestamps, origin, topic_ids, caught_up, read)
     except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as error:
         raise LedgerFormatError(
             f"'ingest.{pipeline}.detail' is not the zlib-compressed JSON this version writes: corrupted ledger "
@@ -224,6 +232,16 @@ def decode_sync(text: str | None) -> DeadLetterSync | None:
         int(data.get("count", 0)),
         _decode_spans(gaps) if gaps is not None else None,
     )
+
+
+def _implied(
+    tp: TopicPartition, origin: Mapping[TopicPartition, int], offsets: Mapping[TopicPartition, int]
+) -> tuple[tuple[int, int], ...] | None:
+    """What a partition's line read when nothing says otherwise: all of ``[origin, offset)``; None
+    where its origin or offset is not known."""
+    if tp not in origin or tp not in offsets:
+        return None
+    return ((origin[tp], offsets[tp]),) if offsets[tp] > origin[tp] else ()
 
 
 def _encode_spans(spans: Mapping[TopicPartition, Sequence[tuple[int, int]]]) -> dict[str, dict[str, list[list[int]]]]:

@@ -180,6 +180,11 @@ def test_a_ledger_of_1000_partitions_is_a_fraction_of_format_1() -> None:
     summary = encode("p", ledger, BatchCounts())
     assert decode("p", summary) == ledger
     size = sum(len(k) + len(v) for k, v in summary.items())
+    # what the line read costs nothing where it is all of [origin, offset), a few bytes where not
+    gapped = {**{tp: ((0, o),) for tp, o in offsets.items()}, tps[3]: ((0, 5), (9, offsets[tps[3]]))}
+    with_reads = encode("p", replace(ledger, read=gapped), BatchCounts())
+    assert decode("p", with_reads) == replace(ledger, read=gapped)
+    assert sum(len(k) + len(v) for k, v in with_reads.items()) < size + 100
     format_1 = 0  # its four maps, nested per partition
     for values in (ledger.offsets, ledger.start_offsets, ledger.timestamps, ledger.origin):
         nested: dict[str, dict[str, int]] = {}
