@@ -113,7 +113,8 @@ def check(config: PipelineConfig) -> CheckResult:
     def catalog() -> str:
         if file is not None:
             return f"{config.catalog['name']}: its SQLite database {file} does not exist yet; the first run creates it"
-        return f"{config.catalog['name']} ({type(connect(config.catalog, config.commit.request_timeout_s)).__name__})"
+        connect(config.catalog, config.commit.request_timeout_s)
+        return f"{config.catalog['name']} ({config.catalog.get('type', 'its uri says which')} catalog, reachable)"
 
     def tables() -> str:
         catalog = connect(config.catalog, config.commit.request_timeout_s) if file is None else None
