@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ingest.config.loading import ROUTE_KEYS, TABLE_KEYS
+from ingest.config.keys import ROUTE_KEYS, TABLE_KEYS
 from ingest.config.model import PipelineConfig
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -64,3 +64,31 @@ def _tidied(schema: Any) -> Any:
         annotations = {key: tidy.pop(key) for key in ("default", "description") if key in tidy}
         return {"anyOf": [tidy, ENV_VALUE], **annotations}
     return tidy
+
+
+def keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys valid at ``loc`` in a config (``()``: the top level; ``("batch",)``; ``("topics", 0)``)."""
+    schema = config_schema()
+    node: Any = schema
+    for step in loc:
+        node = _object_of(node, schema["$defs"])
+        if node is None:
+            return []
+        node = node.get("items") if isinstance(step, int) else node.get("properties", {}).get(step)
+        if node is None:
+            return []
+    found = _object_of(node, schema["$defs"])
+    return list(found.get("properties", {})) if found is not None else []
+
+
+def _object_of(node: Any, definitions: dict[str, Any]) -> dict[str, Any] | None:
+    """``node`` itself, or the definition or the object (or list) among the alternatives it refers to."""
+    if not isinstance(node, dict):
+        return None
+    if "$ref" in node:
+        return _object_of(definitions[node["$ref"].rsplit("/", 1)[-1]], definitions)
+    for option in node.get("anyOf", []):
+        found = _object_of(option, definitions)
+        if found is not None and ("properties" in found or "items" in found):
+            return found
+    return node

@@ -22,6 +22,14 @@ from ingest.config.sections import (
 )
 from ingest.format_names import OnSchemaChange
 
+#: the keys of one table: an entry of ``tables:`` has these; at the top level beside ``tables:``
+#: they are every entry's default, but for ``ROUTE_KEYS``
+TABLE_KEYS = frozenset(
+    {"table", "topics", "topics_pattern", "schema", "on_schema_change", "renames", "unknown_fields", "refuse",
+     "partition_by", "table_properties", "sort_by", "headers", "dead_letter_table"}
+)  # fmt: skip
+ROUTE_KEYS = frozenset({"table", "topics", "topics_pattern"})
+
 
 class PipelineKeys(Strict):
     """A pipeline: Kafka topics read in batches into one Iceberg table, exactly once."""

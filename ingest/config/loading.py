@@ -5,6 +5,7 @@ every validation error as a :class:`~ingest.errors.ConfigError` naming the key
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -17,6 +18,7 @@ from pydantic import (
     ValidationError,
 )
 
+from ingest.config.keys import ROUTE_KEYS, TABLE_KEYS
 from ingest.config.model import PipelineConfig
 from ingest.config.sections import NO_TOPICS, TopicPattern
 from ingest.errors import ConfigError
@@ -103,13 +105,21 @@ def _where(data: Any, loc: tuple[int | str, ...]) -> str:
     return where
 
 
+def _did_you_mean(loc: tuple[int | str, ...]) -> str:
+    """``; did you mean `partition_by`?`` for a misspelt key, from the keys valid where it is."""
+    from ingest.config.json_schema import keys_at
+
+    close = difflib.get_close_matches(str(loc[-1]), keys_at(loc[:-1]), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 def _format(error: ValidationError, data: Any) -> str:
     lines = []
     for item in error.errors():
         where = _where(data, item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; `ingest config-schema` lists every key)"
+            message = f"unknown key{_did_you_mean(item['loc'])} (`ingest config-schema` lists every key)"
         elif item["type"] == "missing":
             message = "required key is missing"
         lines.append(f"  {where}: {message}" if where else f"  {message}")
@@ -181,15 +191,6 @@ def parse_routes(data: Any, source: str = "<config>") -> list[PipelineConfig]:
     if lines:
         raise ConfigError(f"{source} is invalid:\n" + "\n".join(dict.fromkeys(lines)))
     return _routed(routes)
-
-
-#: the keys of one table: an entry of ``tables:`` has these; at the top level beside ``tables:``
-#: they are every entry's default, but for ``ROUTE_KEYS``
-TABLE_KEYS = frozenset(
-    {"table", "topics", "topics_pattern", "schema", "on_schema_change", "renames", "unknown_fields", "refuse",
-     "partition_by", "table_properties", "sort_by", "headers", "dead_letter_table"}
-)  # fmt: skip
-ROUTE_KEYS = frozenset({"table", "topics", "topics_pattern"})
 
 
 def _across(routes: Sequence[PipelineConfig]) -> list[str]:

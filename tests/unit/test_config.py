@@ -126,7 +126,7 @@ def test_a_typo_in_a_top_level_key_is_named() -> None:
 
     message = error_of(data)
 
-    assert "topic: unknown key" in message
+    assert "topic: unknown key; did you mean `topics`?" in message
     assert "topics: required key is missing" in message
     assert message.startswith("p.yaml is invalid")
 
@@ -135,7 +135,16 @@ def test_a_typo_in_a_nested_key_is_named() -> None:
     data = minimal()
     data["batch"] = {"max_record": 10}
 
-    assert "batch.max_record: unknown key" in error_of(data)
+    assert "batch.max_record: unknown key; did you mean `max_records`?" in error_of(data)
+
+
+def test_a_key_like_none_of_those_there_gets_no_suggestion() -> None:
+    data = minimal()
+    data["topics"] = [{"name": "orders", "color": "blue"}]
+
+    message = error_of(data)
+
+    assert "topics[0] 'orders'.color: unknown key (`ingest config-schema` lists every key)" in message
 
 
 @pytest.mark.parametrize("key", ["pipeline", "kafka", "topics", "catalog", "table", "schema"])
