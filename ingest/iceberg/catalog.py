@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import Catalog, CatalogType, load_catalog
 from pyiceberg.exceptions import NotInstalledError
 
 from ingest.errors import CatalogUnavailable, ConfigError
@@ -24,6 +24,18 @@ def absent(properties: Mapping[str, str]) -> Path | None:
     return path if path.parent.is_dir() and not path.exists() else None
 
 
+def check_type(properties: Mapping[str, str]) -> None:
+    """Refuse a ``type`` pyiceberg does not know, listing the ones it does (a class of your own
+    goes in ``py-catalog-impl``)."""
+    kind = properties.get("type")
+    known = [t.value for t in CatalogType]
+    if kind is not None and kind.lower() not in known:
+        raise ConfigError(
+            f"catalog.type: {kind!r} is not a catalog type pyiceberg knows; one of: {', '.join(known)} (or leave it "
+            "out and give `py-catalog-impl`, a class of your own). Fix `catalog:` in the config."
+        )
+
+
 def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> Catalog:
     """The catalog ``properties`` name; a REST catalog's requests give up after
     ``request_timeout_s`` (``commit.request_timeout_s``)."""
@@ -38,6 +50,7 @@ def connect(properties: Mapping[str, str], request_timeout_s: float = 60.0) -> C
 
 
 def _connect(properties: Mapping[str, str], request_timeout_s: float) -> Catalog:
+    check_type(properties)
     props = dict(properties)
     name = props.pop("name")
     if _is_rest(props):  # other catalogs never load the REST client's module (~0.1 s of imports)

@@ -19,7 +19,7 @@ from ingest.assembly import layout, open_pipeline
 from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.format_names import REGISTRY_FORMATS
-from ingest.iceberg.catalog import absent, connect
+from ingest.iceberg.catalog import absent, check_type, connect
 from ingest.iceberg.layout import exists
 from ingest.kafka.settings import RESPONSE_OVERHEAD, receive_limit
 from ingest.kafka.source import KafkaSource
@@ -111,6 +111,7 @@ def check(config: PipelineConfig) -> CheckResult:
     file = absent(config.catalog)
 
     def catalog() -> str:
+        check_type(config.catalog)
         if file is not None:
             return f"{config.catalog['name']}: its SQLite database {file} does not exist yet; the first run creates it"
         connect(config.catalog, config.commit.request_timeout_s)

@@ -314,6 +314,11 @@ def test_check_refuses_the_consumer_properties_run_refuses_with_the_same_message
             "(Can't load plugin: sqlalchemy.dialects:sqllite)",
         ),
         (
+            {"catalog": {"type": "sqll"}},
+            "catalog.type: 'sqll' is not a catalog type pyiceberg knows; one of: rest, hive, glue, dynamodb, sql, "
+            "in-memory, bigquery",
+        ),
+        (
             {"catalog": {"uri": "sqlite:///{tmp}/notes.db"}},
             "catalog.uri: {tmp}/notes.db is not a SQLite database (point the uri at the catalog's database file",
         ),
