@@ -3,6 +3,7 @@ Arrow types the pipeline writes, and back."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 
@@ -101,9 +102,12 @@ class _TypeParser:
                     return pa.struct(fields)
                 self.at -= 1
                 self._next(",")
+        close = difflib.get_close_matches(word, [*_ARROW_TYPES, "decimal", "list", "map", "struct"], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
-            f"unknown Iceberg type {word!r} in {self.text!r}; use boolean, int, long, float, double, decimal(P,S), "
-            "date, time, timestamp, timestamptz, string, binary, struct<name: type, ...>, list<type> or map<key, value>"
+            f"unknown Iceberg type {word!r} in {self.text!r}; {hint}use boolean, int, long, float, double, "
+            "decimal(P,S), date, time, timestamp, timestamptz, string, binary, struct<name: type, ...>, list<type>, "
+            "or (not for JSON values) map<key, value>"
         )
 
 

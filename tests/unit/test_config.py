@@ -511,7 +511,8 @@ def test_nested_types_are_parsed_and_kept_in_canonical_form(declared: str, canon
     [
         ("struct<a: long, a: int>", "appears twice"),
         ("struct<a long>", "expected ':'"),
-        ("list<strng>", "unknown Iceberg type 'strng'"),
+        ("list<strng>", "unknown Iceberg type 'strng' in 'list<strng>'; did you mean 'string'?"),
+        ("lnog", "(not for JSON values) map<key, value>"),
     ],
 )
 def test_a_bad_nested_type_is_refused_naming_the_field(declared: str, says: str) -> None:
