@@ -87,11 +87,13 @@ def history(entries: Sequence[BatchEntry], out: Console) -> None:
         out.print("no batches yet: nothing was committed", highlight=False)
         return
     table = Table(title="batches (newest first)")
-    for column in ("batch", "snapshot", "committed at", "records", "dead letters", "ranges"):
+    for column in ("batch", "snapshot", "committed at", "records", "dead letters"):
         # a snapshot id is what `replay --from-snapshot` takes: never cut, whatever the terminal's width
         table.add_column(column, no_wrap=column == "snapshot", min_width=19 if column == "snapshot" else None)
+    # a range a line, folded rather than cut where the terminal is narrow: every offset stays readable
+    table.add_column("ranges", overflow="fold", ratio=1)
     for entry in entries:
-        ranges = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.ranges)
+        ranges = "\n".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.ranges)
         if entry.redriven:
             listed = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in entry.redriven[:3])
             more = f" and {len(entry.redriven) - 3} more" if len(entry.redriven) > 3 else ""

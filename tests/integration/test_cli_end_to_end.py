@@ -168,7 +168,7 @@ def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(m
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
-def test_history_shows_whole_snapshot_ids_at_80_columns(make_env: MakeEnv) -> None:
+def test_history_shows_whole_snapshot_ids_and_every_range_at_80_columns(make_env: MakeEnv) -> None:
     env = make_env(partitions=3)
     env.produce(30)
     result = json.loads(env.cli("run", "--json").stdout.splitlines()[-1])
@@ -177,6 +177,11 @@ def test_history_shows_whole_snapshot_ids_at_80_columns(make_env: MakeEnv) -> No
 
     assert shown.returncode == 0, shown.stderr
     assert str(result["snapshot_id"]) in shown.stdout  # what replay --from-snapshot takes, whole
+    # each partition's range folded into the column, never cut to an ellipsis
+    cells = "".join(line.split("│")[-2].strip() for line in shown.stdout.splitlines() if line.count("│") > 2)
+    assert "…" not in shown.stdout
+    for p in range(3):
+        assert f"{env.topic}[{p}]" in cells
 
 
 def _files(root: Path) -> dict[str, bytes]:
