@@ -9,19 +9,6 @@ from typing import Any
 
 from ingest.config.json_schema import ENV_VALUE, config_schema
 
-#: the sections, in the order of the page: a top-level key whose value is one of these objects
-SECTIONS = {
-    "topics": "TopicSpec",
-    "topics_pattern": "TopicPattern",
-    "schema": "FieldSpec",
-    "dead_letters": "DeadLetterSpec",
-    "batch": "BatchSpec",
-    "commit": "CommitSpec",
-    "maintenance": "MaintenanceSpec",
-    "metrics": "MetricsSpec",
-    "route_by": "RouteBySpec",
-}
-
 
 def reference_markdown() -> str:
     schema = config_schema()
@@ -41,7 +28,7 @@ def reference_markdown() -> str:
         f"{_keys(schema['properties']['tables']['items']['properties'])}: the keys of a table), or lets a "
         "field's value pick it with `route_by:`.",
     ]
-    for key, name in SECTIONS.items():
+    for key, name in _sections(schema["properties"]):
         definition = definitions[name]
         lines += [
             "",
@@ -52,6 +39,24 @@ def reference_markdown() -> str:
             *_table(definition["properties"], set(definition.get("required", []))),
         ]
     return "\n".join(line.rstrip() for line in lines).strip() + "\n"
+
+
+def _sections(properties: dict[str, Any]) -> list[tuple[str, str]]:
+    """The top-level keys whose value is an object of its own (or a list of them, or one among
+    alternatives), with the name of its definition, in the order of the keys."""
+    return [(key, ref.rsplit("/", 1)[-1]) for key, prop in properties.items() if (ref := _ref(prop))]
+
+
+def _ref(node: dict[str, Any]) -> str | None:
+    """The definition ``node`` refers to, itself, as its items or as one of its alternatives (never
+    through its properties: an object written out in place is no section)."""
+    if "$ref" in node:
+        return str(node["$ref"])
+    for option in [*([node["items"]] if "items" in node else []), *node.get("anyOf", [])]:
+        found = _ref(option)
+        if found:
+            return found
+    return None
 
 
 def _keys(properties: dict[str, Any]) -> str:

@@ -195,9 +195,6 @@ def merge_timestamps(parts: Iterable[Mapping[TopicPartition, int]]) -> dict[Topi
     return merged
 
 
-Spans = Mapping[TopicPartition, tuple[tuple[int, int], ...]]
-
-
 def carried_reads(base: Ledger | None) -> dict[TopicPartition, tuple[tuple[int, int], ...]]:
     """What ``base``'s line has read: its own record of it, or (a ledger written before it was kept)
     everything below its offsets."""

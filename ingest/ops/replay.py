@@ -267,7 +267,7 @@ def _rollback(pipeline: Opened, target: int, start: Found) -> tuple[int | None, 
     except (CommitConflict, CommitUnknown) as error:
         rows.refresh()
         found = find_ledger(name, rows.ancestry())
-        if (found is None or found.ledger.sync != sync) and not rows.ancestry(target):
+        if (found is None or found.ledger.sync != sync) and next(rows.ancestry(target), None) is None:
             raise ReplayImpossible(
                 f"rollback of {rows.identifier} to snapshot {target} not applied: the snapshot was expired meanwhile "
                 f"({error}). Nothing was changed; roll back to a later snapshot (ingest history lists them)."

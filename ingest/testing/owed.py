@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ingest.core.ledger import DeadLetterSync, Spans, TopicPartition
+from ingest.core.ledger import DeadLetterSync, TopicPartition
 from ingest.core.ledger_codec import find_ledger
+from ingest.intents import Spans
 from ingest.testing.memory_table import MemoryCatalog
 
 

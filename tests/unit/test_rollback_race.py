@@ -19,6 +19,7 @@ from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import Found, TopicPartition
 from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch, KafkaView
+from ingest.errors import ReplayImpossible
 from ingest.ops.replay import _rollback, roll_back
 from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetTarget
@@ -211,3 +212,21 @@ def test_a_rollback_over_a_reread_of_another_decoding_keeps_no_dead_letter_of_it
     roll_back(operator, s1.snapshot_id)  # type: ignore[arg-type]
 
     assert offsets(dead, "offset") == Counter({5: 1})
+
+
+def test_a_rollback_whose_snapshot_is_expired_meanwhile_says_so_and_changes_nothing() -> None:
+    source, rows, dead, (one, engine), s1 = _batch_1_landed()
+    source.produce(TP, 10)
+    one.run_batch(engine)  # batch 2: main moves on from batch 1
+    head = rows.head()
+
+    def expire_the_target_first(table: MemoryTable) -> Fault:
+        rows.on_commit = lambda table: "ok"
+        rows.expire([s1.snapshot_id])  # `ingest maintain` elsewhere, between the decision and the commit
+        return "ok"
+
+    rows.on_commit = expire_the_target_first
+    operator, _ = copy(source, rows, dead)
+    with pytest.raises(ReplayImpossible, match="expired meanwhile"):
+        roll_back(operator, s1.snapshot_id)  # type: ignore[arg-type]
+    assert rows.head() == head
