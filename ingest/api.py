@@ -1,7 +1,7 @@
 """The Python API: each ``ingest`` command as a function of a config that returns a typed result.
 
 The ``ingest`` command line is a thin layer over these (it parses options, renders the result for
-people or as ``--json``, and turns errors into exit codes)::
+people or as ``--json``, and turns errors into exit codes):
 
     from ingest import api
 
