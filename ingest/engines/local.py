@@ -124,6 +124,8 @@ class LocalEngine:
         return processes(self.config, records)
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+        # files of ``fields``: the run's own handle has them already; a replay's branch handle is another
+        self.rows.evolve_to(fields)
         failpoints.reach("before-read")
         records = sum(end - start for _, start, end in batch.ranges())
         helpers = self.processes_for(records) - 1

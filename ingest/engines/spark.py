@@ -157,6 +157,8 @@ class SparkEngine:
         return self._spark
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+        # files of ``fields``: the run's own handle has them already; a replay's branch handle is another
+        self.rows.evolve_to(fields)
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch, fields) if tasks else []

@@ -52,7 +52,7 @@ from ingest.errors import (
     ReplayImpossible,
     RollbackRefused,
 )
-from ingest.iceberg.reading import snapshot_as_of, snapshot_summary
+from ingest.iceberg.reading import snapshot_as_of
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef, RemoveRef
 from ingest.ops.replay_result import Discarded, ReplayResult, compare
@@ -70,7 +70,7 @@ def resolve_snapshot(table: IcebergTable, snapshot_id: int | None, as_of_ms: int
         if found is None:
             raise ConfigError(f"--as-of: main has no snapshot at or before {as_of_ms} ms")
         return found
-    if snapshot_summary(table, snapshot_id) is None:
+    if next(table.ancestry(snapshot_id), None) is None:
         raise ConfigError(f"--from-snapshot: table {table.identifier} has no snapshot {snapshot_id}")
     return snapshot_id
 
@@ -188,7 +188,10 @@ def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
             _settled(lambda: dead.commit(Append([], {})), dead)
         fork = dead.branch_head(MAIN)
         if fork is None:
-            raise CatalogUnavailable(f"cannot start a branch of {dead.identifier}: its first commit did not settle")
+            raise CatalogUnavailable(
+                f"cannot start a branch of {dead.identifier}: its first commit did not settle. "
+                "Nothing of the replay was committed; run it again."
+            )
         _settled(lambda: dead.commit(MoveRef(branch, fork, expected=None)), dead)
     # S's own batch put its dead letters on main before anything was committed on top of it (and
     # main's head settled above): the branch holds them, and its ledger says so

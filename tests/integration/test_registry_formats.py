@@ -242,6 +242,27 @@ def test_records_of_a_schema_registered_elsewhere_make_the_batch_evolve_for_them
     env.verify()
 
 
+def test_a_replay_that_meets_a_new_writer_schema_writes_its_fields_on_the_branch(
+    make_env: MakeEnv, registry: Apicurio
+) -> None:
+    """A replay's own batch meets records of a writer schema the table lacks: it evolves the table
+    on its branch, and its files carry the new fields, which the publish makes main."""
+    env = avro_env(make_env, registry)
+    Avro(env, registry).produce(300)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    head = _table(env).current_snapshot()
+    assert head is not None
+    Avro(env, registry, subject=f"{env.topic}-shop.Order").produce(200, v2(), version=2)
+
+    replayed = env.cli("replay", "--from-snapshot", str(head.snapshot_id), "--publish", "--json")
+
+    assert replayed.returncode == 0, replayed.stderr
+    rows = _table(env).scan(selected_fields=("order_id", "coupon")).to_arrow().sort_by("order_id").to_pylist()
+    assert [r["order_id"] for r in rows] == list(range(500))
+    assert [r["coupon"] for r in rows] == [None] * 300 + [f"c{i}" for i in range(300, 500)]
+    env.verify()
+
+
 #: records of the subject's own schema between two records of new writer schemas: more than a read
 #: chunk holds (25k records, and up to as many more from one fetch), so each chunk meets one of them
 GAP = 50_000
