@@ -39,12 +39,12 @@ from ingest import failpoints
 from ingest.assembly import Opened
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, rewind_of
-from ingest.core.ledger_codec import encode, find_ledger, registered_pipelines
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, Ledger, rewind_of
+from ingest.core.ledger_codec import encode, find_ledger, register, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
 from ingest.errors import (
-    CatalogUnavailable,
     CommitConflict,
+    CommitGaveUp,
     CommitUnknown,
     ConfigError,
     MainMoved,
@@ -184,14 +184,9 @@ def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
     dead = pipeline.dead
     dead.refresh()
     if dead.branch_head(branch) is None:
-        if dead.branch_head(MAIN) is None:  # no dead letters yet: an empty snapshot to branch from
-            _settled(lambda: dead.commit(Append([], {})), dead)
+        _floor_on_main(pipeline)
         fork = dead.branch_head(MAIN)
-        if fork is None:
-            raise CatalogUnavailable(
-                f"cannot start a branch of {dead.identifier}: its first commit did not settle. "
-                "Nothing of the replay was committed; run it again."
-            )
+        assert fork is not None  # (main holds the floor)
         _settled(lambda: dead.commit(MoveRef(branch, fork, expected=None)), dead)
     # S's own batch put its dead letters on main before anything was committed on top of it (and
     # main's head settled above): the branch holds them, and its ledger says so
@@ -207,6 +202,24 @@ def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
         also=[sync.sync_id] if sync is not None and sync.files is not None else [],
         gaps=gaps,
     )
+
+
+def _floor_on_main(pipeline: Opened) -> None:
+    """Give the dead-letter table's main a ledger of the pipeline (an empty floor) where it has none:
+    none of the pipeline's dead letters are there yet. A ledger on the replay's branch registers the
+    pipeline on the whole table (table properties are not per branch), and a run would then take
+    a main without one for a table that lost its ledger (:class:`LedgerLost`)."""
+    dead, name = pipeline.dead, pipeline.config.pipeline
+    empty = encode(name, Ledger(batch=0, offsets={}), BatchCounts())
+    for _ in range(_attempts(pipeline)):
+        if observe(dead, name) is not None:  # (fails closed where the table lost it)
+            return
+        _settled(lambda: dead.commit(Append([], empty, register(dead.head().properties, name))), dead)
+    if observe(dead, name) is None:
+        raise CommitGaveUp(
+            f"the replay's first commit to {dead.identifier} did not settle after {_attempts(pipeline)} attempts "
+            "(other writers kept committing). Nothing of the replay was committed; run it again."
+        )
 
 
 def _settled(commit: Callable[[], object], table: IcebergTable) -> None:

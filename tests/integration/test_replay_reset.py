@@ -399,3 +399,24 @@ def test_a_rollback_to_a_backward_reset_keeps_the_dead_letters_its_line_read(mak
 
     assert env.counts() == (200 - env.bad, env.bad)
     env.verify()
+
+
+def test_a_replay_that_stores_the_first_dead_letters_leaves_main_runs_going(make_env: MakeEnv) -> None:
+    """The dead-letter table's main has none of the pipeline's dead letters, so no ledger of it, when
+    a replay's branch stores the first: that registers the pipeline on the whole table (its
+    properties are not per branch). The scheduled runs then store dead letters on main as before,
+    not fail for a ledger main never had."""
+    env = make_env()
+    env.produce(50)
+    pipeline = open_pipeline(env.config)
+    one_batch(pipeline)
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    env.produce(50, bad_every=10)
+
+    replayed = env.cli("replay", "--from-snapshot", str(snapshot_s), "--json")  # for audit: main stays
+    assert replayed.returncode == 0, replayed.stderr
+    run = env.cli("run", "--until-caught-up")
+
+    assert run.returncode == 0, run.stderr
+    assert env.counts() == (100 - env.bad, env.bad)
+    env.verify()
