@@ -27,8 +27,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console()
-err = Console(stderr=True)
+# soft wrap: a line is never broken at the console's width when not on a terminal (80 columns:
+# logs of Airflow, cron and containers), so a log shipper sees each message and result whole
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("ingest")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML file.", show_default=False)]

@@ -70,7 +70,7 @@ def run(
 
         schedule = Schedule(until_caught_up, max_batches, interval)
         routes = routes_of(config, table)
-        shown = _Shown(json_output, several=len(routes) > 1, catch_up=schedule.catches_up)
+        shown = _Shown(json_output, several=len(routes) > 1, catch_up=schedule.catches_up, every=interval is not None)
         drive(routes, shown, schedule, engine.value, stop)  # type: ignore[arg-type]
         if stop.is_set():
             err.print(
@@ -94,15 +94,16 @@ class _Shown:
     """What ``ingest run`` shows of its batches (a :class:`ingest.driver.Watcher`): a line each (or
     ``--json``), a progress bar of the catch-up on a terminal, and the failures it rides out."""
 
-    def __init__(self, json_output: bool, *, several: bool, catch_up: bool) -> None:
-        self.json_output, self.several, self.catch_up = json_output, several, catch_up
+    def __init__(self, json_output: bool, *, several: bool, catch_up: bool, every: bool) -> None:
+        self.json_output, self.several, self.catch_up, self.every = json_output, several, catch_up, every
         self._advance: Callable[[int], None] = lambda n: None
+        self._heading: str | None = None
 
     @contextlib.contextmanager
     def tick(self, run: Any) -> Iterator[None]:
         pipeline = run.pipeline
-        if self.several and not self.json_output:
-            out.print(f"[bold]{pipeline.config.table}[/]", highlight=False)
+        # several tables: each one's name above its batches' lines (none for an idle tick of `--every`)
+        self._heading = pipeline.config.table if self.several and not self.json_output else None
         show_progress = self.catch_up and not self.json_output and err.is_terminal
         total = _status(pipeline).lag if show_progress else 0
         with Progress(
@@ -122,6 +123,11 @@ class _Shown:
         from ingest import render
 
         self._advance(result.records + result.dead_letters)
+        if result.status == "empty" and self.every and not self.json_output:
+            return  # an idle tick of `--every`: nothing to say (`--json` still says it, one line a tick)
+        if self._heading is not None:
+            out.print(f"[bold]{self._heading}[/]", highlight=False)
+            self._heading = None
         if self.json_output:
             print(json.dumps({**result.as_dict(), "table": run.pipeline.config.table}), flush=True)
         else:

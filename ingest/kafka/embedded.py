@@ -36,6 +36,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 class EmbeddedBroker:
     """A tansu broker process with in-memory storage on 127.0.0.1 and a free port."""
 
@@ -89,7 +98,8 @@ class EmbeddedBroker:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise BrokerUnavailable(f"tansu exited with code {self._process.returncode} on port {self.port}")
-            if ping(self.bootstrap_servers, timeout_s=1.0):
+            # the port first: a Kafka client's connection refused is a raw librdkafka line on stderr
+            if _listening(self.port) and ping(self.bootstrap_servers, timeout_s=1.0):
                 return
             time.sleep(0.05)
         self.stop()

@@ -168,6 +168,30 @@ def test_sigterm_stops_an_every_loop_between_batches_with_exit_143_and_says_so(m
 
 
 @pytest.mark.parametrize("catalog_kind", ["sqlite"])
+def test_an_every_loop_prints_a_line_per_batch_that_did_something_each_whole(make_env: MakeEnv) -> None:
+    """Not on a terminal (Airflow, cron, a container's log): a line for each batch that committed,
+    none for the idle ticks between, and no line broken at 80 columns."""
+    import signal
+    import time
+
+    env = make_env(partitions=2)
+    env.produce(50)
+    loop = env.popen("run", "--every", "1s")
+    assert loop.stdout is not None
+    first = loop.stdout.readline()
+    time.sleep(4)  # idle ticks
+    env.produce(10)
+    second = loop.stdout.readline()
+    time.sleep(2)
+    loop.send_signal(signal.SIGTERM)
+    rest, _ = loop.communicate(timeout=60)
+
+    assert first.startswith("batch 1: committed 50 rows") and first.rstrip().endswith(")"), first
+    assert second.startswith("batch 2: committed 10 rows") and second.rstrip().endswith(")"), second
+    assert rest == ""
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"])
 def test_history_shows_whole_snapshot_ids_and_every_range_at_80_columns(make_env: MakeEnv) -> None:
     env = make_env(partitions=3)
     env.produce(30)

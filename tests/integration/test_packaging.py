@@ -59,6 +59,7 @@ def test_the_wheel_installed_in_a_fresh_virtualenv_runs_the_demo_and_starts_a_pi
     demo = _run(venv / "bin" / "ingest", "demo", "--records", "2000", cwd=empty)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "verify: ok — 2000 records in Kafka = 2000 rows + dead letters" in demo.stdout
+    assert not [line for line in demo.stderr.splitlines() if line.startswith("%")], demo.stderr  # raw librdkafka
     assert (empty / "warehouse" / "catalog.db").is_file()
 
     init = _run(venv / "bin" / "ingest", "init", "mine", cwd=empty)
