@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition
-from ingest.errors import CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
+from ingest.errors import BranchGone, CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
 from ingest.intents import (
     Append,
     DataFile,
@@ -221,6 +221,8 @@ class MemoryTable:
         if self.catalog.monotonic() - self._loaded_at >= max_age_s:
             self._held = self.catalog._load()
             self._loaded_at = self.catalog.monotonic()
+            if self._branch != MAIN and self._branch not in self._held.refs:  # as an Iceberg table's handle
+                raise BranchGone(f"branch {self._branch} of {self.identifier} no longer exists")
         return self.head()
 
     def head(self) -> Head:
