@@ -55,27 +55,36 @@ def _since(table: LedgerTable, head: int | None, stop: set[int]) -> list[Snapsho
     )
 
 
-def carryable(table: LedgerTable, pipeline: str, branch: str) -> list[SnapshotView]:
-    """Every other writer's append on main since ``branch`` forked, oldest last; raises
-    :class:`PublishRefused` if main holds anything else the branch did not redo (a delete, an
-    overwrite, another pipeline's rollback of its dead letters). Changes nothing: a publish asks
-    this of the dead-letter table before it moves the rows table's main."""
-    branch_line = list(table.ancestry(table.branch_head(branch)))
-    on_branch = {snap.snapshot_id for snap in branch_line}
-    gained = [
+def _gained(table: LedgerTable, pipeline: str, branch: str) -> list[SnapshotView]:
+    """Every other writer's commit on main since ``branch`` forked (compactions aside), oldest last."""
+    on_branch = {snap.snapshot_id for snap in table.ancestry(table.branch_head(branch))}
+    return [
         snap
         for snap in _since(table, table.branch_head(MAIN), on_branch)
         if snap.summary.get(MAINTENANCE_KEY) != COMPACTION and find_ledger(pipeline, [snap]) is None
     ]
-    blocking = [snap for snap in gained if snap.operation != "append"]
-    if blocking:
-        listed = ", ".join(f"{snap.snapshot_id} ({snap.operation})" for snap in blocking)
+
+
+def uncarryable(table: LedgerTable, pipeline: str, branch: str) -> str | None:
+    """The commits on main since ``branch`` forked that cannot be carried over onto it (a delete,
+    an overwrite, another pipeline's rollback of its dead letters), listed; None if there are none."""
+    blocking = [snap for snap in _gained(table, pipeline, branch) if snap.operation != "append"]
+    return ", ".join(f"{snap.snapshot_id} ({snap.operation})" for snap in blocking) or None
+
+
+def carryable(table: LedgerTable, pipeline: str, branch: str) -> list[SnapshotView]:
+    """Every other writer's append on main since ``branch`` forked, oldest last; raises
+    :class:`PublishRefused` if main holds anything else the branch did not redo
+    (:func:`uncarryable`). Changes nothing: a publish asks this of the dead-letter table before it
+    moves the rows table's main."""
+    listed = uncarryable(table, pipeline, branch)
+    if listed is not None:
         raise PublishRefused(
             f"publish of {branch} on {table.identifier} refused: main has commits since the branch forked that "
             f"cannot be carried over onto it: {listed}. Nothing was changed and the branch is kept. Re-apply those "
             "changes to the branch yourself and publish again, or roll main back instead (--rollback)."
         )
-    return gained
+    return _gained(table, pipeline, branch)
 
 
 def carry_over(table: LedgerTable, pipeline: str, branch: str) -> int:

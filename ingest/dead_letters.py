@@ -30,13 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ingest.batch_commit import land_dead_letters, owed
-from ingest.carry_over import carry_over, main_ledgers, remove_branch
+from ingest.carry_over import carry_over, main_ledgers, remove_branch, uncarryable
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
 from ingest.core.ledger_codec import encode
-from ingest.errors import CommitGaveUp
+from ingest.errors import CommitGaveUp, PublishRefused
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters, Spans
 from ingest.ports import LedgerTable
 from ingest.retry import with_retries
@@ -110,6 +110,15 @@ def publish_branch(
         if head is None:  # a replay begun before dead letters had branches: they stayed on main
             _stamp(dead, pipeline, main.ledger if main else None, sync_id)
             return
+        listed = uncarryable(dead, pipeline, branch)
+        if listed is not None:  # (the publish checked before it moved the rows: they came since)
+            raise PublishRefused(
+                f"the publish of {branch} moved the rows table's main, and the dead-letter table {dead.identifier} "
+                f"owes it the same step; but its main has gained commits that cannot be carried over onto its "
+                f"branch {branch}: {listed}. Runs stop here until it is done, so nothing is lost: apply the same "
+                f"change to branch {branch} of {dead.identifier} too, fast-forward main to that branch (Spark: "
+                f"CALL <catalog>.system.fast_forward('{dead.identifier}', 'main', '{branch}')), then run again."
+            )
         carry_over(dead, pipeline, branch)
         on_branch = dead.on_branch(branch)
         found = observe(on_branch, pipeline, recovering=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Self, overload
+from typing import Any, Protocol, Self, overload
 
 import pyarrow as pa
 
@@ -192,6 +192,12 @@ class Engine(Protocol):
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
         """Data files of ``batch``'s records, decoded into the table's ``fields``."""
+        ...
+
+    def writing_to(self, rows: Any) -> Engine:
+        """The same engine (its workers, its Spark session) writing data files with ``rows``, the
+        handle another run commits with (a replay's branch: the schema a batch evolves is staged on
+        the handle that commits it, and files must be written with it). Closing it is the original's."""
         ...
 
     def close(self) -> None:

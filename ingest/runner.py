@@ -73,10 +73,11 @@ class Run:
             self.metrics.ended(ok, *_where(self.pipeline))
 
     def on_branch(self, branch: str) -> Run:
-        """The same run committing to ``branch`` (a replay's), with the same engine: data files go
-        to the table's location whatever branch commits them. A replay's batches are not the
-        pipeline's runs: no metrics."""
-        return Run(self.pipeline.on_branch(branch), self.engine)
+        """The same run committing to ``branch`` (a replay's), with the same engine writing with the
+        branch's handle: data files go to the table's location whatever branch commits them. A
+        replay's batches are not the pipeline's runs: no metrics."""
+        on_branch = self.pipeline.on_branch(branch)
+        return Run(on_branch, self.engine.writing_to(on_branch.rows))
 
 
 def _where(pipeline: Opened) -> tuple[dict[TopicPartition, int] | None, int | None]:

@@ -15,6 +15,7 @@ commits, once the shares cover the batch exactly.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
@@ -124,8 +125,6 @@ class LocalEngine:
         return processes(self.config, records)
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-        # files of ``fields``: the run's own handle has them already; a replay's branch handle is another
-        self.rows.evolve_to(fields)
         failpoints.reach("before-read")
         records = sum(end - start for _, start, end in batch.ranges())
         helpers = self.processes_for(records) - 1
@@ -167,6 +166,12 @@ class LocalEngine:
         produced = combine(batch.ranges(), outputs, lambda problem: WorkerLost(f"the local engine {problem}"))
         failpoints.reach("files-written")
         return produced
+
+    def writing_to(self, rows: IcebergTable | RoutedTables) -> LocalEngine:
+        """This engine writing with ``rows`` (see :meth:`ingest.ports.Engine.writing_to`)."""
+        engine = copy.copy(self)
+        engine.rows = rows
+        return engine
 
     def close(self) -> None:
         """Stop the worker processes (idle ones exit at once)."""

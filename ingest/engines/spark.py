@@ -28,6 +28,7 @@ Tuning keys, read from the session's conf at every batch (``spark-submit --conf`
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -157,8 +158,6 @@ class SparkEngine:
         return self._spark
 
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-        # files of ``fields``: the run's own handle has them already; a replay's branch handle is another
-        self.rows.evolve_to(fields)
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch, fields) if tasks else []
@@ -229,6 +228,12 @@ class SparkEngine:
         for point in ("mid-read", "mid-write"):  # a job faster than the poll still passes each point, in order
             if not reached[point]:
                 failpoints.reach(point)
+
+    def writing_to(self, rows: IcebergTable | RoutedTables) -> SparkEngine:
+        """This engine writing with ``rows`` (see :meth:`ingest.ports.Engine.writing_to`)."""
+        engine = copy.copy(self)
+        engine.rows = rows
+        return engine
 
     def close(self) -> None:
         if self._owns and self._spark is not None:

@@ -67,10 +67,6 @@ class RoutedTables:
             files += [RoutedFile(name, f) for f in table.write(part, target_file_bytes)]
         return files
 
-    def evolve_to(self, fields: Sequence[object]) -> None:
-        """Nothing to do: the tables are the pipeline's own handles (:attr:`ingest.route_by.tables.Routes.handles`),
-        each evolved or refused by the routes before the batch's files are written."""
-
     def detached(self) -> RoutedTables:
         """Write-only copies of the tables, for worker processes and Spark executors."""
         tables = {name: table.detached() for name, table in self.tables.items()}

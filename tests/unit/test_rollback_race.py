@@ -58,6 +58,9 @@ class Engine:
         #: the offsets this engine's decoding sets aside as dead letters
         self.poison = poison
 
+    def writing_to(self, rows: MemoryTable) -> Engine:
+        return Engine(rows, self.poison)
+
     def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
         good: list[tuple[TopicPartition, int]] = []
         bad: list[tuple[TopicPartition, int]] = []
@@ -230,3 +233,46 @@ def test_a_rollback_whose_snapshot_is_expired_meanwhile_says_so_and_changes_noth
     with pytest.raises(ReplayImpossible, match="expired meanwhile"):
         roll_back(operator, s1.snapshot_id)  # type: ignore[arg-type]
     assert rows.head() == head
+
+
+def test_a_delete_on_the_dead_letters_while_a_publish_owes_them_stops_the_runs_until_applied_to_the_branch() -> None:
+    """A replay's publish moves the rows table's main and dies before the dead-letter table's step;
+    another tool then deletes a dead letter on that table's main. The step cannot carry a delete
+    over onto the branch: every run stops, saying what to do, and changes nothing; once the
+    operator applies the same delete to the branch and fast-forwards main to it, the next run
+    finishes the publish."""
+    from ingest.errors import PublishRefused
+    from ingest.ops.replay import replay
+    from ingest.runner import Run
+
+    source, rows, dead, (one, engine), s1 = _batch_1_landed()
+    source.produce(TP, 10)
+    one.run_batch(engine)  # batch 2: dead letter 15
+    operator, operator_engine = copy(source, rows, dead)
+
+    def dies_between_the_tables(table: MemoryTable) -> Fault:
+        return "crash-before" if table.catalog is dead and rows.head() != before else "ok"
+
+    before = rows.head()
+    dead.on_commit = dies_between_the_tables
+    with pytest.raises(Crashed):
+        replay(Run(operator, operator_engine), s1.snapshot_id, publish=True)  # type: ignore[arg-type]
+    dead.on_commit = lambda table: "ok"
+    assert rows.head() != before and "replay-1" in dead.refs  # the rows moved; the dead letters owe it
+
+    def is_15(data: pa.Table) -> pa.Array:
+        return pa.compute.equal(data["offset"], 15)
+
+    dead.delete({}, is_15)  # another tool, on main
+    late, late_engine = copy(source, rows, dead)
+    with pytest.raises(PublishRefused, match=r"apply the same change to branch replay-1 .* fast-forward main"):
+        late.run_batch(late_engine)
+    dead.delete({}, is_15, branch="replay-1")  # the operator applies it to the branch,
+    branch_head = dead.head("replay-1")
+    assert branch_head is not None
+    dead.set_ref("main", branch_head)  # and fast-forwards main to it
+
+    while late.run_batch(late_engine).status != "empty":
+        pass
+    assert offsets(dead, "offset") == Counter({5: 1})
+    assert "replay-1" not in dead.refs
