@@ -40,7 +40,7 @@ from ingest.assembly import Opened
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, Ledger, rewind_of
-from ingest.core.ledger_codec import encode, find_ledger, register, registered_pipelines
+from ingest.core.ledger_codec import encode, find_ledger, read_extra, register, registered_pipelines
 from ingest.dead_letters import marker, rewind, settle
 from ingest.errors import (
     CommitConflict,
@@ -121,7 +121,13 @@ def replay(
     pipeline = run.pipeline
     rows = pipeline.rows
     rows.refresh()
-    if snapshot_id is not None and not rollback and rows.branch_head(f"replay-{snapshot_id}") is not None:
+    branch = f"replay-{snapshot_id}"
+    if (
+        snapshot_id is not None
+        and not rollback
+        and rows.branch_head(branch) is not None
+        and not _left_after_publish(pipeline, branch)
+    ):
         # the replay's branch exists: it continues from its own ledger (S itself may be expired by now)
         return _continue(run, snapshot_id, publish)
     target = resolve_snapshot(rows, snapshot_id, as_of_ms)
@@ -141,6 +147,32 @@ def replay(
                     "(expired meanwhile). Nothing was changed; replay from a later snapshot."
                 ) from None
     return replace(_continue(run, target, publish), ledger_batch=start.ledger.batch)
+
+
+def _left_after_publish(pipeline: Opened, branch: str) -> bool:
+    """Whether ``branch`` of the rows table is one a publish made main and could not remove (its
+    head, the publish's stamp, is on main's line); it is removed now, and the replay begins anew:
+    continuing it would commit on a line main has moved on from, its dead letters on no branch.
+    Raises :class:`MainMoved` (retryable) if it cannot be removed."""
+    rows, name = pipeline.rows, pipeline.config.pipeline
+    head = rows.branch_head(branch)
+    stamp = next(rows.ancestry(head), None) if head is not None else None
+    if stamp is None or read_extra(name, stamp.summary, "restamped-by") != "publish":
+        return False
+    if all(snap.snapshot_id != head for snap in rows.ancestry()):
+        return False
+    log.info("branch %s of %s was published and left behind; removing it to replay anew", branch, rows.identifier)
+    main = observe(rows, name)  # the publish's dead-letter step first, if it is still owed: it needs the branch
+    settle(pipeline.dead, rows, pipeline.config, main.ledger if main else None, _attempts(pipeline))
+    remove_branch(rows, branch)
+    remove_branch(pipeline.dead, branch)
+    rows.refresh()
+    if rows.branch_head(branch) is not None:
+        raise MainMoved(
+            f"branch {branch} of {rows.identifier}, published earlier, could not be removed to replay anew. Nothing "
+            "was changed; run the replay again."
+        )
+    return True
 
 
 def roll_back(pipeline: Opened, target: int) -> ReplayResult:
@@ -197,10 +229,20 @@ def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
         pipeline.config.pipeline,
         pipeline.config.topics_in(start.ledger.topics),
         to,
-        f"{branch}-start",
+        f"{branch}-start-{_fork(dead, branch)}",
         pipeline.config.commit.max_attempts,
         also=[sync.sync_id] if sync is not None and sync.files is not None else [],
         gaps=gaps,
+    )
+
+
+def _fork(dead: IcebergTable, branch: str) -> int | None:
+    """The snapshot of the dead-letter table's main that ``branch`` forked at: it names the replay's
+    steps on that table, which a later replay from the same snapshot must not find done already
+    (main remembers the steps of the branches it took)."""
+    on_main = {snap.snapshot_id for snap in dead.ancestry(dead.branch_head(MAIN))}
+    return next(
+        (snap.snapshot_id for snap in dead.ancestry(dead.branch_head(branch)) if snap.snapshot_id in on_main), None
     )
 
 
@@ -323,7 +365,6 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
     dead-letter table to its branch (see :mod:`ingest.dead_letters`)."""
     name = pipeline.config.pipeline
     rows = pipeline.rows
-    sync = DeadLetterSync(f"publish-{branch}", branch=branch)
     reapplied = 0
 
     def attempt(number: int) -> tuple[int | None, int]:
@@ -331,6 +372,8 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
         main = observe(rows, name)  # refreshes: the swap requires this main head
         head = rows.branch_head(branch)
         replayed = find_ledger(name, rows.ancestry(head)) if head is not None else None
+        # named by the branch's newest batch: a later replay from the same snapshot publishes anew
+        sync = DeadLetterSync(f"publish-{branch}-{replayed.snapshot_id if replayed else None}", branch=branch)
         behind = main is not None and (
             replayed is None
             or any(replayed.ledger.offsets.get(tp, -1) < offset for tp, offset in main.ledger.offsets.items())

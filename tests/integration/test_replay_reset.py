@@ -420,3 +420,52 @@ def test_a_replay_that_stores_the_first_dead_letters_leaves_main_runs_going(make
     assert run.returncode == 0, run.stderr
     assert env.counts() == (100 - env.bad, env.bad)
     env.verify()
+
+
+def test_a_replay_again_from_a_snapshot_whose_published_branch_was_left_behind_replays_anew(
+    make_env: MakeEnv,
+) -> None:
+    """A publish could not remove its rows branch (it logs so), and main was rolled back off its line
+    since: running the same replay later begins a new one from S instead of continuing the old line
+    (whose dead letters the rollback removed)."""
+    env = make_env()
+    env.produce(50, bad_every=10)
+    pipeline = open_pipeline(env.config)
+    one_batch(pipeline)
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    env.produce(50, bad_every=10)
+    assert env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish").returncode == 0
+    rows = pipeline.rows
+    rows.refresh()
+    published = rows.branch_head("main")
+    assert published is not None
+    rows.table.manage_snapshots().create_branch(published, f"replay-{snapshot_s}").commit()  # left behind
+    rolled_back = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback")  # main leaves that line
+    assert rolled_back.returncode == 0, rolled_back.stderr
+    env.produce(50, bad_every=10)
+    assert env.cli("run", "--until-caught-up").returncode == 0
+
+    again = env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish", "--json")
+
+    assert again.returncode == 0, again.stderr
+    assert env.counts() == (150 - env.bad, env.bad)
+    env.verify()
+
+
+def test_a_second_replay_from_the_same_snapshot_publishes_its_own_dead_letters(make_env: MakeEnv) -> None:
+    """Two replays from one snapshot S, each published: the second's dead letters are its own, not
+    taken for the first's already done."""
+    env = make_env()
+    env.produce(50, bad_every=10)
+    pipeline = open_pipeline(env.config)
+    one_batch(pipeline)
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    env.produce(50, bad_every=10)
+    assert env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish").returncode == 0
+    env.produce(50, bad_every=10)
+
+    again = env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish", "--json")
+
+    assert again.returncode == 0, again.stderr
+    assert env.counts() == (150 - env.bad, env.bad)
+    env.verify()
