@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 
 from ingest import failpoints
 from ingest.assembly import Opened
 from ingest.carry_over import carry_over, carryable, main_ledgers, remove_branch
 from ingest.committer import observe
-from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, Ledger, rewind_of
-from ingest.core.ledger_codec import encode, find_ledger, read_extra, register, registered_pipelines
-from ingest.dead_letters import marker, rewind, settle
+from ingest.core.ledger import BatchCounts, DeadLetterSync, Found, rewind_of
+from ingest.core.ledger_codec import encode, find_ledger, read_extra, registered_pipelines
+from ingest.dead_letters import marker, settle
 from ingest.errors import (
     CommitConflict,
-    CommitGaveUp,
     CommitUnknown,
     ConfigError,
     MainMoved,
@@ -55,6 +53,7 @@ from ingest.errors import (
 from ingest.iceberg.reading import snapshot_as_of
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef, RemoveRef
+from ingest.ops.replay_branch import attempts, branch_dead_letters, settled
 from ingest.ops.replay_result import Discarded, ReplayResult, compare
 from ingest.retry import Again, with_retries
 from ingest.runner import Run
@@ -135,7 +134,7 @@ def replay(
         return roll_back(pipeline, target)
     start = _start(pipeline, target)
     branch = f"replay-{target}"
-    _branch_dead_letters(pipeline, branch, start)
+    branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
         try:
             rows.commit(MoveRef(branch, target, expected=None))
@@ -163,7 +162,7 @@ def _left_after_publish(pipeline: Opened, branch: str) -> bool:
         return False
     log.info("branch %s of %s was published and left behind; removing it to replay anew", branch, rows.identifier)
     main = observe(rows, name)  # the publish's dead-letter step first, if it is still owed: it needs the branch
-    settle(pipeline.dead, rows, pipeline.config, main.ledger if main else None, _attempts(pipeline))
+    settle(pipeline.dead, rows, pipeline.config, main.ledger if main else None, attempts(pipeline))
     remove_branch(rows, branch)
     remove_branch(pipeline.dead, branch)
     rows.refresh()
@@ -198,7 +197,7 @@ def _start(pipeline: Opened, target: int) -> Found:
     head = observe(rows, name)
     # main's head may owe the dead-letter table its step (a batch's dead letters): done before the
     # dead letters are rewound or branched, so what they keep below S is complete
-    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, _attempts(pipeline))
+    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, attempts(pipeline))
     start = find_ledger(name, rows.ancestry(target))
     if start is None:
         raise ConfigError(
@@ -207,70 +206,6 @@ def _start(pipeline: Opened, target: int) -> Found:
     _check_retained(pipeline, start)
     _check_redrives(pipeline, target, start)
     return start
-
-
-def _branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
-    """The dead-letter table's branch for a replay: at its main head, with this pipeline's dead
-    letters past what S's line had read removed (the replay stores them again, as its decoding says).
-    Done before the rows branch exists, so a replay that finds its rows branch finds this too."""
-    dead = pipeline.dead
-    dead.refresh()
-    if dead.branch_head(branch) is None:
-        _floor_on_main(pipeline)
-        fork = dead.branch_head(MAIN)
-        assert fork is not None  # (main holds the floor)
-        _settled(lambda: dead.commit(MoveRef(branch, fork, expected=None)), dead)
-    # S's own batch put its dead letters on main before anything was committed on top of it (and
-    # main's head settled above): the branch holds them, and its ledger says so
-    sync = start.ledger.sync
-    to, gaps = rewind_of(start.ledger)
-    rewind(
-        dead.on_branch(branch),
-        pipeline.config.pipeline,
-        pipeline.config.topics_in(start.ledger.topics),
-        to,
-        f"{branch}-start-{_fork(dead, branch)}",
-        pipeline.config.commit.max_attempts,
-        also=[sync.sync_id] if sync is not None and sync.files is not None else [],
-        gaps=gaps,
-    )
-
-
-def _fork(dead: IcebergTable, branch: str) -> int | None:
-    """The snapshot of the dead-letter table's main that ``branch`` forked at: it names the replay's
-    steps on that table, which a later replay from the same snapshot must not find done already
-    (main remembers the steps of the branches it took)."""
-    on_main = {snap.snapshot_id for snap in dead.ancestry(dead.branch_head(MAIN))}
-    return next(
-        (snap.snapshot_id for snap in dead.ancestry(dead.branch_head(branch)) if snap.snapshot_id in on_main), None
-    )
-
-
-def _floor_on_main(pipeline: Opened) -> None:
-    """Give the dead-letter table's main a ledger of the pipeline (an empty floor) where it has none:
-    none of the pipeline's dead letters are there yet. A ledger on the replay's branch registers the
-    pipeline on the whole table (table properties are not per branch), and a run would then take
-    a main without one for a table that lost its ledger (:class:`LedgerLost`)."""
-    dead, name = pipeline.dead, pipeline.config.pipeline
-    empty = encode(name, Ledger(batch=0, offsets={}), BatchCounts())
-    for _ in range(_attempts(pipeline)):
-        if observe(dead, name) is not None:  # (fails closed where the table lost it)
-            return
-        _settled(lambda: dead.commit(Append([], empty, register(dead.head().properties, name))), dead)
-    if observe(dead, name) is None:
-        raise CommitGaveUp(
-            f"the replay's first commit to {dead.identifier} did not settle after {_attempts(pipeline)} attempts "
-            "(other writers kept committing). Nothing of the replay was committed; run it again."
-        )
-
-
-def _settled(commit: Callable[[], object], table: IcebergTable) -> None:
-    """Run one idempotent ref or snapshot commit; a conflict means a concurrent copy did it."""
-    try:
-        commit()
-    except (CommitConflict, CommitUnknown) as error:
-        log.info("%s: %s; observing again", table.identifier, error)
-        table.refresh()
 
 
 def _continue(run: Run, target: int, publish: bool) -> ReplayResult:
@@ -339,9 +274,9 @@ def _rollback(pipeline: Opened, target: int, start: Found) -> tuple[int | None, 
         rows.refresh()
         staged = rows.branch_head(staging)
         if staged is not None:
-            _settled(lambda: rows.commit(RemoveRef(staging, staged)), rows)
+            settled(lambda: rows.commit(RemoveRef(staging, staged)), rows)
     failpoints.reach("between-tables")
-    settle(pipeline.dead, rows, pipeline.config, marker(start.ledger, sync), _attempts(pipeline))
+    settle(pipeline.dead, rows, pipeline.config, marker(start.ledger, sync), attempts(pipeline))
     return rows.branch_head(MAIN), discarded
 
 
@@ -389,7 +324,7 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
             carryable(dead, name, branch)
         # the branch head's own step (its batch's dead letters) before the publish marker replaces it
         on_dead_branch = replaying.pipeline
-        settle(on_dead_branch.dead, on_dead_branch.rows, pipeline.config, replayed.ledger, _attempts(pipeline))
+        settle(on_dead_branch.dead, on_dead_branch.rows, pipeline.config, replayed.ledger, attempts(pipeline))
         main_head = rows.branch_head(MAIN)
         try:
             reapplied += carry_over(rows, name, branch)
@@ -407,7 +342,7 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
                 raise  # main or the branch moved in between: catch up and carry over again
             head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
         failpoints.reach("between-tables")
-        settle(pipeline.dead, rows, pipeline.config, marker(replayed.ledger, sync), _attempts(pipeline))
+        settle(pipeline.dead, rows, pipeline.config, marker(replayed.ledger, sync), attempts(pipeline))
         remove_branch(rows, branch)
         return head, reapplied
 
@@ -420,7 +355,3 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
         ),
         f"publish of {branch} on {rows.identifier}",
     )
-
-
-def _attempts(pipeline: Opened) -> int:
-    return pipeline.config.commit.max_attempts
