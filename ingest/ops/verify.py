@@ -9,6 +9,7 @@ What the history claims comes from the pure :mod:`ingest.core.coverage`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -265,7 +266,7 @@ def _dead_letters_head(pipeline: Opened, found: Found) -> int | None:
     dead.refresh()
     sync = found.ledger.sync
     if sync is not None and sync.branch is not None:
-        floor = observe(dead, pipeline.config.pipeline, recovering=True)
+        floor = observe(dead, pipeline.config.pipeline, math.inf, recovering=True)  # (refreshed above)
         branch_head = dead.branch_head(sync.branch)
         if branch_head is not None and not (floor is not None and floor.ledger.remembers(sync.sync_id)):
             return branch_head

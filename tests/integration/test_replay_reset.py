@@ -422,6 +422,17 @@ def test_a_replay_that_stores_the_first_dead_letters_leaves_main_runs_going(make
     env.verify()
 
 
+def _published_replay(env: Env) -> tuple[Opened, int]:
+    """A batch (snapshot S), more records, and a replay from S published; the pipeline and S."""
+    env.produce(50, bad_every=10)
+    pipeline = open_pipeline(env.config)
+    one_batch(pipeline)
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    env.produce(50, bad_every=10)
+    assert env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish").returncode == 0
+    return pipeline, snapshot_s
+
+
 def test_a_replay_again_from_a_snapshot_whose_published_branch_was_left_behind_replays_anew(
     make_env: MakeEnv,
 ) -> None:
@@ -429,12 +440,7 @@ def test_a_replay_again_from_a_snapshot_whose_published_branch_was_left_behind_r
     since: running the same replay later begins a new one from S instead of continuing the old line
     (whose dead letters the rollback removed)."""
     env = make_env()
-    env.produce(50, bad_every=10)
-    pipeline = open_pipeline(env.config)
-    one_batch(pipeline)
-    snapshot_s = head_ledger(pipeline).snapshot_id
-    env.produce(50, bad_every=10)
-    assert env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish").returncode == 0
+    pipeline, snapshot_s = _published_replay(env)
     rows = pipeline.rows
     rows.refresh()
     published = rows.branch_head("main")
@@ -456,12 +462,7 @@ def test_a_second_replay_from_the_same_snapshot_publishes_its_own_dead_letters(m
     """Two replays from one snapshot S, each published: the second's dead letters are its own, not
     taken for the first's already done."""
     env = make_env()
-    env.produce(50, bad_every=10)
-    pipeline = open_pipeline(env.config)
-    one_batch(pipeline)
-    snapshot_s = head_ledger(pipeline).snapshot_id
-    env.produce(50, bad_every=10)
-    assert env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish").returncode == 0
+    _, snapshot_s = _published_replay(env)
     env.produce(50, bad_every=10)
 
     again = env.cli("replay", "--from-snapshot", str(snapshot_s), "--publish", "--json")
