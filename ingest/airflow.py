@@ -147,6 +147,9 @@ class _Logged:
         if result.status in ("committed", "landed") and config not in self.landed:
             self.landed.append(config)
 
+    def progress(self, run: Any, figures: Any) -> None:
+        self.task.log.info("progress: %s", figures.text(), extra={"progress": figures.as_dict()})
+
     def failed(self, config: config_module.PipelineConfig, error: Exception) -> None:
         self.task.log.error("%s: %s: %s", config.table, type(error).__name__, error)
 

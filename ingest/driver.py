@@ -13,7 +13,8 @@ each gets the same rules:
 * ``stop`` (SIGTERM): no batch begins once it is set; the batch in flight commits or leaves no trace.
 
 What a caller shows of the run (a terminal's progress, ``--json`` lines, an Airflow task's log and
-totals) is a :class:`Watcher`'s.
+totals) is a :class:`Watcher`'s; while a table's batches run, the watcher hears how far they are
+every ``report_every_s`` (:mod:`ingest.progress`), and the run's metrics are exported with it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 from ingest import arrow_memory, nogc
 from ingest.config import PipelineConfig
 from ingest.errors import IngestError, RetryableError
+from ingest.progress import Figures
 from ingest.runner import EngineChoice, Run, opened
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,10 @@ class Watcher(Protocol):
         """A batch of ``run`` ended: committed, found landed, or nothing to do."""
         ...
 
+    def progress(self, run: Run, figures: Figures) -> None:
+        """How far ``run``'s catch-up is, every ``report_every_s`` while its batches run."""
+        ...
+
     def failed(self, config: PipelineConfig, error: Exception) -> None:
         """A table of several failed; the others still get their turn."""
         ...
@@ -86,11 +92,18 @@ class Collected:
     def batch(self, run: Run, result: BatchResult) -> None:
         self.results.append(result)
 
+    def progress(self, run: Run, figures: Figures) -> None:
+        log.info("%s", figures.text(), extra={"progress": figures.as_dict()})
+
     def failed(self, config: PipelineConfig, error: Exception) -> None:
         log.warning("%s failed (%s): %s", config.table, type(error).__name__, error)
 
     def retrying(self, why: str, every_s: float) -> None:
         log.warning("retryable %s; next try in %.0fs", why, every_s)
+
+
+#: how often a run's progress is reported while its batches run (a log line, the metrics' export)
+REPORT_EVERY_S = 30.0
 
 
 def first_failure(failures: Sequence[Exception]) -> Exception:
@@ -104,17 +117,26 @@ def drive(
     schedule: Schedule = Schedule(),
     engine: EngineChoice = "local",
     stop: threading.Event | None = None,
+    report_every_s: float = REPORT_EVERY_S,
 ) -> None:
-    """Run ``configs``' tables on ``engine`` as ``schedule`` says, until done or ``stop`` is set."""
+    """Run ``configs``' tables on ``engine`` as ``schedule`` says, until done or ``stop`` is set;
+    ``watcher`` hears how far each table's batches are every ``report_every_s``."""
     stop = stop if stop is not None else threading.Event()
+    watching = _Watching(watcher, report_every_s)
     if len(configs) == 1:
-        _one(configs[0], watcher, schedule, engine, stop)
+        _one(configs[0], watching, schedule, engine, stop)
     else:
-        _several(configs, watcher, schedule, engine, stop)
+        _several(configs, watching, schedule, engine, stop)
+
+
+@dataclass(frozen=True)
+class _Watching:
+    watcher: Watcher
+    every_s: float
 
 
 def _one(
-    config: PipelineConfig, watcher: Watcher, schedule: Schedule, engine: EngineChoice, stop: threading.Event
+    config: PipelineConfig, watching: _Watching, schedule: Schedule, engine: EngineChoice, stop: threading.Event
 ) -> None:
     with running(config, engine) as run:  # one engine (one Spark session) for every batch
         if schedule.every_s is not None and run.metrics is not None and run.metrics.spec.port is not None:
@@ -122,19 +144,23 @@ def _one(
         while not stop.is_set():
             started = time.monotonic()
             try:
-                _catch_up(run, watcher, schedule, stop)
+                _catch_up(run, watching, schedule, stop)
             except RetryableError as error:
                 if schedule.every_s is None:
                     raise
                 # a long-running loop rides out what the next tick can fix; fatal errors stop it
-                watcher.retrying(f"({type(error).__name__}): {error}", schedule.every_s)
+                watching.watcher.retrying(f"({type(error).__name__}): {error}", schedule.every_s)
             if schedule.every_s is None:
                 return
             stop.wait(max(0.0, schedule.every_s - (time.monotonic() - started)))
 
 
 def _several(
-    configs: Sequence[PipelineConfig], watcher: Watcher, schedule: Schedule, engine: EngineChoice, stop: threading.Event
+    configs: Sequence[PipelineConfig],
+    watching: _Watching,
+    schedule: Schedule,
+    engine: EngineChoice,
+    stop: threading.Event,
 ) -> None:
     from ingest.iceberg.sharing import shared
 
@@ -155,10 +181,10 @@ def _several(
                     break
                 try:
                     with running(config, engine, session, first=tick == 0 and index == 0) as run:
-                        _catch_up(run, watcher, schedule, stop)
+                        _catch_up(run, watching, schedule, stop)
                 except Exception as error:  # the other tables still get their turn
                     failures.append(error)
-                    watcher.failed(config, error)
+                    watching.watcher.failed(config, error)
                 finally:
                     arrow_memory.release()  # what this table's batches freed, back to the system for the next
             every = schedule.every_s
@@ -167,17 +193,43 @@ def _several(
             if every is None:
                 return
             if failures:
-                watcher.retrying(f"{len(failures)} of {len(configs)} tables failed", every)
+                watching.watcher.retrying(f"{len(failures)} of {len(configs)} tables failed", every)
             stop.wait(max(0.0, every - (time.monotonic() - started)))
 
 
-def _catch_up(run: Run, watcher: Watcher, schedule: Schedule, stop: threading.Event) -> None:
+def _catch_up(run: Run, watching: _Watching, schedule: Schedule, stop: threading.Event) -> None:
     """One table's batches of one tick; no batch begins once ``stop`` is set."""
-    with watcher.tick(run):
+    watcher = watching.watcher
+    with watcher.tick(run), _reporting(run, watching):
         for result in run.batches(until_caught_up=schedule.catches_up, max_batches=schedule.max_batches):
             watcher.batch(run, result)
             if stop.is_set():
                 return
+
+
+@contextlib.contextmanager
+def _reporting(run: Run, watching: _Watching) -> Iterator[None]:
+    """While the block runs: every ``every_s``, the watcher hears how far ``run`` is, and its
+    metrics are exported with the batch in flight's figures (from a thread of its own)."""
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(watching.every_s):
+            figures = run.progress.figures()
+            try:
+                watching.watcher.progress(run, figures)
+                if run.metrics is not None:
+                    run.metrics.progressed(figures, run.progress.left())
+            except Exception:  # a report is never worth a run: say so, go on
+                log.warning("could not report the run's progress", exc_info=True)
+
+    thread = threading.Thread(target=report, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -1,12 +1,13 @@
 """Prometheus metrics of a pipeline's runs (``metrics:`` in the config).
 
-A scheduled run is a short-lived process, so its metrics are exported when it ends, whatever ends
-it: written atomically to a node_exporter textfile (``textfile:``), and/or pushed to a Pushgateway
-(``pushgateway:``, grouped by job and pipeline, replacing the previous run's). A long-running
-``ingest run --every`` also serves them on ``/metrics`` (``port:``), each tick's values as it
-ends. Counters count since the process started (one run, for a scheduled one); the gauges say
-where the pipeline is: when a run last succeeded and failed, how fresh the data is, the lag of each
-partition.
+A run's metrics are exported after each batch it commits, as its progress is logged while a batch
+is in flight, and when it ends, whatever ends it: written atomically to a node_exporter textfile
+(``textfile:``), and/or pushed to a Pushgateway (``pushgateway:``, grouped by job and pipeline,
+replacing the previous run's when it ends). A long-running ``ingest run --every`` also serves them
+on ``/metrics`` (``port:``). Counters count since the process started (one run, for a scheduled
+one), with no ``_created`` series; the gauges say where the pipeline is: when a run last succeeded
+and failed, how fresh the data is, the lag of each partition (while a catch-up runs, to the end
+offsets it aims at), and how far the batch in flight is.
 
 A failed run must not erase when the last one succeeded (the alert that matters). So the textfile's
 previous ``last_success``, ``last_failure`` and ``valid_through`` are read back when a run starts,
@@ -28,6 +29,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     push_to_gateway,
     pushadd_to_gateway,
     start_http_server,
@@ -36,8 +38,12 @@ from prometheus_client import write_to_textfile as write_textfile
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.core.ledger import TopicPartition
+from ingest.progress import Figures
 
 log = logging.getLogger(__name__)
+
+# a counter's `_created` series says when this process made it: noise for a scheduled run's metrics
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Exports(Protocol):
@@ -122,6 +128,24 @@ class RunMetrics:
         self.lag = Gauge(
             "ingest_lag_records", "Records in Kafka past the ledger", [*names, "topic", "partition"], registry=registry
         )
+        self.planned = Gauge(
+            "ingest_batch_planned_records",
+            "Records the batch in flight reads (0 between batches)",
+            names,
+            registry=registry,
+        )
+        self.read = Gauge(
+            "ingest_batch_read_records",
+            "Records the batch in flight has read and decoded so far (0 between batches)",
+            names,
+            registry=registry,
+        )
+        self.eta = Gauge(
+            "ingest_catch_up_eta_seconds",
+            "Seconds until the catch-up in progress reaches the end offsets it aims at, at its rate so far",
+            names,
+            registry=registry,
+        )
         self._outcomes = {True: self._outcome(self.succeeded), False: self._outcome(self.failed)}
         if spec.textfile is not None:
             self._read_back(spec.textfile)
@@ -169,22 +193,36 @@ class RunMetrics:
         self.unknown.labels(**self.labels).inc(unknown)
         self.seconds.labels(**self.labels).observe(seconds)
 
+    def progressed(self, figures: Figures, lag: Mapping[TopicPartition, int] | None) -> None:
+        """How far the run is (after a batch, and while one is in flight): the gauges set, exported."""
+        self.planned.labels(**self.labels).set(figures.batch_planned)
+        self.read.labels(**self.labels).set(figures.batch_done)
+        if figures.eta_s is not None:
+            self.eta.labels(**self.labels).set(figures.eta_s)
+        self._lag(lag)
+        self.export(None)
+
+    def _lag(self, lag: Mapping[TopicPartition, int] | None) -> None:
+        for tp, behind in (lag or {}).items():
+            self.lag.labels(**self.labels, topic=tp.topic, partition=str(tp.partition)).set(behind)
+
     def ended(self, ok: bool, lag: Mapping[TopicPartition, int] | None, valid_through_ms: int | None) -> None:
         """A run ended (``ok`` or not): the gauges set, and the metrics exported. ``lag`` is None when
         Kafka or the table could not say (the run's failure, most likely): the last values stay."""
         now = time.time()
         (self.succeeded if ok else self.failed).labels(**self.labels).set(now)
         self._outcomes[ok][1].labels(**self.labels).set(now)
-        if lag is not None:
-            for tp, behind in lag.items():
-                self.lag.labels(**self.labels, topic=tp.topic, partition=str(tp.partition)).set(behind)
+        self.planned.labels(**self.labels).set(0)
+        self.read.labels(**self.labels).set(0)
+        self._lag(lag)
         if valid_through_ms is not None:
             self.valid_through.labels(**self.labels).set(valid_through_ms / 1000)
         self.export(ok)
 
-    def export(self, ok: bool) -> None:
-        """Write the textfile and push to the Pushgateway, as configured. A failure to export is
-        logged, never raised: the run's own outcome (and exit code) is what counts."""
+    def export(self, ok: bool | None) -> None:
+        """Write the textfile and push to the Pushgateway, as configured, for a run that ended
+        (``ok`` or not) or is still going (None). A failure to export is logged, never raised: the
+        run's own outcome (and exit code) is what counts."""
         if self.spec.textfile is not None:
             try:
                 write_textfile(self.spec.textfile, self.registry)  # a temporary file renamed over it
@@ -194,14 +232,15 @@ class RunMetrics:
             group = {"pipeline": self.labels["pipeline"]}
             if self.spec.per_table:  # one of the tables of `tables:`: each its own group
                 group["table"] = self.labels["table"]
-            outcome = {**group, "outcome": "success" if ok else "failure"}
-            # a run that ended well replaces its group; a failed one only the metrics it has values
-            # for, so the freshness and lag the last good run pushed stay when a failure cannot tell
+            # a run that ended well replaces its group; a failed one, or one still going, only the
+            # metrics it has values for, so the freshness and lag the last good run pushed stay when a
+            # failure cannot tell
             run_push = push_to_gateway if ok else pushadd_to_gateway
-            for push, grouping, registry in (
-                (run_push, group, self._run_only()),
-                (push_to_gateway, outcome, self._outcomes[ok][0]),
-            ):
+            pushes = [(run_push, group, self._run_only())]
+            if ok is not None:
+                outcome = {**group, "outcome": "success" if ok else "failure"}
+                pushes.append((push_to_gateway, outcome, self._outcomes[ok][0]))
+            for push, grouping, registry in pushes:
                 try:
                     push(self.spec.pushgateway, job=self.spec.job, grouping_key=grouping, registry=registry, timeout=10)
                 except OSError as error:
@@ -212,7 +251,7 @@ class RunMetrics:
         groups are their own on a Pushgateway)."""
         registry = CollectorRegistry()
         collectors = (self.batches, self.records, self.dead_letters, self.bytes, self.unknown, self.seconds)
-        for collector in (*collectors, self.valid_through, self.lag):
+        for collector in (*collectors, self.valid_through, self.lag, self.planned, self.read, self.eta):
             if any(family.samples for family in collector.collect()):
                 registry.register(collector)
         return registry

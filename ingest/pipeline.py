@@ -32,6 +32,7 @@ from ingest.fields import evolved, latest_key, values_in_registry
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.logcontext import about
 from ingest.ports import Engine, LedgerTable, Produced, SchemaRegistry, Source, WriterSchema
+from ingest.progress import Progress
 from ingest.records import Declared
 from ingest.retry import RETRIED
 from ingest.route_by.tables import Routes
@@ -115,17 +116,21 @@ class Pipeline(Generic[TableT, SourceT]):
         except TopicIdChanged as error:
             raise for_table(self.config, error) from None
 
-    def run_batch(self, engine: Engine) -> BatchResult:
-        """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``."""
+    def run_batch(self, engine: Engine, progress: Progress | None = None) -> BatchResult:
+        """Plan and commit one batch; a fenced batch is planned again up to ``commit.max_replans``.
+        ``progress`` hears what the batch planned, read and became."""
+        progress = progress if progress is not None else Progress(self.config.pipeline, self.config.table)
         with about(pipeline=self.config.pipeline):
-            return self._run_batch(engine)
+            result = self._run_batch(engine, progress)
+        progress.ended(result.records + result.dead_letters, result.bytes, result.ranges)
+        return result
 
-    def _run_batch(self, engine: Engine) -> BatchResult:
+    def _run_batch(self, engine: Engine, progress: Progress) -> BatchResult:
         batch = self.plan()
         before = RETRIED.copy()
         for fenced_times in range(self.config.commit.max_replans + 1):
             with about(batch=batch.number):
-                result = self._attempt_ending_early(batch, engine)
+                result = self._attempt_ending_early(batch, engine, progress)
             if result is not None:
                 retried = {why: RETRIED[why] - before[why] for why in ("conflict", "unknown")}
                 result = replace(result, retries={**retried, "fenced": fenced_times})
@@ -164,22 +169,22 @@ class Pipeline(Generic[TableT, SourceT]):
             observed.ledger.batch if observed else None,
         )
 
-    def _attempt_ending_early(self, batch: Batch, engine: Engine) -> BatchResult | None:
+    def _attempt_ending_early(self, batch: Batch, engine: Engine, progress: Progress) -> BatchResult | None:
         """:meth:`_attempt`, of ``batch`` ended early as often as producing it asks (:class:`_EndsEarly`:
         each time it reads less, so this ends)."""
         while True:
             try:
-                return self._attempt(batch, engine)
+                return self._attempt(batch, engine, progress)
             except _EndsEarly as early:
                 batch = early.batch
 
-    def _attempt(self, batch: Batch, engine: Engine) -> BatchResult | None:
+    def _attempt(self, batch: Batch, engine: Engine, progress: Progress) -> BatchResult | None:
         started = time.monotonic()
         ranges = [(tp.topic, tp.partition, s, e) for tp, s, e in batch.ranges()]
         self._settle(batch.base)  # what the dead-letter table owes the ledger this batch builds on
         if not batch.moves_ledger:
             return BatchResult(self.config.pipeline, batch.number - 1, "empty", None, ranges=ranges)
-        produced = self._produce(batch, engine)
+        produced = self._produce(batch, engine, progress)
         self._guard(batch, produced)
         config = self.config
         ledger = batch.ledger(merge_timestamps([batch.base.timestamps if batch.base else {}, produced.timestamps]))
@@ -253,7 +258,7 @@ class Pipeline(Generic[TableT, SourceT]):
             "set such records aside as dead letters."
         )
 
-    def _produce(self, batch: Batch, engine: Engine) -> Produced:
+    def _produce(self, batch: Batch, engine: Engine, progress: Progress) -> Produced:
         """``batch``'s data files, decoded into the table's fields, evolved first to the registry
         subjects' latest schemas (``on_schema_change: evolve``), and again, with the batch produced
         anew, for writer schemas its records turn out to need beyond those.
@@ -275,7 +280,8 @@ class Pipeline(Generic[TableT, SourceT]):
         catch_ups = 0
         while True:
             try:
-                produced = engine.produce(batch, self.fields)
+                progress.planned(batch.number, batch.ranges())  # (again: anew for each try)
+                produced = engine.produce(batch, self.fields, progress.advanced)
             except SchemaAhead as ahead:
                 if catch_ups >= MAX_SCHEMA_CATCH_UPS:
                     early = batch.ending_before({TopicPartition(t, p): at for t, p, at in ahead.first})
@@ -329,13 +335,24 @@ class Pipeline(Generic[TableT, SourceT]):
                 self.rows.evolve_to(fields)
             self.fields = fields
 
-    def run(self, engine: Engine, *, until_caught_up: bool, max_batches: int | None) -> Iterator[BatchResult]:
+    def run(
+        self, engine: Engine, *, until_caught_up: bool, max_batches: int | None, progress: Progress | None = None
+    ) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets seen at start (or ``max_batches``), each
-        produced by ``engine``."""
-        target = {tp: wm.high for tp, wm in self.source.describe().partitions.items()} if until_caught_up else None
+        produced by ``engine``; ``progress`` hears how far the catch-up is."""
+        progress = progress if progress is not None else Progress(self.config.pipeline, self.config.table)
+        target = None
+        if until_caught_up:
+            view = self.source.describe()
+            target = {tp: wm.high for tp, wm in view.partitions.items()}
+            found = self.ledger(max_age_s=HELD_S)
+            offsets = found.ledger.offsets if found is not None else {}
+            progress.catching_up({tp: offsets.get(tp, wm.low) for tp, wm in view.partitions.items()}, target)
+        else:
+            progress.catching_up({}, None)
         done = 0
         while max_batches is None or done < max_batches:
-            result = self.run_batch(engine)
+            result = self.run_batch(engine, progress)
             done += 1
             yield result
             if target is None or result.status == "empty":

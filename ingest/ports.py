@@ -27,6 +27,7 @@ import pyarrow as pa
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch, KafkaView
 from ingest.intents import DataFile, RefIntent, SnapshotIntent
+from ingest.progress import Advanced
 from ingest.records import Declared, Decoded, RawChunk
 
 
@@ -190,8 +191,10 @@ class Produced:
 class Engine(Protocol):
     """Turns a planned batch's ranges into data files (read, decode, write); never commits."""
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-        """Data files of ``batch``'s records, decoded into the table's ``fields``."""
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+        """Data files of ``batch``'s records, decoded into the table's ``fields``; ``advanced`` hears,
+        chunk by chunk and from any thread, what was read, decoded and written so far
+        (:data:`ingest.progress.Advanced`)."""
         ...
 
     def writing_to(self, rows: Any) -> Engine:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from ingest.config import PipelineConfig
@@ -24,6 +24,7 @@ from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine, workers_for_backlog
 from ingest.errors import IngestError
 from ingest.ports import Engine
+from ingest.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,21 @@ class Run:
 
     pipeline: Opened
     engine: Engine
-    #: the runs' Prometheus metrics (``metrics:``), exported as each call of :meth:`batches` ends
+    #: the runs' Prometheus metrics (``metrics:``), exported after each batch of :meth:`batches`
+    #: and as each call of it ends
     metrics: RunMetrics | None = None
+    #: how far the run is, while it runs (:mod:`ingest.progress`)
+    progress: Progress = field(default_factory=lambda: Progress("", ""))
 
     def batch(self) -> BatchResult:
         """Plan and commit one batch."""
-        return self.pipeline.run_batch(self.engine)
+        return self.pipeline.run_batch(self.engine, self.progress)
 
     def batches(self, *, until_caught_up: bool = True, max_batches: int | None = None) -> Iterator[BatchResult]:
         """Batches until the ledger reaches the end offsets Kafka showed at start (or ``max_batches``)."""
-        batches = self.pipeline.run(self.engine, until_caught_up=until_caught_up, max_batches=max_batches)
+        batches = self.pipeline.run(
+            self.engine, until_caught_up=until_caught_up, max_batches=max_batches, progress=self.progress
+        )
         if self.metrics is None:
             yield from batches
             return
@@ -67,6 +73,8 @@ class Run:
                     result.seconds,
                     result.retries,
                 )
+                if result.status != "empty":  # a long catch-up is seen batch by batch, not when it ends
+                    self.metrics.progressed(self.progress.figures(), self.progress.left())
                 yield result
             ok = True
         finally:
@@ -77,7 +85,7 @@ class Run:
         branch's handle: data files go to the table's location whatever branch commits them. A
         replay's batches are not the pipeline's runs: no metrics."""
         on_branch = self.pipeline.on_branch(branch)
-        return Run(on_branch, self.engine.writing_to(on_branch.rows))
+        return Run(on_branch, self.engine.writing_to(on_branch.rows), progress=_progress(on_branch.config))
 
 
 def _where(pipeline: Opened) -> tuple[dict[TopicPartition, int] | None, int | None]:
@@ -96,6 +104,10 @@ def _where(pipeline: Opened) -> tuple[dict[TopicPartition, int] | None, int | No
         log.warning("metrics: the lag is unknown (%s)", error)
         return None, valid_through
     return {tp: wm.high - committed.get(tp, wm.low) for tp, wm in view.partitions.items()}, valid_through
+
+
+def _progress(config: PipelineConfig) -> Progress:
+    return Progress(config.pipeline, config.table)
 
 
 def _metrics(config: PipelineConfig) -> RunMetrics | None:
@@ -128,7 +140,7 @@ def opened(
             pipeline = open_pipeline(config)
             with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
                 running = True
-                yield Run(pipeline, on_spark, metrics)
+                yield Run(pipeline, on_spark, metrics, _progress(config))
             return
         # workers start early to overlap this process's imports of pyiceberg and the catalog; once
         # they are imported (the second table of a run of several), a batch starts them as it needs
@@ -143,7 +155,7 @@ def opened(
             raise
         with contextlib.closing(LocalEngine(config, pipeline.target, pool)) as local:
             running = True
-            yield Run(pipeline, local, metrics)
+            yield Run(pipeline, local, metrics, _progress(config))
     except Exception:
         if metrics is not None and not running:  # the run failed before its first batch: say so too
             metrics.ended(False, None, None)
@@ -157,7 +169,7 @@ def engine_for(pipeline: Opened, engine: EngineChoice = "local") -> Iterator[Run
         from ingest.engines.spark import SparkEngine
 
         with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target)) as on_spark:
-            yield Run(pipeline, on_spark)
+            yield Run(pipeline, on_spark, progress=_progress(pipeline.config))
         return
     with contextlib.closing(LocalEngine(pipeline.config, pipeline.target)) as local:
-        yield Run(pipeline, local)
+        yield Run(pipeline, local, progress=_progress(pipeline.config))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ingest.cli import live
 from ingest.cli.common import (
     ConfigOption,
     EngineName,
@@ -56,6 +57,17 @@ def run(
     max_batches: Annotated[int | None, typer.Option("--max-batches", min=1, help="Stop after N batches.")] = None,
     engine: EngineOption = EngineName.local,
     json_output: JsonOption = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress: neither the live display nor progress log lines.")
+    ] = False,
+    progress_every: Annotated[
+        str,
+        typer.Option(
+            "--progress-every",
+            metavar="DURATION",
+            help="Off a terminal: a progress log line (and the metrics' export) this often while batches run.",
+        ),
+    ] = "30s",
 ) -> None:
     """Commit micro-batches (default: one batch). Safe to retry and to run concurrently."""
     if until_caught_up and every:
@@ -63,6 +75,11 @@ def run(
     interval = parse_duration(every) if every else None
     if interval is not None and interval < 1:
         raise typer.BadParameter(f"--every {every} would run without pause; give at least 1s", param_hint="--every")
+    report_every = parse_duration(progress_every)
+    if report_every <= 0:
+        raise typer.BadParameter(f"{progress_every} is no interval", param_hint="--progress-every")
+    if not quiet:  # progress lines whatever -v says (a run off a terminal shows no other sign of life)
+        logging.getLogger("ingest.progress").setLevel(logging.INFO)
     stop = threading.Event()  # SIGTERM (Airflow killing the task, a pod stopping): finish the batch in flight
 
     def body() -> None:
@@ -70,8 +87,10 @@ def run(
 
         schedule = Schedule(until_caught_up, max_batches, interval)
         routes = routes_of(config, table)
-        shown = _Shown(json_output, several=len(routes) > 1, catch_up=schedule.catches_up, every=interval is not None)
-        drive(routes, shown, schedule, engine.value, stop)  # type: ignore[arg-type]
+        shown = _Shown(
+            json_output, several=len(routes) > 1, catch_up=schedule.catches_up, every=interval is not None, quiet=quiet
+        )
+        drive(routes, shown, schedule, engine.value, stop, report_every)  # type: ignore[arg-type]
         if stop.is_set():
             err.print(
                 "stopped by SIGTERM between batches: every batch that began was committed or left no trace; "
@@ -92,37 +111,29 @@ def run(
 
 class _Shown:
     """What ``ingest run`` shows of its batches (a :class:`ingest.driver.Watcher`): a line each (or
-    ``--json``), a progress bar of the catch-up on a terminal, and the failures it rides out."""
+    ``--json``), its progress (live on a terminal, else a log line every ``--progress-every``),
+    and the failures it rides out."""
 
-    def __init__(self, json_output: bool, *, several: bool, catch_up: bool, every: bool) -> None:
+    def __init__(self, json_output: bool, *, several: bool, catch_up: bool, every: bool, quiet: bool) -> None:
         self.json_output, self.several, self.catch_up, self.every = json_output, several, catch_up, every
-        self._advance: Callable[[int], None] = lambda n: None
+        self.live = not quiet and not json_output and err.is_terminal
+        self.lines = not quiet and not self.live
         self._heading: str | None = None
 
     @contextlib.contextmanager
     def tick(self, run: Any) -> Iterator[None]:
-        pipeline = run.pipeline
+        config = run.pipeline.config
         # several tables: each one's name above its batches' lines (none for an idle tick of `--every`)
-        self._heading = pipeline.config.table if self.several and not self.json_output else None
-        show_progress = self.catch_up and not self.json_output and err.is_terminal
-        total = _status(pipeline).lag if show_progress else 0
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            disable=not show_progress,
-            transient=True,
-        ) as progress:
-            task = progress.add_task(f"catching up {pipeline.config.pipeline}", total=total or None)
-            self._advance = lambda n: progress.advance(task, n)
+        self._heading = config.table if self.several and not self.json_output else None
+        if not self.live:
+            yield
+            return
+        with live.live(err, run.progress.figures, config.table):
             yield
 
     def batch(self, run: Any, result: Any) -> None:
         from ingest import render
 
-        self._advance(result.records + result.dead_letters)
         if result.status == "empty" and self.every and not self.json_output:
             return  # an idle tick of `--every`: nothing to say (`--json` still says it, one line a tick)
         if self._heading is not None:
@@ -133,15 +144,13 @@ class _Shown:
         else:
             render.batch(result, out)
 
+    def progress(self, run: Any, figures: Any) -> None:
+        if self.lines:
+            live.line(figures)
+
     def failed(self, config: PipelineConfig, error: Exception) -> None:
         kind = "retryable" if getattr(error, "retryable", False) else "fatal"
         err.print(f"[red]{config.table}[/] ({kind}, {type(error).__name__}): {escape(str(error))}")
 
     def retrying(self, why: str, every_s: float) -> None:
         err.print(f"[yellow]retryable[/] {escape(why)}; next try in {every_s:.0f}s")
-
-
-def _status(pipeline: Any) -> Any:
-    from ingest.ops import report
-
-    return report.status(pipeline)

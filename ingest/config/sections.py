@@ -238,7 +238,7 @@ class DeadLetterSpec(Strict):
 
 
 class MetricsSpec(Strict):
-    """Prometheus metrics of the runs (``metrics:``), exported when each run ends."""
+    """Prometheus metrics of the runs (``metrics:``), exported after each batch, while one runs, and as it ends."""
 
     textfile: str | None = None
     """a node_exporter textfile collector file (``…/ingest_orders.prom``), written atomically"""

@@ -19,6 +19,7 @@ import copy
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from ingest.errors import IngestError, WorkerLost
 from ingest.kafka.reading import READ_CHUNK_RECORDS, Stops
 from ingest.kafka.source import KafkaSource
 from ingest.ports import Produced
+from ingest.progress import Advanced
 from ingest.records import Declared
 from ingest.route_by.writing import RoutedTables
 
@@ -102,6 +104,10 @@ def workers_for_backlog(config: PipelineConfig) -> WorkerPool:
     return pool
 
 
+def _nothing(records: int, nbytes: int, files: int) -> None:
+    pass
+
+
 class LocalEngine:
     """Reads, decodes and writes on this machine, one bounded chunk at a time per process."""
 
@@ -124,21 +130,25 @@ class LocalEngine:
         """How many processes work on a batch of ``records`` (:func:`processes`)."""
         return processes(self.config, records)
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
         failpoints.reach("before-read")
+        advanced = advanced if advanced is not None else _nothing
         records = sum(end - start for _, start, end in batch.ranges())
         helpers = self.processes_for(records) - 1
         stops = Stops(batch.ranges())
         spec = TaskSpec.of(self.config, fields)
         reached: set[str] = set()
+        once = threading.Lock()  # (workers' words come in on the dispatch thread)
 
         def reach(point: str) -> None:  # each failpoint once, whichever process gets there first
-            if point not in reached:
+            with once:
+                if point in reached:
+                    return
                 reached.add(point)
-                failpoints.reach(point)
+            failpoints.reach(point)
 
         if helpers == 0:
-            outputs = [run_task(spec, self.rows, 0, stops, reach)]
+            outputs = [run_task(spec, self.rows, 0, stops, reach, advanced)]
         else:
             log.info(
                 "batch %d: reading %d records in this process, %d workers joining as they are ready",
@@ -154,7 +164,9 @@ class LocalEngine:
                 shares = hand_off(stops, parts, least)
                 return [Task(spec, detached, next(numbers), ranges) for ranges in shares]
 
-            outputs = self._pool.run(helpers, give, reach, meanwhile=lambda: run_task(spec, self.rows, 0, stops, reach))
+            outputs = self._pool.run(
+                helpers, give, reach, advanced, meanwhile=lambda: run_task(spec, self.rows, 0, stops, reach, advanced)
+            )
             shared = sum(end - start for output in outputs[1:] for _, start, end in output.ranges)
             log.info(
                 "batch %d: %d records shared between this process and %d workers (%d read by the workers)",

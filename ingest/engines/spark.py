@@ -51,6 +51,7 @@ from ingest.engines.tasks import TaskOutput, combine, run_task
 from ingest.errors import ConfigError, FatalError, IngestError, RetryableError, SparkUnavailable
 from ingest.iceberg.table import IcebergTable
 from ingest.ports import Produced
+from ingest.progress import Advanced
 from ingest.records import Declared
 from ingest.route_by.writing import RoutedTables
 
@@ -157,10 +158,10 @@ class SparkEngine:
             self._spark, self._owns = _start_session(), True
         return self._spark
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
-        outputs = self._run(tasks, batch, fields) if tasks else []
+        outputs = self._run(tasks, batch, fields, advanced) if tasks else []
         failpoints.reach("files-written")
         return combine(batch.ranges(), outputs, lambda problem: SparkUnavailable(f"the Spark job {problem}"))
 
@@ -171,7 +172,9 @@ class SparkEngine:
         min_partitions = _positive(self.spark, MIN_PARTITIONS) or self.spark.sparkContext.defaultParallelism
         return split_ranges(batch.ranges(), min_partitions, _positive(self.spark, MAX_RECORDS_PER_PARTITION))
 
-    def _run(self, tasks: list[TaskRange], batch: Batch, fields: Sequence[Declared]) -> list[TaskOutput]:
+    def _run(
+        self, tasks: list[TaskRange], batch: Batch, fields: Sequence[Declared], advanced: Advanced | None
+    ) -> list[TaskOutput]:
         """One Spark job, one task per :class:`TaskRange`; the driver thread watches its progress."""
         sc = self.spark.sparkContext
         job = _Job(TaskSpec.of(self.config, fields), self.rows.detached())
@@ -187,7 +190,7 @@ class SparkEngine:
         with ThreadPoolExecutor(1, thread_name_prefix="ingest-spark") as pool:
             future = pool.submit(collect)
             try:
-                self._watch(future, group, len(tasks))
+                self._watch(future, group, tasks, advanced)
                 outputs = future.result()
             except Py4JJavaError as error:
                 domain = _translate(error, batch)
@@ -204,18 +207,27 @@ class SparkEngine:
         log.info("batch %d: %d Spark tasks done in %.2fs", batch.number, len(tasks), time.monotonic() - started)
         return outputs
 
-    def _watch(self, future: Future[list[TaskOutput]], group: str, total: int) -> None:
+    def _watch(
+        self, future: Future[list[TaskOutput]], group: str, tasks: list[TaskRange], advanced: Advanced | None
+    ) -> None:
         """Wait for the job, reaching the crash-test points ``mid-read`` (tasks are reading) and
-        ``mid-write`` (some tasks have written their files) on the driver as the job gets there."""
+        ``mid-write`` (some tasks have written their files) on the driver as the job gets there;
+        ``advanced`` hears of the records of the tasks done (a task says nothing before it ends,
+        so each done task counts as its share of the batch's records)."""
         tracker = self.spark.sparkContext.statusTracker()
         reached = {"mid-read": False, "mid-write": False}
-        done = -1
+        total = len(tasks)
+        records = sum(task.end - task.start for task in tasks)
+        done = 0
         while not future.done():
             try:
                 active, completed = _progress(tracker, group)
             except Py4JError:  # the JVM went away; the job's own error says why
                 break
-            if completed != done:
+            if completed > done:
+                if advanced is not None:
+                    share = records * completed // total - records * done // total
+                    advanced(share, 0, 0)
                 done = completed
                 log.info("%s: %d of %d tasks done", group, completed, total)
             for point, now in (("mid-read", active > 0 or completed > 0), ("mid-write", completed > 0)):

@@ -28,6 +28,7 @@ from ingest.intents import DataFile
 from ingest.kafka.reading import Stops
 from ingest.kafka.source import KafkaSource
 from ingest.ports import FileWriter, Produced, ValueDecoder
+from ingest.progress import Advanced
 from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
 from ingest.route_by.writing import RoutedTables
 
@@ -130,8 +131,10 @@ def decode_and_write(
     rows: FileWriter,
     write_rows: int,
     reach: Callable[[str], None] = lambda _: None,
+    advanced: Advanced = lambda records, nbytes, files: None,
 ) -> Produced:
     """Decode each chunk and write the rows as data files (committed nowhere); every task's core.
+    ``advanced`` hears of each chunk decoded and the files written with it.
 
     Decoded rows (compact Arrow) are held until ``write_rows`` of them are ready, so files are
     sized by ``write_rows`` while the raw chunks, which cost several times more memory per record
@@ -167,11 +170,15 @@ def decode_and_write(
         )
         held.append(decoded.rows)
         held_rows += decoded.rows.num_rows
+        written = len(files)
         if held_rows >= write_rows:
             write()
         dead.append(decoded.dead_letters)
+        advanced(len(chunk), chunk.nbytes, len(files) - written)
     if held_rows:
+        written = len(files)
         write()
+        advanced(0, 0, len(files) - written)
     dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
     return Produced(files, dead_letters, records, nbytes, timestamps, unknown)
 
@@ -191,6 +198,7 @@ def produce_ranges(
     rows: IcebergTable | RoutedTables,
     stops: Stops,
     reach: Callable[[str], None] = lambda _: None,
+    advanced: Advanced = lambda records, nbytes, files: None,
 ) -> Produced:
     """Read exactly the ranges of ``stops``, up to wherever :func:`hand_off` leaves their ends
     (Kafka is read in a background thread while earlier chunks decode and write), decode, and
@@ -204,7 +212,7 @@ def produce_ranges(
     with nogc.paused():
         chunks = prefetched(source.read(stops))
         decoder = spec.decoder(writer if isinstance(writer, RoutedTables) else None)
-        produced = decode_and_write(chunks, decoder, writer, spec.chunk_records, reach)
+        produced = decode_and_write(chunks, decoder, writer, spec.chunk_records, reach, advanced)
     if produced.nbytes >= RELEASE_AFTER_BYTES:
         arrow_memory.release()
     if isinstance(writer, RoutedTables):  # rows for tables not created yet: the pipeline creates them
@@ -237,10 +245,11 @@ def run_task(
     index: int,
     ranges: Sequence[Range] | Stops,
     reach: Callable[[str], None] = lambda _: None,
+    advanced: Advanced = lambda records, nbytes, files: None,
 ) -> TaskOutput:
     """One task: :func:`produce_ranges`, returned in a form that crosses process boundaries."""
     stops = ranges if isinstance(ranges, Stops) else Stops(ranges)
-    produced = produce_ranges(spec, rows, stops, reach)
+    produced = produce_ranges(spec, rows, stops, reach, advanced)
     return TaskOutput(
         index,
         produced.files,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # a worker imports them in main(), with the garbage collector
     from ingest.engines.task_spec import TaskSpec
     from ingest.engines.tasks import TaskOutput
     from ingest.iceberg.table import IcebergTable
+    from ingest.progress import Advanced
     from ingest.route_by.writing import RoutedTables
 
 log = logging.getLogger(__name__)
@@ -113,14 +114,22 @@ class _Worker:
 
 
 class _Dispatch:
-    """Hands tasks to workers as they become ready, from a thread of its own while the engine's
-    process works on its own share."""
+    """Hands tasks to workers as they become ready, and hears the busy ones (how far they are, the
+    failpoints they reach, their outputs), from a thread of its own while the engine's process
+    works on its own share."""
 
-    def __init__(self, workers: Sequence[_Worker], hand_off: Callable[[int], Sequence[Task]]) -> None:
-        self.hand_off = hand_off
+    def __init__(
+        self,
+        workers: Sequence[_Worker],
+        hand_off: Callable[[int], Sequence[Task]],
+        reach: Callable[[str], None],
+        advanced: Advanced,
+    ) -> None:
+        self.hand_off, self.reach, self.advanced = hand_off, reach, advanced
         self.idle = [worker for worker in workers if worker.poll_ready()]  # some started in an earlier batch
         self.starting = {worker.connection: worker for worker in workers if not worker.ready}
         self.busy: dict[Connection, _Worker] = {}
+        self.outputs: list[TaskOutput] = []
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="worker-dispatch", daemon=True)
@@ -137,15 +146,18 @@ class _Dispatch:
         self.idle = self.idle[len(tasks) :]
 
     def start(self) -> None:
-        if self.starting:
+        if self.starting or self.busy:
             self._thread.start()
 
     def _serve(self) -> None:
         try:
-            while self.starting and not self._stopping.is_set():
+            while (self.starting or self.busy) and not self._stopping.is_set():
                 joined = False
-                for connection in wait(list(self.starting), timeout=0.05):
+                for connection in wait([*self.starting, *self.busy], timeout=0.05):
                     assert isinstance(connection, Connection)
+                    if connection in self.busy:
+                        self.hear(connection)
+                        continue
                     worker = self.starting.pop(connection)
                     worker.poll_ready()  # wait() saw its word (or its end: WorkerLost)
                     self.idle.append(worker)
@@ -155,11 +167,36 @@ class _Dispatch:
         except BaseException as error:  # raised by the engine's thread once its own share is done
             self.error = error
 
+    def hear(self, connection: Connection) -> None:
+        """A busy worker's next word: how far it is, a failpoint it reached, its output (it is then
+        no longer busy) or its failure (raised here, with its kind and message)."""
+        worker = self.busy[connection]
+        kind, payload = worker.receive("during the batch")
+        if kind == "advanced":
+            self.advanced(*payload)
+        elif kind == "reached":
+            self.reach(payload)
+        elif kind == "done":
+            self.outputs.append(payload)
+            del self.busy[connection]
+        else:  # "failed": the task's own error
+            error, text = payload
+            log.debug("worker %d failed:\n%s", worker.process.pid, text)
+            raise error
+
     def stop(self) -> None:
         """No more hand-offs: the engine's process has read its share."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def collect(self) -> list[TaskOutput]:
+        """Once stopped: the busy workers' outputs, as each finishes."""
+        while self.busy:
+            for connection in wait(list(self.busy)):
+                assert isinstance(connection, Connection)
+                self.hear(connection)
+        return self.outputs
 
 
 class WorkerPool:
@@ -186,18 +223,20 @@ class WorkerPool:
         helpers: int,
         hand_off: Callable[[int], Sequence[Task]],
         reach: Callable[[str], None],
+        advanced: Advanced,
         meanwhile: Callable[[], TaskOutput],
     ) -> list[TaskOutput]:
         """Run ``meanwhile()`` in this process while up to ``helpers`` workers join in: whenever
         some are ready and idle, ``hand_off(n)`` gives up to ``n`` tasks, one per worker. Workers
         already running get theirs before ``meanwhile`` starts; one started for this batch asks
         when its imports are done (seconds on a cold machine), so it takes a share of what is then
-        left. ``mid-read`` and ``mid-write`` reached in workers are forwarded to ``reach``. On any
-        failure every worker is killed (the next batch starts new ones) and the error is raised."""
+        left. ``mid-read`` and ``mid-write`` reached in workers are forwarded to ``reach``, and
+        what they read and wrote to ``advanced``, as they go. On any failure every worker is killed
+        (the next batch starts new ones) and the error is raised."""
         assert helpers <= self.size, (helpers, self.size)
         try:
             self.start(helpers)
-            dispatch = _Dispatch(self._workers[:helpers], hand_off)
+            dispatch = _Dispatch(self._workers[:helpers], hand_off, reach, advanced)
             dispatch.assign()
             dispatch.start()
             try:
@@ -206,27 +245,10 @@ class WorkerPool:
                 dispatch.stop()
             if dispatch.error is not None:
                 raise dispatch.error
-            return [own, *self._collect(dispatch.busy, reach)]
+            return [own, *dispatch.collect()]
         except BaseException:
             self.close(kill=True)
             raise
-
-    def _collect(self, busy: dict[Connection, _Worker], reach: Callable[[str], None]) -> list[TaskOutput]:
-        outputs = []
-        while busy:
-            for connection in wait(list(busy)):
-                assert isinstance(connection, Connection)
-                kind, payload = busy[connection].receive("during the batch")
-                if kind == "reached":
-                    reach(payload)
-                elif kind == "done":
-                    outputs.append(payload)
-                    del busy[connection]
-                else:  # "failed": the task's own error, re-raised here with its kind and message
-                    error, text = payload
-                    log.debug("worker %d failed:\n%s", busy[connection].process.pid, text)
-                    raise error
-        return outputs
 
     def close(self, kill: bool = False) -> None:
         workers, self._workers = self._workers, []
@@ -261,8 +283,11 @@ def _serve(connection: Connection) -> None:
             failpoints.reach(point, failpoints.WORKER)
             connection.send(("reached", point))
 
+        def advanced(records: int, nbytes: int, files: int) -> None:
+            connection.send(("advanced", (records, nbytes, files)))
+
         try:
-            output = run_task(task.spec, task.rows, task.index, task.ranges, reach)
+            output = run_task(task.spec, task.rows, task.index, task.ranges, reach, advanced)
         except Exception as error:
             text = traceback.format_exc()
             if not isinstance(error, IngestError):  # a bug: keep where it happened

@@ -283,8 +283,8 @@ from ingest.__main__ import main
 produce = LocalEngine.produce
 raced_once = []
 
-def raced(self, batch, fields):
-    produced = produce(self, batch, fields)
+def raced(self, batch, fields, advanced=None):
+    produced = produce(self, batch, fields, advanced)
     if not raced_once:
         raced_once.append(batch.number)
         racer = [sys.executable, "-m", "ingest", "run", "-c", os.environ["INGEST_TEST_RACER"]]

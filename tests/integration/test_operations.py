@@ -24,6 +24,7 @@ from ingest.kafka.admin import create_topic, produce
 from ingest.ops.maintain import expire, maintain
 from ingest.ops.replay_result import ReplayResult
 from ingest.ports import Produced
+from ingest.progress import Advanced, Progress
 from ingest.records import Declared
 from tests.integration.conftest import Env, KafkaRecord, MakeEnv, race, record
 from tests.runs import catch_up, head_ledger, one_batch, replay_on
@@ -65,8 +66,8 @@ def test_racing_copies_do_not_rebase_after_a_foreign_writer_turned_library_retri
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 assert one_batch(fast).status == "committed"  # the same offsets commit first
@@ -244,7 +245,7 @@ def test_a_run_whose_end_equals_a_reset_is_not_reported_as_landed(make_env: Make
     assert reset.returncode == 0, reset.stderr
 
     with LocalEngine(pipeline.config, pipeline.rows) as engine:
-        result = pipeline._attempt(batch, engine)
+        result = pipeline._attempt(batch, engine, Progress("", ""))
 
     assert result is None  # fenced by the reset: its records did not land
     assert env.counts() == (0, 0)

@@ -23,6 +23,7 @@ from ingest.engines.local import LocalEngine
 from ingest.errors import CommitUnknown, DataLoss, Fenced, LedgerLost, TopicRecreated
 from ingest.intents import SnapshotIntent
 from ingest.ports import Produced
+from ingest.progress import Advanced
 from ingest.records import Declared
 from tests.integration.conftest import MakeEnv, needs_apache_kafka, summary_of
 from tests.runs import catch_up, head_ledger, one_batch
@@ -86,8 +87,8 @@ def test_foreign_commit_between_plan_and_commit(make_env: MakeEnv) -> None:
     other = open_pipeline(env.config)
 
     class ForeignWriterMidBatch(LocalEngine):
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             table = other.rows.table.refresh()
             foreign = pa.Table.from_pylist(
                 [
@@ -122,8 +123,8 @@ def test_concurrent_writer_fences_the_slower_batch(make_env: MakeEnv) -> None:
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 assert one_batch(fast).status == "committed"  # same offsets, commits first
@@ -149,8 +150,8 @@ def test_writer_with_a_different_range_is_fenced_and_replans(make_env: MakeEnv) 
     class RacedEngine(LocalEngine):
         raced = False
 
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             if not RacedEngine.raced:
                 RacedEngine.raced = True
                 env.produce(400, bad_every=9)
@@ -173,8 +174,8 @@ def test_fenced_too_often_is_a_retryable_error(make_env: MakeEnv) -> None:
     fast = open_pipeline(env.config)
 
     class AlwaysRaced(LocalEngine):
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             env.produce(10)
             one_batch(fast)
             return produced

@@ -159,7 +159,7 @@ def test_a_batch_planned_before_a_redrive_is_fenced_and_settles_it_before_it_com
     from ingest.runner import engine_for
 
     with engine_for(running) as run:
-        assert run.pipeline._attempt(planned, run.engine) is None  # fenced: the ledger moved under it
+        assert run.pipeline._attempt(planned, run.engine, run.progress) is None  # fenced: the ledger moved under it
     assert one_batch(running).status == "committed"
     assert env.counts() == (44, 8)
     env.verify()

@@ -12,6 +12,7 @@ from ingest.assembly import open_pipeline
 from ingest.config import load
 from ingest.errors import ExitCode
 from ingest.intents import Append
+from ingest.progress import Advanced
 from tests.integration.conftest import Env, MakeEnv
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
@@ -176,8 +177,8 @@ def test_a_batch_whose_files_predate_a_partition_evolution_is_not_committed_unde
     pipeline = open_pipeline(load(env.config_path))
 
     class Evolving(LocalEngine):
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)  # files under day(created_at)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)  # files under day(created_at)
             _change(env, partition_by=["day(created_at)", "bucket(4, order_id)"])
             assert env.cli("evolve-partitioning").returncode == 0
             other = open_pipeline(load(env.config_path)).rows

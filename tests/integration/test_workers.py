@@ -174,7 +174,7 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env: MakeEnv) -> None
         return TaskOutput(0, [], b"", 0, 0, {}, ())
 
     with pytest.raises(BrokerUnavailable, match="no progress from Kafka"):
-        pool.run(1, hand_off, lambda point: None, meanwhile)
+        pool.run(1, hand_off, lambda point: None, lambda records, nbytes, files: None, meanwhile)
     assert gone(os.getpid())
 
 
@@ -200,7 +200,7 @@ def meanwhile():  # this process's own share: nothing, once the worker has its t
     return TaskOutput(0, [], b"", 0, 0, {}, ())
 
 # the points the worker reaches (mid-read: its first chunk is in) are printed as it reports them
-WorkerPool(1).run(1, hand_off, lambda point: print(point, flush=True), meanwhile)
+WorkerPool(1).run(1, hand_off, lambda point: print(point, flush=True), lambda *_: None, meanwhile)
 """
 
 

@@ -29,6 +29,7 @@ from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, Spar
 from ingest.errors import ConfigError
 from ingest.kafka.admin import produce
 from ingest.ports import Produced
+from ingest.progress import Advanced
 from ingest.records import Declared
 from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
 from tests.integration.test_route_by import RoutedByValue, route
@@ -157,8 +158,8 @@ def test_a_fenced_spark_batch_is_planned_again(make_env: MakeEnv, spark: SparkSe
     class RacedSparkEngine(SparkEngine):
         raced = False
 
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)
             if not RacedSparkEngine.raced:
                 RacedSparkEngine.raced = True
                 env.produce(400, bad_every=9)

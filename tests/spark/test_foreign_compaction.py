@@ -23,6 +23,7 @@ import pytest
 
 from ingest.iceberg.files import live_data_files, live_files, stored_data_files
 from ingest.iceberg.reading import all_snapshots
+from ingest.progress import Advanced
 from tests.integration.conftest import MakeEnv
 from tests.runs import catch_up
 
@@ -133,8 +134,8 @@ def test_spark_compaction_between_plan_and_commit_lands_once(make_env: MakeEnv, 
     pending: list[Produced] = []
 
     class SparkCompactsMidBatch(LocalEngine):
-        def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
-            produced = super().produce(batch, fields)  # files written, nothing committed yet
+        def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+            produced = super().produce(batch, fields, advanced)  # files written, nothing committed yet
             if not rewrites:
                 [[rewritten]] = _spark(env, iceberg_jars, _rewrite(env))
                 rewrites.append(rewritten)

@@ -112,6 +112,7 @@ from ingest.ops.reset_command import ResetCommand, ResetTarget
 from ingest.ops.verify import Problem, expected_reads, judge_partition
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema
+from ingest.progress import Advanced
 from ingest.records import Declared
 from ingest.retry import without_backoff
 from ingest.testing.memory_kafka import MemoryRegistry, MemorySource
@@ -268,7 +269,7 @@ class Engine:
     def __init__(self, machine: ProtocolMachine, writer: int, rows: MemoryTable) -> None:
         self.machine, self.writer, self.rows = machine, writer, rows
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
         machine = self.machine
         machine.meanwhile(self.writer, "reading")
         good: list[Record] = []

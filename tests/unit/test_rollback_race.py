@@ -25,6 +25,7 @@ from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetTarget
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced
+from ingest.progress import Advanced
 from ingest.records import Declared
 from ingest.retry import without_backoff
 from ingest.testing.memory_kafka import MemorySource
@@ -61,7 +62,7 @@ class Engine:
     def writing_to(self, rows: MemoryTable) -> Engine:
         return Engine(rows, self.poison)
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
         good: list[tuple[TopicPartition, int]] = []
         bad: list[tuple[TopicPartition, int]] = []
         for tp, start, end in batch.ranges():

@@ -45,6 +45,7 @@ from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, Fenced
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, RoutedTable
+from ingest.progress import Advanced
 from ingest.records import ROUTE_COLUMN, Declared
 from ingest.retry import without_backoff
 from ingest.route_by.tables import Routes
@@ -128,7 +129,7 @@ class Engine:
     def __init__(self, machine: RoutingMachine, writer: int, target: RoutedTables) -> None:
         self.machine, self.writer, self.target = machine, writer, target
 
-    def produce(self, batch: Batch, fields: Sequence[Declared]) -> Produced:
+    def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
         self.machine.meanwhile(self.writer, "reading")
         good: list[tuple[TopicPartition, int, str]] = []
         bad: list[Record] = []
