@@ -1,295 +1,72 @@
-"""Apache Airflow 3 integration: run a pipeline's batches in the worker, check freshness, one DAG per config.
+"""Apache Airflow 3 integration: one DAG per pipeline config, shaped by the config's ``airflow:``
+block, of the operators of :mod:`ingest.airflow_operators` (imported from here).
 
-The only module of the library that imports Airflow (``pip install 'lakehouse-ingest[airflow]'``).
-``jobs/airflow/ingest_dags.py`` is the example DAG file; it only calls :func:`pipeline_dags`.
+With that module, the only one of the library that imports Airflow (``pip install
+'lakehouse-ingest[airflow]'``). ``jobs/airflow/ingest_dags.py`` is the example DAG file; it only
+calls :func:`pipeline_dags`.
 
-Failures are explicit, in the terms of :mod:`ingest.errors`:
+A config ``orders.yaml`` in the pipelines folder becomes the DAG ``ingest_orders``: ``ingest >>
+freshness``, no catch-up, one active run, on the block's schedule, start date, tags, retries,
+timeouts, pool and engine (:class:`ingest.config.scheduling.AirflowSpec`; today's values when the
+block is absent).
 
-* a retryable error (broker or catalog unavailable, fenced by an overlapping run, a commit that
-  did not settle) is raised as it is, so Airflow retries it with the task's back-off;
-* a fatal error (data loss, ledger lost, recreated topic, bad config) and an internal error (a bug)
-  raise ``AirflowFailException``: the task fails at once, without retries, the message in its log.
-
-Retrying is safe by construction: a batch lands with its ledger in one snapshot or leaves no
-trace, so a retry, a killed task or a second run racing the first never duplicates a record.
+Parsing reads nothing but the files: the folder is ``default_folder`` or the environment variable
+``AIRFLOW_VAR_INGEST_PIPELINES_DIR``, and of each config only its ``airflow:`` block, as written.
+No Airflow Variable or connection is read and no metadata database is touched when a DAG file is
+parsed (Airflow's best practices); secrets and the rest of the config are the task's to read. A
+config whose block cannot be read still gets its DAG, with the defaults, a description and a tag
+saying so: its ``ingest`` task then fails with the config's error, and the folder's other DAGs
+are not hidden behind an import error.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+import logging
+import os
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 try:
-    from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, RetryDecision, RetryPolicy, TriggerRule, Variable
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk import DAG, TriggerRule
+    from airflow.sdk.exceptions import AirflowTimetableInvalid
 except ImportError as error:
     raise ImportError(
         "the Airflow integration needs Apache Airflow 3.3 or later: pip install 'lakehouse-ingest[airflow]'"
     ) from error
 
-from ingest import config as config_module
-from ingest.errors import ExitCode, IngestError
+from ingest.airflow_operators import (
+    FreshnessCheckOperator,
+    IngestOperator,
+    SparkExitCodePolicy,
+    asset_alias,
+    data_age,
+    spark_ingest_operator,
+    table_asset,
+)
+from ingest.config.scheduling import AirflowSpec, dag_settings
 
-#: Airflow Variables read when the DAG file is parsed (also settable as AIRFLOW_VAR_<NAME> env vars)
-PIPELINES_DIR_VARIABLE = "ingest_pipelines_dir"
-ENGINE_VARIABLE = "ingest_engine"
+log = logging.getLogger(__name__)
 
-Engine = Literal["local", "spark"]
-#: exit code of a command-line usage error (click), from the Spark job's CLI
-USAGE_ERROR = 2
+__all__ = [
+    "FreshnessCheckOperator",
+    "IngestOperator",
+    "SparkExitCodePolicy",
+    "asset_alias",
+    "data_age",
+    "pipeline_dag",
+    "pipeline_dags",
+    "spark_ingest_operator",
+    "table_asset",
+]
 
-
-@contextmanager
-def _explicit_failures(task: BaseOperator) -> Iterator[None]:
-    """Let retryable errors through for Airflow to retry; turn everything else into a failure without retry."""
-    log = task.log
-    try:
-        yield
-    except IngestError as error:
-        if error.retryable:
-            log.warning("retryable %s (Airflow retries the task): %s", type(error).__name__, error)
-            raise
-        log.error("fatal %s (not retried): %s", type(error).__name__, error)
-        raise AirflowFailException(f"{type(error).__name__}: {error}") from error
-    except Exception as error:
-        log.exception("internal error (a bug; not retried)")
-        raise AirflowFailException(f"internal error (a bug, please report it): {error!r}") from error
-
-
-def asset_alias(config_path: str | Path) -> AssetAlias:
-    """The asset alias an :class:`IngestOperator` of ``config_path`` emits its table's events through."""
-    return AssetAlias(f"ingest_{Path(config_path).stem}")
-
-
-def table_asset(config: config_module.PipelineConfig) -> Asset:
-    """The pipeline's Iceberg table as an Airflow asset: ``iceberg://<catalog>/<namespace>/<table>``,
-    named by the table's identifier. A DAG scheduled on it runs after each ingest run that landed rows."""
-    return Asset(uri=f"iceberg://{config.catalog['name']}/{config.table.replace('.', '/')}", name=config.table)
-
-
-class IngestOperator(BaseOperator):
-    """Run batches of one pipeline config in the worker (by default until caught up).
-
-    Returns (as XCom) the totals of the run: ``pipeline``, ``batches``, ``committed``,
-    ``records``, ``dead_letters`` and the last ``batch`` and ``snapshot_id``.
-
-    Its outlet is the asset alias ``ingest_<config file stem>`` (the DAG file never reads a
-    config): a run that committed a batch emits, through it, an event of the table's asset
-    (:func:`table_asset`) whose ``extra`` holds the totals, so lineage views and DAGs scheduled on
-    the table see it. A run that committed nothing emits nothing.
-    """
-
-    template_fields: Sequence[str] = ("config_path",)
-    ui_color = "#cfe8fc"
-
-    def __init__(
-        self, *, config_path: str | Path, until_caught_up: bool = True, max_batches: int | None = None, **kwargs: Any
-    ) -> None:
-        self.alias = asset_alias(config_path)
-        kwargs.setdefault("outlets", [self.alias])
-        super().__init__(**kwargs)
-        self.config_path = str(config_path)
-        self.until_caught_up = until_caught_up
-        self.max_batches = max_batches
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from ingest.driver import Schedule, drive
-
-        with _explicit_failures(self):
-            routes = config_module.load_routes(self.config_path)
-            logged = _Logged(self, per_table=len(routes) > 1)
-            drive(routes, logged, Schedule(self.until_caught_up, self.max_batches))
-        if self.alias in self.outlets:
-            for config in logged.landed:
-                extra = logged.totals["tables"][config.table] if "tables" in logged.totals else logged.totals
-                context["outlet_events"][self.alias].add(table_asset(config), extra=extra)
-        return logged.totals
-
-
-class _Logged:
-    """What :class:`IngestOperator` keeps of a run (a :class:`ingest.driver.Watcher`): each batch
-    in the task's log, the totals it returns (per table too, for a config of several), and the
-    tables a batch of the run is in (committed, or landed with its acknowledgement lost)."""
-
-    def __init__(self, task: BaseOperator, *, per_table: bool) -> None:
-        self.task, self.per_table = task, per_table
-        self.totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        self.landed: list[config_module.PipelineConfig] = []
-        self._table: dict[str, Any] = {}
-
-    @contextmanager
-    def tick(self, run: Any) -> Iterator[None]:
-        config = run.pipeline.config
-        self.totals |= {"pipeline": config.pipeline, "batch": None, "snapshot_id": None}
-        self._table = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
-        if self.per_table:
-            self.totals.setdefault("tables", {})[config.table] = self._table
-        yield
-
-    def batch(self, run: Any, result: Any) -> None:
-        config = run.pipeline.config
-        self.task.log.info(
-            "%s batch %d: %s, %d rows, %d dead letters in %.2fs (snapshot %s)",
-            config.table,
-            result.batch,
-            result.status,
-            result.records,
-            result.dead_letters,
-            result.seconds,
-            result.snapshot_id,
-        )
-        _add(self.totals, result)
-        _add(self._table, result)
-        if result.status in ("committed", "landed") and config not in self.landed:
-            self.landed.append(config)
-
-    def progress(self, run: Any, figures: Any) -> None:
-        self.task.log.info("progress: %s", figures.text(), extra={"progress": figures.as_dict()})
-
-    def failed(self, config: config_module.PipelineConfig, error: Exception) -> None:
-        self.task.log.error("%s: %s: %s", config.table, type(error).__name__, error)
-
-    def retrying(self, why: str, every_s: float) -> None:
-        raise AssertionError("an Airflow task runs once: Airflow retries it")
-
-
-def _add(totals: dict[str, Any], result: Any) -> None:
-    totals["batches"] += 1
-    totals["committed"] += result.status == "committed"
-    totals["records"] += result.records
-    totals["dead_letters"] += result.dead_letters
-    totals["batch"], totals["snapshot_id"] = result.batch, result.snapshot_id
-
-
-def data_age(valid_through_ms: int | None, now: datetime) -> timedelta | None:
-    """How old a pipeline's committed data is, from the ledger's valid-through (None: nothing committed)."""
-    if valid_through_ms is None:
-        return None
-    return now - datetime.fromtimestamp(valid_through_ms / 1000, tz=UTC)
-
-
-class FreshnessCheckOperator(BaseOperator):
-    """Fail when the table's committed data is older than ``max_staleness``, to alert on a stalled pipeline.
-
-    The age is measured from the ledger's valid-through: the minimum over partitions of the time each
-    is complete through (its newest committed record's timestamp, or when a batch last read all
-    Kafka held of it). A partition without new records does not hold it back while batches commit;
-    a run with nothing new in any partition commits nothing, so pick a bound above the longest time
-    the whole topic goes without a record. A stale table fails the task without retries
-    (retrying a check at once does not make data fresher; the next DAG run checks again); a
-    catalog that cannot be reached is retryable as usual.
-    """
-
-    template_fields: Sequence[str] = ("config_path",)
-    ui_color = "#fcf3cf"
-
-    def __init__(self, *, config_path: str | Path, max_staleness: timedelta, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.config_path = str(config_path)
-        self.max_staleness = max_staleness
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        with _explicit_failures(self):
-            from ingest.assembly import open_pipeline
-
-            pipelines = [open_pipeline(config) for config in config_module.load_routes(self.config_path)]
-            found = [pipeline.ledger() for pipeline in pipelines]
-        now = datetime.now(UTC)
-        checked, stale = {}, []
-        for pipeline, ledger in zip(pipelines, found, strict=True):
-            age, message = self._age(pipeline.config, ledger.ledger.valid_through if ledger else None, now)
-            if age is None or age > self.max_staleness:
-                self.log.error("%s", message)
-                stale.append(message)
-            else:
-                self.log.info("%s (bound %s): fresh", message, self.max_staleness)
-            checked[pipeline.config.table] = age
-        if stale:
-            raise AirflowFailException("; ".join(stale))
-        ages = [age.total_seconds() for age in checked.values() if age is not None]
-        result: dict[str, Any] = {"age_s": max(ages), "max_staleness_s": self.max_staleness.total_seconds()}
-        if len(checked) > 1:  # a config of several tables: the oldest is the age; each table's too
-            result["tables"] = {table: age.total_seconds() for table, age in checked.items() if age is not None}
-        return result
-
-    def _age(
-        self, config: config_module.PipelineConfig, valid_through_ms: int | None, now: datetime
-    ) -> tuple[timedelta | None, str]:
-        age = data_age(valid_through_ms, now)
-        name, table = config.pipeline, config.table
-        look = f"see its ingest task's log and `ingest status -c {self.config_path} --table {table}`"
-        # nothing committed is stale too: a pipeline that never got a batch in is the most stalled of all
-        if age is None:
-            return None, f"pipeline {name!r} has committed nothing to {table} yet ({look})"
-        through = (now - age).isoformat(timespec="seconds")
-        message = f"pipeline {name!r}: data in {table} is complete through {through}, {_rounded(age)} ago"
-        if age > self.max_staleness:
-            message += (
-                f", older than the bound of {self.max_staleness}: the pipeline is stalled ({look}) "
-                "or no partition has had new records for that long"
-            )
-        return age, message
-
-
-def _rounded(age: timedelta) -> timedelta:
-    return timedelta(seconds=round(age.total_seconds()))
-
-
-class SparkExitCodePolicy(RetryPolicy):
-    """Classify a failed spark-submit by the job's exit code, like the ``ingest`` CLI's (docs/usage.md: exit codes).
-
-    SparkSubmitOperator raises one exception type for every non-zero exit; its message carries the
-    code ("Error code is: N"), which in client deploy mode is the driver's. 75 is retried; 65, 78
-    and 2 (a usage error: the job's command line is wrong) fail without retry; anything else
-    (spark-submit's own failures too) gets the task's default retries.
-    """
-
-    _CODE = re.compile(r"Error code is: (\d+)")
-
-    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
-        match = self._CODE.search(str(exception))
-        code = int(match.group(1)) if match else None
-        if code == ExitCode.RETRYABLE:
-            return RetryDecision.retry(reason="the Spark ingest job exited 75 (retryable)")
-        if code in (ExitCode.FATAL, ExitCode.CONFIG, USAGE_ERROR):
-            return RetryDecision.fail(reason=f"the Spark ingest job exited {code} (fatal: not retried)")
-        return RetryDecision.default()
-
-    def serialize(self) -> dict[str, Any]:
-        return {"__type": type(self).__name__}
-
-
-def spark_ingest_operator(*, task_id: str, config_path: str | Path, application: str | Path, **kwargs: Any) -> Any:
-    """A SparkSubmitOperator running ``jobs/spark_ingest.py -c CONFIG --until-caught-up`` (the Spark engine).
-
-    Needs ``apache-airflow-providers-apache-spark`` (``pip install 'lakehouse-ingest[airflow-spark]'``)
-    and a ``spark_default`` connection (or ``conn_id=``); other keyword arguments go to
-    SparkSubmitOperator. Use client deploy mode, where spark-submit exits with the driver's exit
-    code, so :class:`SparkExitCodePolicy` can tell fatal from retryable.
-    """
-    try:
-        from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    except ImportError as error:
-        raise ImportError(
-            "the Spark path needs the Spark provider: pip install 'lakehouse-ingest[airflow-spark]'"
-        ) from error
-    kwargs.setdefault("retry_policy", SparkExitCodePolicy())
-    kwargs.setdefault("name", f"ingest-{Path(config_path).stem}")
-    return SparkSubmitOperator(
-        task_id=task_id,
-        application=str(application),
-        application_args=["-c", str(config_path), "--until-caught-up"],
-        **kwargs,
-    )
-
+#: the environment variable naming the pipelines folder (Airflow's form of a Variable, read here
+#: as the environment only: no metadata database at parse time)
+PIPELINES_DIR_ENV = "AIRFLOW_VAR_INGEST_PIPELINES_DIR"
+#: every DAG's tag; a config whose ``airflow:`` block cannot be read adds :data:`INVALID_TAG`
+TAG, INVALID_TAG = "lakehouse-ingest", "invalid-config"
 
 DEFAULT_ARGS: dict[str, Any] = {
-    "retries": 4,
-    "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": 2.0,
     "max_retry_delay": timedelta(minutes=5),
 }
@@ -298,40 +75,47 @@ DEFAULT_ARGS: dict[str, Any] = {
 def pipeline_dag(
     config_path: Path,
     *,
-    max_staleness: timedelta,
-    engine: Engine = "local",
+    spec: AirflowSpec | None = None,
     spark_application: str | Path | None = None,
+    problem: str | None = None,
 ) -> DAG:
-    """The DAG ``ingest_<file stem>``: every five minutes, no catch-up, one active run; ``ingest >> freshness``.
-
-    The DAG id comes from the file name, not its content: parsing never reads a config (no secrets
-    or environment needed in the DAG processor, and a broken config fails its own ingest task
-    fatally, with the message, instead of hiding every DAG of the folder).
-    """
+    """The DAG ``ingest_<file stem>`` of ``config_path``, as ``spec`` (its ``airflow:`` block) says:
+    ``ingest >> freshness``, no catch-up, one active run. ``problem``: why the block could not be
+    used (the DAG has the defaults, and says so)."""
+    spec = spec if spec is not None else AirflowSpec()
+    description = f"lakehouse-ingest pipeline {config_path}"
+    if problem is not None:
+        description += f" (its airflow: block was not used: {problem})"
     with DAG(
         dag_id=f"ingest_{config_path.stem}",
-        description=f"lakehouse-ingest pipeline {config_path}",
-        schedule="*/5 * * * *",
-        start_date=datetime(2026, 1, 1, tzinfo=UTC),
+        description=description,
+        schedule=spec.schedule,
+        start_date=spec.start,
         catchup=False,
         max_active_runs=1,
-        default_args=DEFAULT_ARGS,
-        tags=["lakehouse-ingest"],
+        default_args={**DEFAULT_ARGS, "retries": spec.retries, "retry_delay": spec.retry_delay},
+        tags=[TAG, *spec.tags, *([INVALID_TAG] if problem is not None else [])],
         auto_register=False,
     ) as dag:
-        if engine == "spark":
+        task: dict[str, Any] = {"execution_timeout": spec.execution_timeout}
+        if spec.pool is not None:
+            task["pool"] = spec.pool
+        if spec.engine == "spark":
             if spark_application is None:
                 raise ValueError("engine 'spark' needs spark_application (the path of jobs/spark_ingest.py)")
-            ingest = spark_ingest_operator(task_id="ingest", config_path=config_path, application=spark_application)
+            ingest = spark_ingest_operator(
+                task_id="ingest", config_path=config_path, application=spark_application, **task
+            )
         else:
-            ingest = IngestOperator(task_id="ingest", config_path=config_path, execution_timeout=timedelta(hours=1))
+            ingest = IngestOperator(task_id="ingest", config_path=config_path, **task)
         freshness = FreshnessCheckOperator(
             task_id="freshness",
             config_path=config_path,
-            max_staleness=max_staleness,
+            max_staleness=spec.max_staleness,
             trigger_rule=TriggerRule.ALL_DONE,
         )
         ingest >> freshness
+    dag.timetable.validate()  # (a schedule Airflow refuses is otherwise an import error of the whole file)
     return dag
 
 
@@ -339,25 +123,33 @@ def pipeline_dags(
     dag_file: str,
     *,
     default_folder: str | Path,
-    max_staleness: timedelta = timedelta(minutes=30),
+    max_staleness: timedelta | None = None,
     spark_application: str | Path | None = None,
 ) -> dict[str, DAG]:
     """One DAG per ``*.yaml`` in the pipelines folder, by DAG id, for the DAG file's ``globals()``.
 
-    The folder is the Airflow Variable ``ingest_pipelines_dir`` (or the environment variable
-    ``AIRFLOW_VAR_INGEST_PIPELINES_DIR``), else ``default_folder``; the Variable ``ingest_engine``
-    picks ``local`` (default: :class:`IngestOperator` in the worker) or ``spark`` (spark-submit of
-    ``spark_application``). ``dag_file`` (the caller's ``__file__``) is where workers find the DAGs.
+    The folder is the environment variable ``AIRFLOW_VAR_INGEST_PIPELINES_DIR``, else
+    ``default_folder``. ``max_staleness``: the freshness bound of the configs whose ``airflow:``
+    block does not set one. ``spark_application`` (``jobs/spark_ingest.py``) for the configs whose
+    engine is ``spark``. ``dag_file`` (the caller's ``__file__``) is where workers find the DAGs.
     """
-    folder = Path(Variable.get(PIPELINES_DIR_VARIABLE, default=str(default_folder)))
-    engine = Variable.get(ENGINE_VARIABLE, default="local")
-    if engine not in ("local", "spark"):
-        raise ValueError(f"Airflow Variable {ENGINE_VARIABLE} must be 'local' or 'spark', not {engine!r}")
+    folder = Path(os.environ.get(PIPELINES_DIR_ENV) or default_folder)
     dags = {}
     for path in sorted(folder.glob("*.yaml")):
-        dag = pipeline_dag(
-            path.resolve(), max_staleness=max_staleness, engine=engine, spark_application=spark_application
-        )
+        path = path.resolve()
+        spec, problem = dag_settings(path)
+        if max_staleness is not None and "max_staleness" not in spec.model_fields_set:
+            spec = spec.model_copy(update={"max_staleness": max_staleness})
+        try:
+            dag = pipeline_dag(path, spec=spec, spark_application=spark_application, problem=problem)
+        except AirflowTimetableInvalid as error:
+            problem = f"airflow.schedule {spec.schedule!r}: {error}"
+            dag = pipeline_dag(path, spark_application=spark_application, problem=problem)
+        except ValueError as error:  # a spark engine without its application
+            problem = f"airflow.engine {spec.engine!r}: {error}"
+            dag = pipeline_dag(path, spark_application=spark_application, problem=problem)
+        if problem is not None:
+            log.error("the DAG of %s has the default airflow: settings: %s", path, problem)
         dag.fileloc = str(Path(dag_file).resolve())
         dags[dag.dag_id] = dag
     return dags

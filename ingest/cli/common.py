@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable
 from enum import StrEnum
@@ -16,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ingest import nogc
+from ingest import durations, nogc
 from ingest.config import PipelineConfig
 from ingest.errors import ConfigError, IngestError
 
@@ -106,16 +105,12 @@ EngineOption = Annotated[
 ]
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-
-
 def parse_duration(text: str) -> float:
-    """``300``, ``30s``, ``5m``, ``1h`` or ``250ms`` as seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise typer.BadParameter(f"{text!r} is not a duration; use e.g. 30s, 5m or 1h")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    """``300``, ``30s``, ``5m``, ``1h`` or ``250ms`` as seconds (:mod:`ingest.durations`)."""
+    try:
+        return durations.seconds(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 def guarded(json_output: bool, action: Callable[[], T]) -> T:

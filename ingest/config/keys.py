@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
 
+from ingest.config.scheduling import AirflowSpec
 from ingest.config.sections import (
     BatchSpec,
     CommitSpec,
@@ -110,5 +111,7 @@ class PipelineKeys(Strict):
     """what ``ingest maintain`` keeps, expires and compacts"""
     metrics: MetricsSpec | None = None
     """where a run's Prometheus metrics go (a textfile, a Pushgateway, or ``/metrics``); none by default"""
+    airflow: AirflowSpec = AirflowSpec()
+    """how Airflow runs this config's DAG (``jobs/airflow/ingest_dags.py``): schedule, retries, timeouts, engine"""
     route_by: RouteBySpec | None = None
     """a field's or a header's value picks each record's table (``table:`` is then the ledger's)"""

@@ -1,4 +1,4 @@
-"""The Spark path (Variable ingest_engine=spark): SparkSubmitOperator submitting jobs/spark_ingest.py.
+"""The Spark path (``airflow: {engine: spark}``): SparkSubmitOperator submitting jobs/spark_ingest.py.
 
 Real spark-submit (pyspark's, local mode) runs the real job with the Spark engine; the provider's
 operator and hook report its exit code, and Airflow's retry decision follows it.
@@ -36,12 +36,18 @@ def spark(airflow: Airflow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    monkeypatch.setenv("AIRFLOW_VAR_INGEST_ENGINE", "spark")
     return airflow
 
 
+def on_spark(env: Env) -> Env:
+    """The config's DAG runs the Spark job (its ``airflow:`` block)."""
+    data = yaml.safe_load(env.config_path.read_text())
+    env.config_path.write_text(yaml.safe_dump({**data, "airflow": {"engine": "spark"}}))
+    return env
+
+
 def test_spark_path_ingests_exactly_once(make_env: MakeEnv, spark: Airflow) -> None:
-    env: Env = make_env()
+    env: Env = on_spark(make_env())
     env.produce(1_000, bad_every=9)
     outcome = spark.test(quick_retries(spark.dag(env), retries=0))
     assert outcome.state == "success", outcome.tasks
@@ -53,7 +59,7 @@ def test_spark_path_ingests_exactly_once(make_env: MakeEnv, spark: Airflow) -> N
 def test_spark_exit_code_decides_the_retry(
     make_env: MakeEnv, spark: Airflow, capfd: pytest.CaptureFixture[str], breakage: str, tries: int
 ) -> None:
-    env: Env = make_env()
+    env: Env = on_spark(make_env())
     data = yaml.safe_load(env.config_path.read_text())
     if breakage == "config":  # exit 78: fatal
         data["topic"] = "typo"
