@@ -134,8 +134,13 @@ def parse(data: Any, source: str = "<config>", table: str | None = None) -> Pipe
     return chosen(parse_routes(data, source), source, table)
 
 
-def chosen(routes: Sequence[PipelineConfig], source: str, table: str | None) -> PipelineConfig:
-    """The route of ``table`` (``--table``), or the only one."""
+#: how a caller of :func:`chosen` names a table: ``ingest``'s option (the Python API says ``table=``)
+BY_OPTION = "--table (`ingest run`, `status`, `history`, `verify`, `check` and `maintain` take them all without it)"
+
+
+def chosen(routes: Sequence[PipelineConfig], source: str, table: str | None, how: str = BY_OPTION) -> PipelineConfig:
+    """The route of ``table`` (``--table``), or the only one; ``how`` a caller names one, for the
+    error when there are several."""
     if table is not None:
         for route in routes:
             if route.table == table:
@@ -143,8 +148,7 @@ def chosen(routes: Sequence[PipelineConfig], source: str, table: str | None) -> 
         raise ConfigError(f"{source} has no table {table!r}; its tables: {', '.join(r.table for r in routes)}")
     if len(routes) > 1:
         raise ConfigError(
-            f"{source} routes to {len(routes)} tables ({', '.join(r.table for r in routes)}): name one with "
-            "--table (`ingest run`, `status`, `history`, `verify`, `check` and `maintain` take them all without it)"
+            f"{source} routes to {len(routes)} tables ({', '.join(r.table for r in routes)}): name one with {how}"
         )
     return routes[0]
 

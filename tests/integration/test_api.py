@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from ingest import api
-from ingest.errors import ExitCode, FatalError, TopicNotFound
+from ingest.errors import ConfigError, ExitCode, FatalError, TopicNotFound
 from ingest.iceberg.catalog import connect
 from ingest.ops.reset_command import ResetTarget
-from tests.integration.conftest import MakeEnv
+from tests.integration.conftest import MakeEnv, Routed
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 
@@ -53,3 +53,30 @@ def test_errors_are_the_classes_the_exit_codes_come_from(make_env: MakeEnv) -> N
 
     assert isinstance(raised.value, FatalError) and raised.value.exit_code == ExitCode.FATAL
     assert "no-such-topic" in str(raised.value)
+
+
+def test_a_config_of_several_tables_from_python(routed: Routed) -> None:
+    orders, refunds = routed.tables
+    routed.produce("a1", 30, bad_every=10)
+    routed.produce("b", 20)
+
+    assert [c.table for c in api.tables(routed.path)] == [orders, refunds]
+    with pytest.raises(ConfigError) as unnamed:
+        api.status(routed.path)
+    assert "name one with table=" in str(unnamed.value) and "--table" not in str(unnamed.value)
+
+    results = api.run(routed.path, until_caught_up=True)  # every table
+    assert sorted((r.records + r.dead_letters) for r in results if r.status == "committed") == [20, 30]
+    assert api.status(routed.path, table=refunds).lag == 0
+    assert api.verify(routed.path, table=orders).ok and api.check(routed.path, table=refunds).ok
+    assert [e.batch for e in api.history(routed.path, table=orders)] == [1]
+
+    routed.produce("a2", 15)
+    only = api.run(routed.path, table=orders)
+    assert [(r.status, r.records) for r in only] == [("committed", 15)]
+    with api.open_run(routed.path, table=refunds) as run:
+        assert run.pipeline.config.table == refunds and run.batch().status == "empty"
+    with pytest.raises(ConfigError, match="has no table 'shop.nothing'"):
+        api.verify(routed.path, table="shop.nothing")
+    with pytest.raises(ConfigError, match="is that of table"):
+        api.verify(api.load(routed.path, table=orders), table=refunds)
