@@ -96,12 +96,42 @@ class IngestOperator(BaseOperator):
         with _explicit_failures(self):
             routes = config_module.load_routes(self.config_path)
             logged = _Logged(self, per_table=len(routes) > 1)
-            drive(routes, logged, Schedule(self.until_caught_up, self.max_batches))
+            self._seen = logged.seen
+            # with Airflow's OpenLineage provider sending the task's events, the run sends none of
+            # its own: the provider's carry get_openlineage_facets_on_complete's datasets
+            drive(routes, logged, Schedule(self.until_caught_up, self.max_batches), lineage=not _provider_sends())
         if self.alias in self.outlets:
             for config in logged.landed:
                 extra = logged.totals["tables"][config.table] if "tables" in logged.totals else logged.totals
                 context["outlet_events"][self.alias].add(table_asset(config), extra=extra)
         return logged.totals
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The task's lineage for Airflow's OpenLineage provider: the Kafka topics read, the tables
+        written (with their schemas and the newest snapshot committed), and the batches' ledger
+        (``lakehouseIngest``), as ``ingest run`` sends them itself (:mod:`ingest.lineage`)."""
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        from ingest.lineage import datasets
+
+        found = [datasets(config, rows, dead, results) for config, rows, dead, results in getattr(self, "_seen", [])]
+        run_facets: dict[str, Any] = {}
+        for each in found:
+            run_facets |= each.run_facets
+        return OperatorLineage(
+            inputs=[d for each in found for d in each.inputs],
+            outputs=[d for each in found for d in each.outputs],
+            run_facets=run_facets,
+        )
+
+
+def _provider_sends() -> bool:
+    """Whether Airflow's OpenLineage provider is installed and configured to send events."""
+    try:
+        from airflow.providers.openlineage import conf
+    except ImportError:
+        return False
+    return not conf.is_disabled()
 
 
 class _Logged:
@@ -113,7 +143,10 @@ class _Logged:
         self.task, self.per_table = task, per_table
         self.totals: dict[str, Any] = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
         self.landed: list[config_module.PipelineConfig] = []
+        #: each table's config, its tables' shapes and the run's batches, for the task's lineage
+        self.seen: list[tuple[config_module.PipelineConfig, Any, Any, list[Any]]] = []
         self._table: dict[str, Any] = {}
+        self._results: list[Any] = []
 
     @contextmanager
     def tick(self, run: Any) -> Iterator[None]:
@@ -122,7 +155,11 @@ class _Logged:
         self._table = {"batches": 0, "committed": 0, "records": 0, "dead_letters": 0}
         if self.per_table:
             self.totals.setdefault("tables", {})[config.table] = self._table
-        yield
+        self._results = []
+        try:
+            yield
+        finally:
+            self.seen.append((config, run.pipeline.rows.shape(), run.pipeline.dead.shape(), self._results))
 
     def batch(self, run: Any, result: Any) -> None:
         config = run.pipeline.config
@@ -138,6 +175,7 @@ class _Logged:
         )
         _add(self.totals, result)
         _add(self._table, result)
+        self._results.append(result)
         if result.status in ("committed", "landed") and config not in self.landed:
             self.landed.append(config)
 

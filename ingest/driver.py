@@ -118,11 +118,13 @@ def drive(
     engine: EngineChoice = "local",
     stop: threading.Event | None = None,
     report_every_s: float = REPORT_EVERY_S,
+    lineage: bool = True,
 ) -> None:
     """Run ``configs``' tables on ``engine`` as ``schedule`` says, until done or ``stop`` is set;
-    ``watcher`` hears how far each table's batches are every ``report_every_s``."""
+    ``watcher`` hears how far each table's batches are every ``report_every_s``. ``lineage=False``:
+    no OpenLineage events (Airflow's provider sends the task's own)."""
     stop = stop if stop is not None else threading.Event()
-    watching = _Watching(watcher, report_every_s)
+    watching = _Watching(watcher, report_every_s, lineage)
     if len(configs) == 1:
         _one(configs[0], watching, schedule, engine, stop)
     else:
@@ -133,12 +135,13 @@ def drive(
 class _Watching:
     watcher: Watcher
     every_s: float
+    lineage: bool
 
 
 def _one(
     config: PipelineConfig, watching: _Watching, schedule: Schedule, engine: EngineChoice, stop: threading.Event
 ) -> None:
-    with running(config, engine) as run:  # one engine (one Spark session) for every batch
+    with running(config, engine, lineage=watching.lineage) as run:  # one engine (one Spark session) for every batch
         if schedule.every_s is not None and run.metrics is not None and run.metrics.spec.port is not None:
             run.metrics.serve()  # /metrics while it runs; each tick's values as it ends
         while not stop.is_set():
@@ -180,7 +183,8 @@ def _several(
                 if stop.is_set():
                     break
                 try:
-                    with running(config, engine, session, first=tick == 0 and index == 0) as run:
+                    first = tick == 0 and index == 0
+                    with running(config, engine, session, first=first, lineage=watching.lineage) as run:
                         _catch_up(run, watching, schedule, stop)
                 except Exception as error:  # the other tables still get their turn
                     failures.append(error)
@@ -234,12 +238,16 @@ def _reporting(run: Run, watching: _Watching) -> Iterator[None]:
 
 @contextlib.contextmanager
 def running(
-    config: PipelineConfig, engine: EngineChoice = "local", spark: object = None, first: bool = True
+    config: PipelineConfig,
+    engine: EngineChoice = "local",
+    spark: object = None,
+    first: bool = True,
+    lineage: bool = True,
 ) -> Iterator[Run]:
     """The run of ``config`` (:func:`ingest.runner.opened`), its start's garbage frozen once open; the
     local engine's workers start before pyiceberg is imported (``first``: for the run's first table)."""
     try:
-        with opened(config, engine, spark=spark, early_workers=first) as run:  # type: ignore[arg-type]
+        with opened(config, engine, spark=spark, early_workers=first, lineage=lineage) as run:  # type: ignore[arg-type]
             nogc.started()
             yield run
     finally:

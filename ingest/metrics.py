@@ -128,6 +128,12 @@ class RunMetrics:
         self.lag = Gauge(
             "ingest_lag_records", "Records in Kafka past the ledger", [*names, "topic", "partition"], registry=registry
         )
+        self.lineage_failures = Counter(
+            "ingest_lineage_failures",
+            "OpenLineage events that could not be sent (the backend down or refusing them); the runs went on",
+            names,
+            registry=registry,
+        )
         self.planned = Gauge(
             "ingest_batch_planned_records",
             "Records the batch in flight reads (0 between batches)",
@@ -193,6 +199,9 @@ class RunMetrics:
         self.unknown.labels(**self.labels).inc(unknown)
         self.seconds.labels(**self.labels).observe(seconds)
 
+    def lineage_failed(self) -> None:
+        self.lineage_failures.labels(**self.labels).inc()
+
     def progressed(self, figures: Figures, lag: Mapping[TopicPartition, int] | None) -> None:
         """How far the run is (after a batch, and while one is in flight): the gauges set, exported."""
         self.planned.labels(**self.labels).set(figures.batch_planned)
@@ -250,7 +259,15 @@ class RunMetrics:
         """The registry of the run's metrics that have values, without the outcome timestamps (their
         groups are their own on a Pushgateway)."""
         registry = CollectorRegistry()
-        collectors = (self.batches, self.records, self.dead_letters, self.bytes, self.unknown, self.seconds)
+        collectors = (
+            self.batches,
+            self.records,
+            self.dead_letters,
+            self.bytes,
+            self.unknown,
+            self.seconds,
+            self.lineage_failures,
+        )
         for collector in (*collectors, self.valid_through, self.lag, self.planned, self.read, self.eta):
             if any(family.samples for family in collector.collect()):
                 registry.register(collector)

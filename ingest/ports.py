@@ -188,6 +188,19 @@ class Produced:
     missing: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class TableShape:
+    """What a table is to a reader of lineage: its identifier, where its files are, its columns."""
+
+    identifier: str
+    #: the table's location (``s3://bucket/warehouse/db/table``, ``file:///…``)
+    location: str
+    #: each top-level column's name and Iceberg type (``long``, ``struct<…>``)
+    columns: tuple[tuple[str, str], ...]
+    #: the newest snapshot of the branch (None: none yet)
+    snapshot_id: int | None
+
+
 class Engine(Protocol):
     """Turns a planned batch's ranges into data files (read, decode, write); never commits."""
 

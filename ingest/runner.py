@@ -23,7 +23,7 @@ from ingest.config import PipelineConfig
 from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine, workers_for_backlog
 from ingest.errors import IngestError
-from ingest.ports import Engine
+from ingest.ports import Engine, TableShape
 from ingest.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # importing this module loads no pyiceberg: workers start bef
     from ingest.assembly import Opened
     from ingest.batch_result import BatchResult
     from ingest.engines.spark import SparkSession
+    from ingest.lineage import RunLineage
     from ingest.metrics import RunMetrics
 
 EngineChoice = Literal["local", "spark"]
@@ -48,37 +49,58 @@ class Run:
     metrics: RunMetrics | None = None
     #: how far the run is, while it runs (:mod:`ingest.progress`)
     progress: Progress = field(default_factory=lambda: Progress("", ""))
+    #: the runs' OpenLineage events (:mod:`ingest.lineage`), when a destination is configured
+    lineage: RunLineage | None = None
 
     def batch(self) -> BatchResult:
         """Plan and commit one batch."""
         return self.pipeline.run_batch(self.engine, self.progress)
 
     def batches(self, *, until_caught_up: bool = True, max_batches: int | None = None) -> Iterator[BatchResult]:
-        """Batches until the ledger reaches the end offsets Kafka showed at start (or ``max_batches``)."""
+        """Batches until the ledger reaches the end offsets Kafka showed at start (or ``max_batches``).
+        A caller that stops taking them (SIGTERM between batches) ends the run well: each batch that
+        began committed or left no trace."""
         batches = self.pipeline.run(
             self.engine, until_caught_up=until_caught_up, max_batches=max_batches, progress=self.progress
         )
-        if self.metrics is None:
-            yield from batches
-            return
+        if self.lineage is not None:
+            self.lineage.started()
+        results: list[BatchResult] = []
         ok = False
         try:
             for result in batches:
-                self.metrics.batch(
-                    result.status,
-                    result.records,
-                    result.dead_letters,
-                    result.bytes,
-                    result.unknown_fields,
-                    result.seconds,
-                    result.retries,
-                )
-                if result.status != "empty":  # a long catch-up is seen batch by batch, not when it ends
-                    self.metrics.progressed(self.progress.figures(), self.progress.left())
-                yield result
+                results.append(result)
+                if self.metrics is not None:
+                    self._count(result)
+                try:
+                    yield result
+                except GeneratorExit:
+                    ok = True
+                    raise
             ok = True
+        except Exception as error:
+            if self.lineage is not None:
+                self.lineage.failed_with(error, results)
+            raise
         finally:
-            self.metrics.ended(ok, *_where(self.pipeline))
+            if ok and self.lineage is not None:
+                self.lineage.completed(results)
+            if self.metrics is not None:  # (after the lineage: its failures are counted)
+                self.metrics.ended(ok, *_where(self.pipeline))
+
+    def _count(self, result: BatchResult) -> None:
+        assert self.metrics is not None
+        self.metrics.batch(
+            result.status,
+            result.records,
+            result.dead_letters,
+            result.bytes,
+            result.unknown_fields,
+            result.seconds,
+            result.retries,
+        )
+        if result.status != "empty":  # a long catch-up is seen batch by batch, not when it ends
+            self.metrics.progressed(self.progress.figures(), self.progress.left())
 
     def on_branch(self, branch: str) -> Run:
         """The same run committing to ``branch`` (a replay's), with the same engine writing with the
@@ -110,6 +132,16 @@ def _progress(config: PipelineConfig) -> Progress:
     return Progress(config.pipeline, config.table)
 
 
+def _lineage(pipeline: Opened, metrics: RunMetrics | None) -> RunLineage | None:
+    """The run's OpenLineage events, when a destination is configured (``lineage:``, ``OPENLINEAGE_URL``, …)."""
+    from ingest.lineage import RunLineage
+
+    def shapes() -> tuple[TableShape, TableShape | None]:
+        return pipeline.rows.shape(), pipeline.dead.shape()
+
+    return RunLineage.of(pipeline.config, shapes, metrics.lineage_failed if metrics is not None else lambda: None)
+
+
 def _metrics(config: PipelineConfig) -> RunMetrics | None:
     if config.metrics is None:
         return None
@@ -125,11 +157,13 @@ def opened(
     *,
     spark: SparkSession | None = None,
     early_workers: bool = True,
+    lineage: bool = True,
 ) -> Iterator[Run]:
     """The run of ``config`` on ``engine``: ``"local"`` (this machine's cores) or ``"spark"`` (on
     ``spark``, else the active session, else one built from the usual Spark settings).
     ``early_workers=False``: the local engine's workers start when a batch needs them, never on a
-    guess of the backlog (the tables after the first of a run of several: nothing left to overlap)."""
+    guess of the backlog (the tables after the first of a run of several: nothing left to overlap).
+    ``lineage=False``: no OpenLineage events (Airflow's provider sends the task's own)."""
     metrics = _metrics(config)
     running = False
     try:
@@ -140,7 +174,8 @@ def opened(
             pipeline = open_pipeline(config)
             with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
                 running = True
-                yield Run(pipeline, on_spark, metrics, _progress(config))
+                events = _lineage(pipeline, metrics) if lineage else None
+                yield Run(pipeline, on_spark, metrics, _progress(config), events)
             return
         # workers start early to overlap this process's imports of pyiceberg and the catalog; once
         # they are imported (the second table of a run of several), a batch starts them as it needs
@@ -155,7 +190,8 @@ def opened(
             raise
         with contextlib.closing(LocalEngine(config, pipeline.target, pool)) as local:
             running = True
-            yield Run(pipeline, local, metrics, _progress(config))
+            events = _lineage(pipeline, metrics) if lineage else None
+            yield Run(pipeline, local, metrics, _progress(config), events)
     except Exception:
         if metrics is not None and not running:  # the run failed before its first batch: say so too
             metrics.ended(False, None, None)

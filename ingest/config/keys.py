@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
 
+from ingest.config.lineage_spec import LineageSpec
 from ingest.config.scheduling import AirflowSpec
 from ingest.config.sections import (
     BatchSpec,
@@ -111,6 +112,8 @@ class PipelineKeys(Strict):
     """what ``ingest maintain`` keeps, expires and compacts"""
     metrics: MetricsSpec | None = None
     """where a run's Prometheus metrics go (a textfile, a Pushgateway, or ``/metrics``); none by default"""
+    lineage: LineageSpec | None = None
+    """where the runs' OpenLineage events go; default: ``OPENLINEAGE_URL`` or ``openlineage.yml``, else none"""
     airflow: AirflowSpec = AirflowSpec()
     """how Airflow runs this config's DAG (``jobs/airflow/ingest_dags.py``): schedule, retries, timeouts, engine"""
     route_by: RouteBySpec | None = None

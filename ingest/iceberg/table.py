@@ -71,7 +71,7 @@ from ingest.iceberg.schema import (
 )
 from ingest.intents import Append, Expire, MoveRef, Reapply, RefIntent, RemoveRef, SnapshotIntent
 from ingest.intents import DataFile as WrittenFile
-from ingest.ports import Head
+from ingest.ports import Head, TableShape
 from ingest.records import Declared
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,12 @@ class IcebergTable:
     @property
     def table(self) -> Table:
         return self._table
+
+    def shape(self) -> TableShape:
+        """The table as lineage describes it (its schema as held, its branch's head)."""
+        table = self._table
+        columns = tuple((field.name, str(field.field_type)) for field in table.schema().fields)
+        return TableShape(self.identifier, table.location(), columns, self.head().snapshot_id)
 
     @property
     def renames(self) -> Mapping[str, str]:

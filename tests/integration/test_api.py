@@ -76,7 +76,7 @@ def test_a_config_of_several_tables_from_python(routed: Routed) -> None:
     assert [(r.status, r.records) for r in only] == [("committed", 15)]
     with api.open_run(routed.path, table=refunds) as run:
         assert run.pipeline.config.table == refunds and run.batch().status == "empty"
-    with pytest.raises(ConfigError, match="has no table 'shop.nothing'"):
+    with pytest.raises(ConfigError, match=r"has no table 'shop\.nothing'"):
         api.verify(routed.path, table="shop.nothing")
     with pytest.raises(ConfigError, match="is that of table"):
         api.verify(api.load(routed.path, table=orders), table=refunds)
