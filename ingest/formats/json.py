@@ -174,14 +174,25 @@ class Decoder:
     ) -> None:
         """Decode a chunk Arrow refused as a whole (it holds poison) at about the cost of a good one.
 
-        Each value is parsed by msgspec once; one whose JSON kinds Arrow refuses goes to ``bad``
-        with the field named. Arrow reads the others as one block (bisecting only around what it
-        still refuses), and tries each value msgspec could not parse on its own: Arrow's verdict is
-        the one that counts, so no record Arrow would take is ever dead-lettered here.
+        Each value is validated by msgspec once, in C; one whose JSON kinds Arrow refuses goes to
+        ``bad`` with the field named. Arrow reads the others as one block (bisecting only around what it
+        still refuses), and tries each value msgspec could not parse on its own, unless no lenient
+        reading takes it as JSON at all: Arrow's verdict is the one that counts, so no record Arrow
+        would take is ever dead-lettered here.
         """
-        kept, kept_index, alone = self._checks.sort(candidates, index, bad, unknown)
-        self._parse(kept, kept_index, 0, len(kept), parts, bad)
+        kept, kept_index, alone = self._checks.sort(candidates, index, bad)
+        try:  # the usual case: the rest read as one block, its undeclared fields found as the fast path finds them
+            found: list[int] = []
+            if kept:
+                self._keep(self._try(kept, 0, len(kept), None, found), kept_index, parts, bad)
+            unknown.update(kept_index[k] for k in found)
+        except _Bad:
+            self._parse(kept, kept_index, 0, len(kept), parts, bad)
+            unknown.update(i for k, i in enumerate(kept_index) if self._checks.extra_of(kept[k]))
         for k in alone:
+            if self._checks.unreadable(candidates[k]):  # no JSON at all: said as Arrow's refusal would be
+                bad[index[k]] = self._explain(candidates[k], "")
+                continue
             self._parse(candidates, index, k, k + 1, parts, bad)
             if self._checks.extra_of(candidates[k]):
                 unknown.add(index[k])
@@ -317,20 +328,24 @@ class Decoder:
         bad: dict[int, str],
     ) -> None:
         """Split off rows with nulls in required fields; keep the rest."""
-        missing = None
-        for spec in self.fields:
-            if spec.required:
-                nulls = pc.is_null(table.column(spec.name))
-                missing = nulls if missing is None else pc.or_(missing, nulls)
-        if missing is not None and pc.any(missing).as_py():
-            flags = missing.to_pylist()
-            for row, flag in enumerate(flags):
-                if flag:
-                    names = [s.name for s in self.fields if s.required and not table.column(s.name)[row].is_valid]
-                    bad[indices[row]] = f"required field(s) {', '.join(map(repr, names))} missing or null"
-            table = table.filter(pc.invert(missing))
-            indices = [i for i, flag in zip(indices, flags, strict=True) if not flag]
-        if indices:
+        nulls = [
+            (spec.name, pc.is_null(table.column(spec.name)).to_numpy(zero_copy_only=False))
+            for spec in self.fields
+            if spec.required and table.column(spec.name).null_count
+        ]
+        if nulls:
+            missing = functools.reduce(np.logical_or, [flags for _, flags in nulls])
+            at = np.asarray(indices)
+            if len(nulls) == 1:  # the usual case: one reason for every row
+                reason = f"required field(s) {nulls[0][0]!r} missing or null"
+                bad.update(dict.fromkeys(at[missing].tolist(), reason))
+            else:
+                for row in np.flatnonzero(missing).tolist():
+                    names = ", ".join(repr(name) for name, flags in nulls if flags[row])
+                    bad[int(at[row])] = f"required field(s) {names} missing or null"
+            table = table.filter(pa.array(~missing))
+            indices = at[~missing].tolist()
+        if len(indices):
             parts.append((indices, table))
 
     def _explain(self, value: bytes | None, arrow_message: str) -> str:

@@ -1,15 +1,19 @@
 """JSON values parsed one at a time as documents, in C (msgspec, ~0.6 µs a record): what the JSON
-decoder judges beside Arrow's reader. Where a chunk holds poison, each value is parsed once and
-those whose JSON kinds Arrow refuses for their fields are named here (:meth:`DocumentChecks.sort`),
-so Arrow reads the rest as one block; and what Arrow does not read of a value is read here: the
-fields the table does not declare, and a timestamp's text (``refuse:``)."""
+decoder judges beside Arrow's reader. Where a chunk holds poison, each value is validated once
+against the JSON kinds Arrow takes for its fields, in C (a msgspec type built from them), and
+those it refuses are named here (:meth:`DocumentChecks.sort`), so Arrow reads the rest as one
+block; and what Arrow does not read of a value is read here: the fields the table does not
+declare, and a timestamp's text (``refuse:``)."""
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -39,6 +43,26 @@ def encode(extra: dict[str, object] | None) -> str | None:
     return None if extra is None else msgspec.json.encode(extra).decode()
 
 
+def _kind_type(kind: Kind) -> Any:
+    """The msgspec type a value of ``kind`` decodes as (null always allowed): what it accepts, with
+    a struct's judged fields and a list's items as types of their own."""
+    if kind.children:
+        judged: Any = _struct(kind.children)
+    elif kind.item is not None:
+        judged = list[_kind_type(kind.item)]  # type: ignore[misc]
+    else:
+        accepted = [float if t is int and float in kind.accepted else t for t in kind.accepted]
+        judged = functools.reduce(operator.or_, dict.fromkeys(accepted))
+    return judged | None
+
+
+def _struct(kinds: Sequence[tuple[str, Kind]]) -> Any:
+    """A msgspec Struct of ``kinds``' fields, each optional; other fields are ignored (their names
+    need not be identifiers: they are renamed)."""
+    fields = [(f"f{i}", _kind_type(kind), None) for i, (_, kind) in enumerate(kinds)]
+    return msgspec.defstruct("Judged", fields, rename={f"f{i}": name for i, (name, _) in enumerate(kinds)})
+
+
 @dataclass(frozen=True)
 class DocumentChecks:
     """What is judged of a table's values parsed as documents (built once per decoder)."""
@@ -51,6 +75,11 @@ class DocumentChecks:
     stamps: Sequence[tuple[str, bool]] = ()
     #: ``naive_timestamps``, ``date_only_timestamps``: timestamp text refused (``refuse:``)
     refuse: frozenset[str] = frozenset()
+    #: a value validated against :attr:`kinds` in C: the fast screen of :meth:`sort`
+    _judged: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_judged", msgspec.json.Decoder(_struct(self.kinds)))
 
     def kind_error(self, parsed: dict[str, object]) -> str | None:
         """Why Arrow refuses a field of ``parsed`` by its JSON kind alone, naming it; None if none."""
@@ -60,32 +89,47 @@ class DocumentChecks:
         return None
 
     def sort(
-        self, candidates: list[bytes], index: Sequence[int], bad: dict[int, str], unknown: set[int]
+        self, candidates: list[bytes], index: Sequence[int], bad: dict[int, str]
     ) -> tuple[list[bytes], list[int], list[int]]:
-        """Each of ``candidates`` (``index``: their positions in the chunk) parsed once: one whose
-        JSON kinds Arrow refuses goes to ``bad`` with the field named, one with fields the table
-        does not declare to ``unknown``. Returned: the others with their positions, for Arrow to read
-        as one block, and (by place in ``candidates``) those msgspec could not parse, for Arrow to
-        judge one at a time: its verdict is the one that counts."""
-        decode, known = msgspec.json.decode, self.known
+        """Each of ``candidates`` (``index``: their positions in the chunk) validated once against
+        the JSON kinds Arrow takes for its fields, in C; one it refuses is parsed again to name the
+        field (:meth:`kind_error`), and goes to ``bad``. Returned: the others with their positions,
+        for Arrow to read as one block, and (by place in ``candidates``) those msgspec could not
+        parse, for Arrow to judge one at a time: its verdict is the one that counts."""
+        judge = self._judged.decode
         kept: list[bytes] = []
         kept_index: list[int] = []
         alone: list[int] = []
         for k, value in enumerate(candidates):
             try:
-                parsed = decode(value)
+                judge(value)
+            except msgspec.ValidationError:
+                try:  # (a kind refused before the end was read: the value may be no JSON still)
+                    parsed = msgspec.json.decode(value)
+                except msgspec.DecodeError:
+                    alone.append(k)
+                    continue
+                error = self.kind_error(parsed) if isinstance(parsed, dict) else None
+                if error is not None:
+                    bad[index[k]] = error
+                    continue
             except msgspec.DecodeError:
                 alone.append(k)
                 continue
-            error = self.kind_error(parsed) if isinstance(parsed, dict) else None
-            if error is None:
-                kept.append(value)
-                kept_index.append(index[k])
-                if isinstance(parsed, dict) and any(v is not None for key, v in parsed.items() if key not in known):
-                    unknown.add(index[k])
-            else:
-                bad[index[k]] = error
+            kept.append(value)
+            kept_index.append(index[k])
         return kept, kept_index, alone
+
+    @staticmethod
+    def unreadable(value: bytes) -> bool:
+        """Whether ``value`` is no JSON even to the most lenient reading: Python's parser, with
+        invalid UTF-8 replaced and control characters in strings allowed (what msgspec refuses and
+        Arrow's reader may still take). Arrow refuses such a value too, so asking it is not needed."""
+        try:
+            json.loads(value.decode("utf-8", errors="replace"), strict=False)
+        except ValueError:
+            return True
+        return False
 
     def extra_of(self, value: bytes | None) -> dict[str, object] | None:
         """The fields of the JSON object ``value`` the table does not declare (None: none, or not an object)."""

@@ -90,8 +90,8 @@ def payload(i: int) -> bytes:
     )
 
 
-#: the topics of the poison stages: every 100th record poisoned, and every record
-POISON_TOPICS = {"poison_1": ("-poison1", 100), "poison_100": ("-poison100", 1)}
+#: the topics of the poison stages: every 100th record poisoned, every 10th, and every record
+POISON_TOPICS = {"poison_1": ("-poison1", 100), "poison_10": ("-poison10", 10), "poison_100": ("-poison100", 1)}
 
 
 def poisoned(i: int) -> bytes:
@@ -482,6 +482,11 @@ def stage_poison_1(args: argparse.Namespace) -> dict[str, Any]:
     return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_1"][0]]})
 
 
+def stage_poison_10(args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage, on the same orders with every 10th one poisoned."""
+    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_10"][0]]})
+
+
 def stage_poison_100(args: argparse.Namespace) -> dict[str, Any]:
     """`ingest` as the ``ingest`` stage, on the same orders all poisoned: a batch of dead letters only."""
     return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_100"][0]]})
@@ -826,6 +831,7 @@ STAGES = {
     "ingest_s3": stage_ingest_s3,
     "ingest_rest_s3": stage_ingest_rest_s3,
     "poison_1": stage_poison_1,
+    "poison_10": stage_poison_10,
     "poison_100": stage_poison_100,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
@@ -1007,6 +1013,10 @@ def orchestrate(args: argparse.Namespace) -> None:
         f"{name}_vs_ingest": results[name]["records_per_s"] / results["ingest"]["records_per_s"]
         for name in POISON_TOPICS
     }
+    report["ratios"] |= {
+        f"{name}_rss_vs_ingest": results[name]["peak_rss_mb"] / results["ingest"]["peak_rss_mb"]
+        for name in POISON_TOPICS
+    }
     if "avro_ingest" in results:
         report["ratios"] |= {
             "avro_ingest_vs_ingest": results["avro_ingest"]["records_per_s"] / results["ingest"]["records_per_s"],
@@ -1034,6 +1044,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "ingest_s3": f"ingest, warehouse on S3 (moto), SQLite catalog ({r.get('processes')} processes)",
             "ingest_rest_s3": f"ingest, warehouse on S3 (moto), REST catalog ({r.get('processes')} processes)",
             "poison_1": "ingest, 1% poison (dead letters)",
+            "poison_10": "ingest, 10% poison (dead letters)",
             "poison_100": "ingest, 100% poison (dead letters)",
             "raw_count": "raw librdkafka, tuned fetch, consume() batches, messages counted, untouched",
             "raw": "raw librdkafka, tuned fetch, each value's length read",
@@ -1070,8 +1081,10 @@ def orchestrate(args: argparse.Namespace) -> None:
         f"route_by, one batch into 3 tables by a field's value / one table = {ratios['route_by_vs_ingest']:.2f}"
     )
     console.print(
-        f"poison, one batch: 1% dead letters / all good = {ratios['poison_1_vs_ingest']:.2f}, "
-        f"100% dead letters / all good = {ratios['poison_100_vs_ingest']:.2f} (records/s; was ~1/15 for 100%)"
+        f"poison (a drifted type), one batch / all good, records/s and peak RSS: 1% = "
+        f"{ratios['poison_1_vs_ingest']:.2f} and {ratios['poison_1_rss_vs_ingest']:.2f}, 10% = "
+        f"{ratios['poison_10_vs_ingest']:.2f} and {ratios['poison_10_rss_vs_ingest']:.2f} (targets ≥ 0.8 and 0.6, "
+        f"≤ 1.3), 100% = {ratios['poison_100_vs_ingest']:.2f} and {ratios['poison_100_rss_vs_ingest']:.2f}"
     )
     if "spark" in results:
         spark = results["spark"]
