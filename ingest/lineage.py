@@ -19,7 +19,8 @@ Where events go is openlineage-python's standard configuration (``OPENLINEAGE_UR
 ``openlineage.yml``, ``OPENLINEAGE__*``), or the config's ``lineage:`` block; with none, no event
 is sent. A backend that is down never fails a run: the error is logged and counted.
 
-openlineage-python is imported only here.
+openlineage-python is imported only here, and only by a run with a destination (its import
+takes ~0.2 s): whether there is one is :func:`ingest.config.lineage_spec.configured`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -53,7 +53,7 @@ from openlineage.client.uuid import generate_new_uuid
 
 from ingest.batch_result import BatchResult
 from ingest.config import PipelineConfig
-from ingest.config.lineage_spec import LineageSpec
+from ingest.config.lineage_spec import LineageSpec, configured
 from ingest.ports import TableShape
 
 log = logging.getLogger(__name__)
@@ -74,20 +74,6 @@ class LakehouseIngestRunFacet(RunFacet):
     @staticmethod
     def _get_schema() -> str:
         return FACET_SCHEMA
-
-
-def configured(spec: LineageSpec | None) -> bool:
-    """Whether events go anywhere: the ``lineage:`` block, or openlineage-python's standard
-    configuration (``OPENLINEAGE_URL``, ``OPENLINEAGE_CONFIG``, ``openlineage.yml`` in the working
-    directory or ``~/.openlineage/``, ``OPENLINEAGE__TRANSPORT__*``), unless ``OPENLINEAGE_DISABLED``."""
-    if os.environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true":
-        return False
-    if spec is not None or os.environ.get("OPENLINEAGE_URL"):
-        return True
-    files = [os.environ.get("OPENLINEAGE_CONFIG"), "openlineage.yml", "~/.openlineage/openlineage.yml"]
-    if any(path and Path(path).expanduser().is_file() for path in files):
-        return True
-    return any(key.startswith("OPENLINEAGE__TRANSPORT") for key in os.environ)
 
 
 def client_of(spec: LineageSpec | None) -> OpenLineageClient:

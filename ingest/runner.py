@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from ingest.config import PipelineConfig
+from ingest.config.lineage_spec import configured
 from ingest.core.ledger import TopicPartition
 from ingest.engines.local import LocalEngine, workers_for_backlog
 from ingest.errors import IngestError
@@ -134,6 +135,8 @@ def _progress(config: PipelineConfig) -> Progress:
 
 def _lineage(pipeline: Opened, metrics: RunMetrics | None) -> RunLineage | None:
     """The run's OpenLineage events, when a destination is configured (``lineage:``, ``OPENLINEAGE_URL``, …)."""
+    if not configured(pipeline.config.lineage):
+        return None  # (and the client, ~0.2 s of imports, is not imported)
     from ingest.lineage import RunLineage
 
     def shapes() -> tuple[TableShape, TableShape | None]:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from ingest.config import parse
-from ingest.lineage import configured, job_name, kafka_namespace, location_naming
+from ingest.config.lineage_spec import configured
+from ingest.lineage import job_name, kafka_namespace, location_naming
 
 BASE = {
     "pipeline": "orders",
@@ -76,3 +77,23 @@ def test_the_block_takes_one_destination() -> None:
 
     with pytest.raises(ConfigError, match="give `url`"):
         parse({**BASE, "lineage": {"namespace": "prod"}})
+
+
+def test_a_run_without_a_destination_imports_no_openlineage_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ingest.runner import _lineage\n"
+        "from ingest.config import parse\n"
+        f"config = parse({BASE!r})\n"
+        "class Opened: pass\n"
+        "opened = Opened(); opened.config = config\n"
+        "assert _lineage(opened, None) is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('openlineage')))\n"
+    )
+    environment = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OPENLINEAGE")}
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environment)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "[]"
