@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.format_names import FORMAT
+from ingest.formats.avro_scan import misfits
 from ingest.formats.avro_schema import Node, record_fields, resolve
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, RegistryDecoder, prefix
@@ -151,7 +152,7 @@ class AvroDecoder(RegistryDecoder):
             f"does not decode as Avro with schema id {reading.schema_id} ({{}}): truncated, corrupt, or written "
             "with another schema than its prefix names"
         )
-        _bisect(block, values, index, 0, len(index), parts, bad, reason)
+        _decode(block, node, PREFIX, values, index, parts, bad, reason)
 
 
 def _read(container: bytes, count: int) -> pa.Table:
@@ -175,6 +176,37 @@ def _rows(decoded: pa.Table, node: Node, fields: pa.Schema) -> pa.Table:
         raise _Bad(str(error)) from None
     assert isinstance(conformed, pa.StructArray)
     return pa.Table.from_struct_array(conformed)
+
+
+def _decode(
+    block: Callable[[list[bytes]], pa.Table],
+    node: Node,
+    start: int,
+    values: list[bytes | None],
+    index: Sequence[int],
+    parts: Parts,
+    bad: dict[int, str],
+    reason: str,
+) -> None:
+    """Decode the values at ``index`` with ``block`` into ``parts`` as one block; when it fails, the
+    values whose bodies (from ``start``) are not one record of ``node`` go to ``bad`` first, found
+    in one pass (:mod:`ingest.formats.avro_scan`), and the others are bisected (normally one block
+    that decodes)."""
+    kept = [values[i] for i in index]
+    try:
+        parts.append((index, block(kept)))  # type: ignore[arg-type]
+        return
+    except _Bad:
+        pass
+    found = misfits(node, kept, start)  # type: ignore[arg-type]
+    if found:
+        bad.update({index[j]: reason.format(why) for j, why in found.items()})
+        index = [i for j, i in enumerate(index) if j not in found]
+        _bisect(block, values, index, 0, len(index), parts, bad, reason)
+        return
+    middle = len(index) // 2 if len(index) > _SINGLES else 1  # what bisection would have tried next
+    _bisect(block, values, index, 0, middle, parts, bad, reason)
+    _bisect(block, values, index, middle, len(index), parts, bad, reason)
 
 
 def _bisect(
@@ -240,7 +272,7 @@ class AvroFileDecoder:
                 bad[i] = "value is null (a tombstone); expected an Avro record"
         parts: Parts = []
         reason = "does not decode as Avro with the schema file's schema ({})"
-        _bisect(self._block, values, index, 0, len(index), parts, bad, reason)
+        _decode(self._block, self._node, 0, values, index, parts, bad, reason)
         good = [i for indices, _ in parts for i in indices]
         fields = pa.concat_tables([t for _, t in parts]) if parts else self._field_schema.empty_table()
         whole = good if len(good) != len(values) else None
