@@ -128,7 +128,7 @@ class RawChunk:
             self.key.take(index),
             values,
             lambda i: self.headers(positions[i]),
-            sum(len(v or b"") for v in values),
+            sum(map(len, filter(None, values))),
             None if self.decoded_key is None else self.decoded_key.take(index),
             None if self.header_map is None else self.header_map.take(index),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -47,10 +48,13 @@ def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
     """The records at ``bad``'s positions as dead letters, each with its reason."""
     order = sorted(bad)
     take = pa.array(order, type=pa.int64())
-    headers = []
-    for i in order:
-        raw = chunk.headers(i)
-        headers.append([{"key": k, "value": v} for k, v in raw] if raw else [])
+    raw = [chunk.headers(i) for i in order]
+    headers_type = DEAD_LETTER_SCHEMA.field("headers").type
+    if any(raw):
+        headers = pa.array([[{"key": k, "value": v} for k, v in h] if h else [] for h in raw], type=headers_type)
+    else:  # the usual case: no record has headers, each an empty list
+        empty = pa.array([], type=headers_type.value_type)
+        headers = pa.ListArray.from_arrays(np.zeros(len(order) + 1, np.int32), empty, type=headers_type)
     columns = [
         chunk.topic.take(take),
         chunk.partition.take(take),
@@ -58,7 +62,7 @@ def dead_letters(chunk: RawChunk, bad: Mapping[int, str]) -> pa.Table:
         chunk.timestamp.take(take),
         chunk.key.take(take),
         pa.array([chunk.values[i] for i in order], type=pa.binary()),
-        pa.array(headers, type=DEAD_LETTER_SCHEMA.field("headers").type),
+        headers,
         pa.array([bad[i] for i in order], type=pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=DEAD_LETTER_SCHEMA)
@@ -99,16 +103,21 @@ class SizeLimited:
 
     def decode(self, chunk: RawChunk) -> Decoded:
         limit = self.max_bytes
-        over = {
-            i: f"value is {len(value):,} bytes, over dead_letters.max_value_bytes ({limit:,}); "
-            "raise it to take such records"
-            for i, value in enumerate(chunk.values)
-            if value is not None and len(value) > limit
-        }
-        if not over:
+        values = chunk.values
+        if all(values):  # no tombstone: len() of each, in C
+            sizes = np.fromiter(map(len, cast("list[bytes]", values)), np.int64, len(values))
+        else:
+            sizes = np.fromiter((len(v or b"") for v in values), np.int64, len(values))
+        over = np.flatnonzero(sizes > limit)
+        if not over.size:
             return self.decoder.decode(chunk)
-        decoded = self.decoder.decode(chunk.take([i for i in range(len(chunk)) if i not in over]))
-        return Decoded(decoded.rows, together(dead_letters(chunk, over), decoded.dead_letters), decoded.unknown)
+        reasons = {
+            int(i): f"value is {size:,} bytes, over dead_letters.max_value_bytes ({limit:,}); raise it to take such "
+            "records"
+            for i, size in zip(over.tolist(), sizes[over].tolist(), strict=True)
+        }
+        decoded = self.decoder.decode(chunk.take(np.flatnonzero(sizes <= limit).tolist()))
+        return Decoded(decoded.rows, together(dead_letters(chunk, reasons), decoded.dead_letters), decoded.unknown)
 
 
 class NotFinite:
