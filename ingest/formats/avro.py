@@ -201,7 +201,9 @@ def _decode(
     found = misfits(node, kept, start)  # type: ignore[arg-type]
     if found:
         bad.update({index[j]: reason.format(why) for j, why in found.items()})
-        index = [i for j, i in enumerate(index) if j not in found]
+        keep = np.ones(len(index), np.bool_)
+        keep[list(found)] = False
+        index = np.asarray(index)[keep].tolist()
         _bisect(block, values, index, 0, len(index), parts, bad, reason)
         return
     middle = len(index) // 2 if len(index) > _SINGLES else 1  # what bisection would have tried next

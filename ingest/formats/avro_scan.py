@@ -57,25 +57,29 @@ class _Walk:
         self.broken(idx, ~inside, "the value ends inside its record: cut short")
         return inside
 
-    def varint(self, idx: Ints) -> tuple[Ints, Ints]:
-        """The values of ``idx`` whose next bytes are a varint, and its zigzag-decoded number;
-        their positions moved past it."""
+    def varint(self, idx: Ints, numbers: bool = True) -> tuple[Ints, Ints]:
+        """The values of ``idx`` whose next bytes are a varint, and (``numbers``) its zigzag-decoded
+        number; their positions moved past it."""
         start = self.pos[idx]
-        number = np.zeros(len(idx), np.uint64)
-        size = np.zeros(len(idx), np.int64)
-        live = np.arange(len(idx))
-        for k in range(10):
-            byte = self.buf[start[live] + k]
-            number[live] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-            done = byte < 0x80
-            size[live[done]] = k + 1
-            live = live[~done]
+        byte = self.buf[start]  # the first byte of all, then the next of those that go on
+        number = (byte & 0x7F).astype(np.uint64) if numbers else byte
+        size = np.ones(len(idx), np.int64)
+        live = np.flatnonzero(byte >= 0x80)
+        for k in range(1, 10):
             if not live.size:
                 break
+            byte = self.buf[start[live] + k]
+            if numbers:
+                number[live] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+            size[live] = k + 1
+            live = live[byte >= 0x80]
+        size[live] = 0  # still going after ten bytes
         self.pos[idx] = start + size
         unended = size == 0
         self.broken(idx, unended, "a number longer than ten bytes")
         keep = ~unended & self.inside(idx)
+        if not numbers:
+            return idx[keep], idx
         decoded = (number >> np.uint64(1)).astype(np.int64) ^ -(number & np.uint64(1)).astype(np.int64)
         return idx[keep], decoded[keep]
 
@@ -97,7 +101,9 @@ class _Walk:
         idx, branch = self.checked(*self.varint(idx), len(branches), "a union branch outside the schema's")
         present = branch != branches.index("null")
         inner = next(b for b in branches if b != "null")
-        return np.sort(np.concatenate([idx[~present], self._present(node, inner, idx[present])]))
+        if present.all():
+            return self._present(node, inner, idx)
+        return np.concatenate([idx[~present], self._present(node, inner, idx[present])])
 
     def _present(self, node: Node, avro: Any, idx: Ints) -> Ints:
         kind = node.kind
@@ -112,7 +118,7 @@ class _Walk:
         if isinstance(avro, dict) and avro.get("type") == "fixed":
             return self.skip(idx, int(avro["size"]))
         if kind in _VARINT:
-            return self.varint(idx)[0]
+            return self.varint(idx, numbers=False)[0]
         if kind == "enum":
             return self.checked(*self.varint(idx), len(node.symbols), "an enum index outside the schema's")[0]
         if kind in _LENGTH:
@@ -152,7 +158,7 @@ class _Walk:
                     more = self._bytes(more)
                 lost = live & ~np.isin(idx, self.node(node.items, more))
                 idx, count = idx[~lost], count[~lost]
-        return np.sort(np.concatenate(done))
+        return np.concatenate(done)
 
 
 def _least(node: Node) -> int:

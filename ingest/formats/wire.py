@@ -97,29 +97,29 @@ def framing_problem(value: bytes | None, part: str = "value") -> str | None:
 
 
 def group(values: list[bytes | None], bad: dict[int, str], part: str = "value") -> dict[int, Sequence[int]]:
-    """The positions of the framed values by schema id; the others go to ``bad`` with the reason."""
+    """The positions of the framed values by schema id; the others go to ``bad`` with the reason.
+    The prefixes are read with numpy, all at once."""
     n = len(values)
-    if n and all(values):
-        lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
-        if int(lengths.min()) >= PREFIX:
-            data = np.frombuffer(b"".join(values), np.uint8)  # type: ignore[arg-type]
-            starts = np.concatenate(([0], np.cumsum(lengths[:-1])))
-            ids = (data[starts + 1].astype(np.int64) << 24) | (data[starts + 2].astype(np.int64) << 16)
-            ids |= (data[starts + 3].astype(np.int64) << 8) | data[starts + 4].astype(np.int64)
-            if not data[starts].any():  # every magic byte is zero
-                unique = np.unique(ids)
-                if len(unique) == 1:
-                    return {int(unique[0]): range(n)}
-                return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
-    groups: dict[int, list[int]] = {}
-    for i, value in enumerate(values):
-        reason = framing_problem(value, part)
-        if reason is not None:
-            bad[i] = reason
-        else:
-            assert value is not None
-            groups.setdefault(struct.unpack_from(">I", value, 1)[0], []).append(i)
-    return dict(groups)
+    if not n:
+        return {}
+    whole = all(values)
+    present = values if whole else [v or b"" for v in values]
+    lengths = np.fromiter(map(len, present), np.int64, n)  # type: ignore[arg-type]
+    # (padded: the prefix of a value shorter than one is read past the end, then set aside)
+    data = np.frombuffer(b"".join(present) + bytes(PREFIX), np.uint8)  # type: ignore[arg-type]
+    starts = np.cumsum(lengths) - lengths
+    framed = (lengths >= PREFIX) & (data[starts] == 0)
+    ids = (data[starts + 1].astype(np.int64) << 24) | (data[starts + 2].astype(np.int64) << 16)
+    ids |= (data[starts + 3].astype(np.int64) << 8) | data[starts + 4].astype(np.int64)
+    if framed.all():
+        unique = np.unique(ids)
+        if len(unique) == 1:
+            return {int(unique[0]): range(n)}
+        return {int(i): np.flatnonzero(ids == i).tolist() for i in unique}
+    for i in np.flatnonzero(~framed).tolist():
+        bad[i] = framing_problem(values[i], part) or "not in the Confluent wire format"
+    positions, ids = np.flatnonzero(framed), ids[framed]
+    return {int(i): positions[ids == i].tolist() for i in np.unique(ids)}
 
 
 def _firsts(chunk: RawChunk, positions: Sequence[int]) -> Firsts:
