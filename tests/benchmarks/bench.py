@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from tests.benchmarks import poison
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results.jsonl")
@@ -88,15 +91,6 @@ def payload(i: int) -> bytes:
             i % 60,
         )
     )
-
-
-#: the topics of the poison stages: every 100th record poisoned, every 10th, and every record
-POISON_TOPICS = {"poison_1": ("-poison1", 100), "poison_10": ("-poison10", 10), "poison_100": ("-poison100", 1)}
-
-
-def poisoned(i: int) -> bytes:
-    """:func:`payload` with a drifted type, the usual poison: ``amount`` a string where a double is declared."""
-    return payload(i).replace(b'"amount":', b'"amount":"').replace(b',"created_at"', b'","created_at"')
 
 
 # --- stages (each runs in its own process) ---------------------------------------------------
@@ -476,20 +470,11 @@ def stage_ingest_rest_s3(args: argparse.Namespace) -> dict[str, Any]:
     return _ingest(args, {"catalog": catalog, "table": f"bench{uuid.uuid4().hex[:8]}.orders"})
 
 
-def stage_poison_1(args: argparse.Namespace) -> dict[str, Any]:
-    """`ingest` as the ``ingest`` stage, on the same orders with every 100th one poisoned (its
-    ``amount`` a string): each poison record a dead letter naming the field."""
-    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_1"][0]]})
-
-
-def stage_poison_10(args: argparse.Namespace) -> dict[str, Any]:
-    """`ingest` as the ``ingest`` stage, on the same orders with every 10th one poisoned."""
-    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_10"][0]]})
-
-
-def stage_poison_100(args: argparse.Namespace) -> dict[str, Any]:
-    """`ingest` as the ``ingest`` stage, on the same orders all poisoned: a batch of dead letters only."""
-    return _ingest(args, {"topics": [args.topic + POISON_TOPICS["poison_100"][0]]})
+def stage_poison(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`ingest` as the ``ingest`` stage (or ``avro_ingest`` for Avro), on the same orders with
+    poison records of one kind among them (:mod:`tests.benchmarks.poison`): each one a dead letter."""
+    stage = poison.MATRIX[name]
+    return _ingest(args, stage.overrides(stage.topic(args.topic), args.registry))
 
 
 def stage_avro_ingest(args: argparse.Namespace) -> dict[str, Any]:
@@ -545,6 +530,7 @@ def _ingest(
             workers_mb = _workers_peak_rss_mb()
     return {
         "records": result.records + result.dead_letters,
+        "dead_letters": result.dead_letters,
         "bytes": result.bytes,
         "seconds": seconds,
         "open_s": open_s,
@@ -830,9 +816,6 @@ STAGES = {
     "avro_ingest": stage_avro_ingest,
     "ingest_s3": stage_ingest_s3,
     "ingest_rest_s3": stage_ingest_rest_s3,
-    "poison_1": stage_poison_1,
-    "poison_10": stage_poison_10,
-    "poison_100": stage_poison_100,
     "fixed": stage_fixed,
     "scaling": stage_scaling,
     "partitions": stage_partitions,
@@ -843,9 +826,10 @@ STAGES = {
     "spawn": stage_spawn,
     "small": stage_small,
 }
+STAGES |= {name: functools.partial(stage_poison, name) for name in poison.MATRIX}
 
 
-def _run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable,
         "-m",
@@ -895,7 +879,8 @@ def main() -> None:
     args.tables_records = args.tables_records or 10 * args.records
     if args.stage:
         result = STAGES[args.stage](args)
-        result["peak_rss_mb"] = peak_rss_mb() + result.pop("children_peak_rss_mb", 0.0)
+        result["workers_peak_rss_mb"] = result.pop("children_peak_rss_mb", 0.0)
+        result["peak_rss_mb"] = peak_rss_mb() + result["workers_peak_rss_mb"]
         print(json.dumps(result))
         return
     orchestrate(args)
@@ -909,14 +894,10 @@ def orchestrate(args: argparse.Namespace) -> None:
     from ingest.kafka.embedded import EmbeddedBroker
 
     console = Console(stderr=True)
-    with EmbeddedBroker() as broker, _registry(console) as registry:
+    with EmbeddedBroker() as broker, registry_server(console) as registry:
         args.bootstrap = broker.bootstrap_servers
-        create_topic(args.bootstrap, args.topic, args.partitions)
-        started = time.perf_counter()
-        produce(
-            args.bootstrap, args.topic, ((i % args.partitions, None, payload(i), None) for i in range(args.records))
-        )
-        console.print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f}s")
+        args.registry = registry
+        good = clean_topics(args, {"json", "avro"}, console)
         create_topic(args.bootstrap, args.topic + "-fixed", 4)
         create_topic(args.bootstrap, args.topic + SMALL_TOPIC, args.partitions)
         produce(
@@ -926,48 +907,30 @@ def orchestrate(args: argparse.Namespace) -> None:
         )
         stages = ["raw_count", "raw", "batch_loop", "naive", "spawn", "small", "ingest", "catchup", "route_by"]
         stages += ["decode", "parquet"]
-        for name, (suffix, every) in POISON_TOPICS.items():
-            create_topic(args.bootstrap, args.topic + suffix, args.partitions)
-            produce(
-                args.bootstrap,
-                args.topic + suffix,
-                (
-                    (i % args.partitions, None, poisoned(i) if i % every == 0 else payload(i), None)
-                    for i in range(args.records)
-                ),
-            )
-            stages.append(name)
         if spark_installed():
             stages.append("spark")
             create_topic(args.bootstrap, args.topic + "-warmup", args.partitions)
             produce(args.bootstrap, args.topic + "-warmup", ((i % 4, None, payload(i), None) for i in range(20_000)))
         else:
             console.print("Spark engine not measured: pip install 'lakehouse-ingest[spark]'")
-        if registry is not None:
-            args.registry = registry
-            schema_id = _register(registry, args.topic + AVRO_TOPIC + "-value")
-            create_topic(args.bootstrap, args.topic + AVRO_TOPIC, args.partitions)
-            values = avro_payloads(schema_id, args.records)
-            produce(
-                args.bootstrap,
-                args.topic + AVRO_TOPIC,
-                ((i % args.partitions, None, value, None) for i, value in enumerate(values)),
-            )
-            del values
+        if "avro" in good:
             stages += ["avro_decode", "avro_naive", "avro_ingest"]
         results = {}
         for name in stages:
-            results[name] = _run_stage(name, args)
+            results[name] = run_stage(name, args)
             console.print(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
+        results |= poison.run(
+            args, set(good), good, lambda fmt, topic: poison_topic(args, fmt, topic), run_stage, console.print
+        )
         with _s3_and_rest(console) as storage:  # up only for their stages, not beside the others
             if storage is not None:
                 args.s3, args.rest = storage
                 for name in ("ingest_s3", "ingest_rest_s3"):
-                    results[name] = _run_stage(name, args)
+                    results[name] = run_stage(name, args)
                     console.print(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
-        fixed = _run_stage("fixed", args)["per_batch_s"]
-        scaling = _run_stage("scaling", args)["records_per_s_by_batch_size"]
-        by_partitions = _run_stage("partitions", args)["by_partitions"]
+        fixed = run_stage("fixed", args)["per_batch_s"]
+        scaling = run_stage("scaling", args)["records_per_s_by_batch_size"]
+        by_partitions = run_stage("partitions", args)["by_partitions"]
         started = time.perf_counter()
         _topics(args.bootstrap, [f"{args.topic}{TABLES_TOPIC}{i:02d}" for i in range(TABLES)], 2)
         for i in range(TABLES):  # the backlog of the 50-table catch-up, spread evenly
@@ -980,7 +943,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         console.print(
             f"produced {args.tables_records:,} records into {TABLES} topics in {time.perf_counter() - started:.1f}s"
         )
-        tables = _run_stage("tables", args)
+        tables = run_stage("tables", args)
     payload_mb = results["raw"]["bytes"] / 1e6
     report = {
         "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
@@ -1009,14 +972,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "route_by_vs_ingest": results["route_by"]["records_per_s"] / results["ingest"]["records_per_s"],
         },
     }
-    report["ratios"] |= {
-        f"{name}_vs_ingest": results[name]["records_per_s"] / results["ingest"]["records_per_s"]
-        for name in POISON_TOPICS
-    }
-    report["ratios"] |= {
-        f"{name}_rss_vs_ingest": results[name]["peak_rss_mb"] / results["ingest"]["peak_rss_mb"]
-        for name in POISON_TOPICS
-    }
+    report["ratios"] |= poison.ratios(results)
     if "avro_ingest" in results:
         report["ratios"] |= {
             "avro_ingest_vs_ingest": results["avro_ingest"]["records_per_s"] / results["ingest"]["records_per_s"],
@@ -1043,9 +999,6 @@ def orchestrate(args: argparse.Namespace) -> None:
             "avro_ingest": f"ingest, Avro values ({r.get('processes')} processes, started by the run)",
             "ingest_s3": f"ingest, warehouse on S3 (moto), SQLite catalog ({r.get('processes')} processes)",
             "ingest_rest_s3": f"ingest, warehouse on S3 (moto), REST catalog ({r.get('processes')} processes)",
-            "poison_1": "ingest, 1% poison (dead letters)",
-            "poison_10": "ingest, 10% poison (dead letters)",
-            "poison_100": "ingest, 100% poison (dead letters)",
             "raw_count": "raw librdkafka, tuned fetch, consume() batches, messages counted, untouched",
             "raw": "raw librdkafka, tuned fetch, each value's length read",
             "batch_loop": "hand-written batch loop (consume(), json.loads, from_pylist, one append)",
@@ -1053,7 +1006,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "spawn": "`ingest run --until-caught-up`, spawn to exit, new tables",
             "small": f"`ingest run`, {SMALL_RECORDS:,} records, spawn to exit",
             "route_by": f"ingest, route_by status into 3 tables ({r.get('processes')} processes)",
-        }.get(name, name)
+        }.get(name, poison.MATRIX[name].label if name in poison.MATRIX else name)
         table.add_row(label, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
     console.print(table)
     ratios = report["ratios"]
@@ -1080,12 +1033,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     console.print(
         f"route_by, one batch into 3 tables by a field's value / one table = {ratios['route_by_vs_ingest']:.2f}"
     )
-    console.print(
-        f"poison (a drifted type), one batch / all good, records/s and peak RSS: 1% = "
-        f"{ratios['poison_1_vs_ingest']:.2f} and {ratios['poison_1_rss_vs_ingest']:.2f}, 10% = "
-        f"{ratios['poison_10_vs_ingest']:.2f} and {ratios['poison_10_rss_vs_ingest']:.2f} (targets ≥ 0.8 and 0.6, "
-        f"≤ 1.3), 100% = {ratios['poison_100_vs_ingest']:.2f} and {ratios['poison_100_rss_vs_ingest']:.2f}"
-    )
+    for line in poison.summary(results):
+        console.print(line)
     if "spark" in results:
         spark = results["spark"]
         console.print(
@@ -1156,8 +1105,39 @@ def _s3_and_rest(console: Any) -> Iterator[tuple[str, str] | None]:
         yield json.dumps(s3.properties()), rest.uri
 
 
+def clean_topics(args: argparse.Namespace, formats: set[str], console: Any) -> dict[str, Any]:
+    """The orders topic, and its Avro twin where ``args.registry`` is set, produced; for each
+    format, the good values of its poison topics by schema id (:func:`poison.run`)."""
+    from ingest.kafka.admin import create_topic, produce
+
+    create_topic(args.bootstrap, args.topic, args.partitions)
+    started = time.perf_counter()
+    produce(args.bootstrap, args.topic, ((i % args.partitions, None, payload(i), None) for i in range(args.records)))
+    console.print(f"produced {args.records:,} records in {time.perf_counter() - started:.1f}s")
+    good: dict[str, Any] = {"json": lambda _: (payload(i) for i in range(args.records))}
+    if "avro" in formats and args.registry is not None:
+        schema_id = poison_topic(args, "avro", args.topic + AVRO_TOPIC)
+        assert schema_id is not None
+        values = avro_payloads(schema_id, args.records)
+        produce(
+            args.bootstrap,
+            args.topic + AVRO_TOPIC,
+            ((i % args.partitions, None, v, None) for i, v in enumerate(values)),
+        )
+        good["avro"] = poison.framed(values)
+    return good
+
+
+def poison_topic(args: argparse.Namespace, fmt: str, topic: str) -> int | None:
+    """``topic`` created; for Avro, its value subject registered: the schema id."""
+    from ingest.kafka.admin import create_topic
+
+    create_topic(args.bootstrap, topic, args.partitions)
+    return _register(args.registry, topic + "-value") if fmt == "avro" else None
+
+
 @contextlib.contextmanager
-def _registry(console: Any) -> Iterator[str | None]:
+def registry_server(console: Any) -> Iterator[str | None]:
     """Apicurio Registry for the Avro stages (its URL), or None where it cannot run (said why)."""
     from tests.services.apicurio import Apicurio, RegistryUnavailable
 
