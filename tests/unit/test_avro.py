@@ -249,6 +249,29 @@ def test_poison_values_become_dead_letters_naming_the_cause() -> None:
     assert decoded.rows.column("id").to_pylist() == [i for i in range(40) if i not in errors]
 
 
+def test_many_values_cut_short_or_lengthened_are_each_a_dead_letter_saying_so_and_the_rest_land() -> None:
+    """A chunk with poison every few records: the values that are not one record of their schema
+    are found in one pass (no bisection down to each), each a dead letter once with what is wrong."""
+    good = [framed(7, ORDER, order(i)) for i in range(300)]
+    values: list[bytes | None] = list(good)
+    short, long = set(range(0, 300, 7)), set(range(3, 300, 11)) - set(range(0, 300, 7))
+    for i in short:
+        values[i] = good[i][:-2]
+    for i in long:
+        values[i] = good[i] + b"\x00"
+    decoder = AvroDecoder(record_fields(json.dumps(ORDER)), Registry((7, ORDER)), "evolve")
+
+    decoded = decoder.decode(chunk(values))
+
+    errors = dict(
+        zip(decoded.dead_letters["offset"].to_pylist(), decoded.dead_letters["error"].to_pylist(), strict=True)
+    )
+    assert sorted(errors) == sorted(short | long)
+    assert all("cut short" in errors[i] for i in short)
+    assert all("bytes are left after its record" in errors[i] for i in long)
+    assert decoded.rows.column("id").to_pylist() == [i for i in range(300) if i not in errors]
+
+
 def test_a_record_short_of_its_schema_that_still_decodes_misaligned_is_caught() -> None:
     """A value one byte short (its last field, an empty string, lost) reads that byte from the next
     value's prefix; the next value, read one byte late, happens to end where it really ends (its
