@@ -2,16 +2,20 @@
 Avro, at 1 % and 10 % of a topic of the benchmark's orders (and a JSON topic all poison), each
 ingested in one batch as the ``ingest`` stage is, to compare with it.
 
-``python -m tests.benchmarks.poison`` runs these stages and the clean one alone (no results kept);
-``make bench`` runs them with the others.
+``python -m tests.benchmarks.poison`` runs these stages and the clean ones alone (its report is
+appended to ``results.jsonl``, ``"suite": "poison"``); ``make bench`` runs them with the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 #: the limit the ``oversized`` stages set (``dead_letters.max_value_bytes``), twice the longest
@@ -229,6 +233,17 @@ def main() -> None:
         console.print(f"{name}: {result['records_per_s']:,.0f} records/s, {result['peak_rss_mb']:,.0f} MB{workers}")
     for line in summary(results):
         console.print(line)
+    report = {
+        "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        "suite": "poison",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "records": args.records,
+        "partitions": args.partitions,
+        "stages": results,
+        "ratios": ratios(results),
+    }
+    with bench.RESULTS.open("a") as out:
+        out.write(json.dumps(report) + "\n")
 
 
 if __name__ == "__main__":
