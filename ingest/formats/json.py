@@ -37,6 +37,8 @@ _SINGLES = 16
 
 _NEWLINE, _BRACE = ord("\n"), ord("{")
 _BOM = b"\xef\xbb\xbf"
+#: the bytes of printable ASCII: a value of only these reads the same to a lenient parser as to a strict one
+_PRINTABLE = bytes(range(0x20, 0x7F))
 
 
 class _Bad(Exception):
@@ -190,8 +192,12 @@ class Decoder:
             self._parse(kept, kept_index, 0, len(kept), parts, bad)
             unknown.update(i for k, i in enumerate(kept_index) if self._checks.extra_of(kept[k]))
         for k in alone:
-            if self._checks.unreadable(candidates[k]):  # no JSON at all: said as Arrow's refusal would be
-                bad[index[k]] = self._explain(candidates[k], "")
+            value = candidates[k]
+            complaint = self._checks.unreadable(value)
+            if complaint is not None:  # no JSON at all: said as Arrow's refusal would be (_explain)
+                # ASCII with no control character reads the same leniently: the complaint is _explain's
+                plain = value.isascii() and not value.translate(None, _PRINTABLE)
+                bad[index[k]] = f"not valid JSON: {complaint}" if plain else self._explain(value, "")
                 continue
             self._parse(candidates, index, k, k + 1, parts, bad)
             if self._checks.extra_of(candidates[k]):

@@ -121,15 +121,16 @@ class DocumentChecks:
         return kept, kept_index, alone
 
     @staticmethod
-    def unreadable(value: bytes) -> bool:
-        """Whether ``value`` is no JSON even to the most lenient reading: Python's parser, with
-        invalid UTF-8 replaced and control characters in strings allowed (what msgspec refuses and
-        Arrow's reader may still take). Arrow refuses such a value too, so asking it is not needed."""
+    def unreadable(value: bytes) -> str | None:
+        """Why ``value`` is no JSON even to the most lenient reading (Python's parser's complaint),
+        with invalid UTF-8 replaced and control characters in strings allowed (what msgspec refuses
+        and Arrow's reader may still take); None if it reads. Arrow refuses such a value too, so
+        asking it is not needed."""
         try:
             json.loads(value.decode("utf-8", errors="replace"), strict=False)
-        except ValueError:
-            return True
-        return False
+        except ValueError as error:
+            return str(error)
+        return None
 
     def extra_of(self, value: bytes | None) -> dict[str, object] | None:
         """The fields of the JSON object ``value`` the table does not declare (None: none, or not an object)."""
