@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.format_names import FORMAT
-from ingest.formats.avro_scan import misfits
+from ingest.formats.avro_scan import walk
 from ingest.formats.avro_schema import Node, record_fields, resolve
 from ingest.formats.rows import assemble, dead_letters
 from ingest.formats.wire import PREFIX, Parts, Reading, RegistryDecoder, prefix
@@ -190,25 +190,29 @@ def _decode(
 ) -> None:
     """Decode the values at ``index`` with ``block`` into ``parts`` as one block; when it fails, the
     values whose bodies (from ``start``) are not one record of ``node`` go to ``bad`` first, found
-    in one pass (:mod:`ingest.formats.avro_scan`), and the others are bisected (normally one block
-    that decodes)."""
+    in one pass (:mod:`ingest.formats.avro_scan`), a value with bytes after its record is read as
+    that record, and the others are bisected (normally one block that decodes)."""
     kept = [values[i] for i in index]
     try:
         parts.append((index, block(kept)))  # type: ignore[arg-type]
         return
     except _Bad:
         pass
-    found = misfits(node, kept, start)  # type: ignore[arg-type]
-    if found:
-        bad.update({index[j]: reason.format(why) for j, why in found.items()})
-        keep = np.ones(len(index), np.bool_)
-        keep[list(found)] = False
-        index = np.asarray(index)[keep].tolist()
-        _bisect(block, values, index, 0, len(index), parts, bad, reason)
+    walked = walk(node, kept, start)  # type: ignore[arg-type]
+    if walked is None or not (walked.misfits or walked.longer):
+        middle = len(index) // 2 if len(index) > _SINGLES else 1  # what bisection would have tried next
+        _bisect(block, values, index, 0, middle, parts, bad, reason)
+        _bisect(block, values, index, middle, len(index), parts, bad, reason)
         return
-    middle = len(index) // 2 if len(index) > _SINGLES else 1  # what bisection would have tried next
-    _bisect(block, values, index, 0, middle, parts, bad, reason)
-    _bisect(block, values, index, middle, len(index), parts, bad, reason)
+    if walked.longer:  # each read as its record, the bytes after it ignored
+        values = list(values)
+        for j, length in walked.longer.items():
+            values[index[j]] = kept[j][:length]  # type: ignore[index]
+    bad.update({index[j]: reason.format(why) for j, why in walked.misfits.items()})
+    keep = np.ones(len(index), np.bool_)
+    keep[list(walked.misfits)] = False
+    index = np.asarray(index)[keep].tolist()
+    _bisect(block, values, index, 0, len(index), parts, bad, reason)
 
 
 def _bisect(

@@ -4,9 +4,10 @@ Polars decodes a block of records, or refuses the whole block without saying whi
 it. To find the poison among thousands of values in one pass, the binary encoding is walked here
 with numpy over all the values together, one field at a time: a varint's length, a string's
 length prefix, a union's branch, an array's blocks. A value is a misfit when the walk leaves its
-bytes (cut short), ends before them (bytes left over), or meets what no encoder writes (a union
+bytes (cut short) or meets what no encoder writes (a union
 branch or an enum index out of range, a negative length, a varint over ten bytes). The misfits
-are set aside; the rest are then decoded by polars as one block, which stays the judge of what it
+are set aside, a value with bytes after its record is read as its record (as confluent-kafka's
+deserializer and fastavro read it); the rest are then decoded by polars as one block, which stays the judge of what it
 decodes (a string that is not UTF-8 is still found by bisection).
 
 The walk follows the resolved writer schema (:class:`~ingest.formats.avro_schema.Node`), so it
@@ -17,6 +18,7 @@ records, arrays and maps.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -181,13 +183,24 @@ def _walkable(node: Node) -> bool:
     return all(_walkable(child) for _, child in node.fields)
 
 
-def misfits(node: Node, values: Sequence[bytes], start: int = 0) -> dict[int, str] | None:
-    """The positions in ``values`` of those whose bytes from ``start`` on are not exactly one
-    record of ``node`` (the writer schema resolved), each with why; None for a schema the walk
-    cannot bound (an array of empty records)."""
+@dataclass(frozen=True)
+class Walked:
+    """What the walk found of each value: those that are not a record of the schema, with why,
+    and the length of those with bytes after their record (as confluent-kafka's deserializer and
+    fastavro read such a value: its record, the rest ignored)."""
+
+    misfits: dict[int, str]
+    longer: dict[int, int]
+
+
+def walk(node: Node, values: Sequence[bytes], start: int = 0) -> Walked | None:
+    """Each of ``values`` walked from ``start`` as one record of ``node`` (the writer schema
+    resolved); None for a schema the walk cannot bound (an array of empty records)."""
     if not _walkable(node):
         return None
-    walk = _Walk(values, start)
-    idx = walk.node(node, np.arange(len(values), dtype=np.int64))
-    walk.broken(idx, walk.ends[idx] > walk.pos[idx], "bytes are left after its record: longer than its schema says")
-    return dict(sorted(walk.why.items()))
+    walked = _Walk(values, start)
+    idx = walked.node(node, np.arange(len(values), dtype=np.int64))
+    over = idx[walked.ends[idx] > walked.pos[idx]]
+    starts = walked.ends - np.fromiter(map(len, values), np.int64, len(values))
+    longer = dict(zip(over.tolist(), (walked.pos[over] - starts[over]).tolist(), strict=True))
+    return Walked(dict(sorted(walked.why.items())), longer)

@@ -1,7 +1,8 @@
 """Where Avro bodies end, found for many values at once (:mod:`ingest.formats.avro_scan`): checked
 against fastavro, which writes the values and reads each one alone. Avro's binary encoding is
-prefix-free, so a value cut short or with bytes added is never one record: the walk must find
-every such value, and must never set aside a value fastavro reads whole."""
+prefix-free, so a value cut short is never a record: the walk must set aside every such value,
+and never one fastavro reads; a value with bytes added is its record and more, read as fastavro
+and confluent-kafka's deserializer read it (the bytes after it ignored)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import fastavro
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.formats.avro_scan import misfits
+from ingest.formats.avro_scan import Walked, walk
 from ingest.formats.avro_schema import resolve
 from tests.unit.test_avro import ORDER, order, plain, record
 
@@ -48,40 +49,50 @@ def orders(draw: st.DrawFn) -> dict[str, Any]:
     return value
 
 
-def reads_whole(value: bytes) -> bool:
-    """Whether fastavro reads ``value`` as one record, to its last byte."""
+def read_length(value: bytes) -> int | None:
+    """How many bytes fastavro reads of ``value`` as one record (None: it cannot)."""
     buffer = io.BytesIO(value)
     try:
         fastavro.schemaless_reader(buffer, PARSED, None)
     except Exception:
-        return False
-    return buffer.tell() == len(value)
+        return None
+    return buffer.tell()
+
+
+def walked(node: Any, values: list[bytes], start: int = 0) -> Walked:
+    found = walk(node, values, start)
+    assert found is not None
+    return found
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(orders(), st.integers(0, 3), st.integers(0, 10_000), st.binary(min_size=1)), min_size=1))
-def test_every_value_cut_short_or_lengthened_is_found_and_no_whole_one(
+def test_every_value_cut_short_is_set_aside_and_a_lengthened_one_read_as_its_record(
     drawn: list[tuple[dict[str, Any], int, int, bytes]],
 ) -> None:
-    values, spoiled = [], set()
+    values, short, long = [], set(), {}
     for i, (value, how, at, extra) in enumerate(drawn):
         encoded = plain(ORDER, value)
         if how == 1:  # cut short
+            short.add(i)
             encoded = encoded[: at % len(encoded)]
         elif how == 2:  # bytes after it
+            long[i] = len(encoded)
             encoded += extra
         elif how == 3:  # a byte changed
             at %= len(encoded)
             encoded = encoded[:at] + bytes([encoded[at] ^ extra[0] or 1]) + encoded[at + 1 :]
-        if how in (1, 2):
-            spoiled.add(i)
         values.append(encoded)
 
-    found = misfits(NODE, values)
+    found = walked(NODE, values)
 
-    assert found is not None
-    assert spoiled <= set(found)
-    assert not any(reads_whole(values[i]) for i in found)  # a changed byte may still read: then it must stay
+    assert short <= set(found.misfits)
+    assert long.items() <= found.longer.items()
+    assert not set(found.misfits) & set(found.longer)
+    assert all(read_length(values[i]) is None for i in found.misfits)  # a changed byte may still read
+    assert all(read_length(values[i]) == n for i, n in found.longer.items())
+    fitting = set(range(len(values))) - set(found.misfits) - set(found.longer)
+    assert all(read_length(values[i]) in (None, len(values[i])) for i in fitting)  # (not UTF-8: polars judges)
 
 
 def test_each_misfit_says_why_and_a_prefix_is_skipped() -> None:
@@ -90,20 +101,19 @@ def test_each_misfit_says_why_and_a_prefix_is_skipped() -> None:
     values = [
         b"\x00" + bytes(4) + good,
         b"\x00" + bytes(4) + good[:-1],
-        b"\x00" + bytes(4) + good + b"\x00",
+        b"\x00" + bytes(4) + good + b"\x07\x07",
         b"\x00" + bytes(4) + b"\xff" * 11,
     ]
-    assert misfits(NODE, values, start=5) == {
-        1: "the value ends inside its record: cut short",
-        2: "bytes are left after its record: longer than its schema says",
-        3: "a number longer than ten bytes",
-    }
+    assert walked(NODE, values, start=5) == Walked(
+        {1: "the value ends inside its record: cut short", 3: "a number longer than ten bytes"},
+        {2: 5 + len(good)},
+    )
     union = resolve(json.dumps(record("U", ("o", ["null", "long"]))))
-    assert misfits(union, [b"\x04\x02"]) == {0: "a union branch outside the schema's 2"}
+    assert walked(union, [b"\x04\x02"]).misfits == {0: "a union branch outside the schema's 2"}
     enum = resolve(json.dumps(record("E", ("e", {"type": "enum", "name": "S", "symbols": ["A", "B"]}))))
-    assert misfits(enum, [b"\x02", b"\x04"]) == {1: "an enum index outside the schema's 2"}
+    assert walked(enum, [b"\x02", b"\x04"]).misfits == {1: "an enum index outside the schema's 2"}
     text = resolve(json.dumps(record("N", ("s", "string"))))
-    assert misfits(text, [long_name, long_name[:50], b"\x01"]) == {
+    assert walked(text, [long_name, long_name[:50], b"\x01"]).misfits == {
         1: "a length that is negative or past the value's end",
         2: "a length that is negative or past the value's end",
     }
@@ -120,14 +130,13 @@ def test_array_blocks_with_their_size_in_bytes_are_walked() -> None:
         "xs": [1, 2, 3],
         "n": 4,
     }
-    assert misfits(node, [value, value[:-1], value + b"\x00", bytes([0x7F]) + value[1:]]) == {
-        1: "the value ends inside its record: cut short",
-        2: "bytes are left after its record: longer than its schema says",
-        3: "a count of items past the value's end",
-    }
+    assert walked(node, [value, value[:-1], value + b"\x00", bytes([0x7F]) + value[1:]]) == Walked(
+        {1: "the value ends inside its record: cut short", 3: "a count of items past the value's end"},
+        {2: len(value)},
+    )
 
 
 def test_an_array_of_empty_records_is_not_walked() -> None:
     """An item of no bytes leaves a corrupt count unbounded: such a schema is left to bisection."""
     schema = record("A", ("xs", {"type": "array", "items": record("E")}))
-    assert misfits(resolve(json.dumps(schema)), [b"\x00"]) is None
+    assert walk(resolve(json.dumps(schema)), [b"\x00"]) is None
