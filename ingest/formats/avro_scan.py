@@ -43,7 +43,8 @@ class _Walk:
     def __init__(self, values: Sequence[bytes], start: int) -> None:
         lengths = np.fromiter(map(len, values), np.int64, len(values))
         self.ends = np.cumsum(lengths)
-        self.pos = self.ends - lengths + start
+        self.starts = self.ends - lengths
+        self.pos = self.starts + start
         # ten bytes of padding: a varint may be read past the last value before its end is checked
         self.buf = np.frombuffer(b"".join(values) + bytes(10), np.uint8)
         self.why: dict[int, str] = {}
@@ -201,6 +202,5 @@ def walk(node: Node, values: Sequence[bytes], start: int = 0) -> Walked | None:
     walked = _Walk(values, start)
     idx = walked.node(node, np.arange(len(values), dtype=np.int64))
     over = idx[walked.ends[idx] > walked.pos[idx]]
-    starts = walked.ends - np.fromiter(map(len, values), np.int64, len(values))
-    longer = dict(zip(over.tolist(), (walked.pos[over] - starts[over]).tolist(), strict=True))
+    longer = dict(zip(over.tolist(), (walked.pos[over] - walked.starts[over]).tolist(), strict=True))
     return Walked(dict(sorted(walked.why.items())), longer)

@@ -112,8 +112,7 @@ class SizeLimited:
         if not over.size:
             return self.decoder.decode(chunk)
         reasons = {
-            int(i): f"value is {size:,} bytes, over dead_letters.max_value_bytes ({limit:,}); raise it to take such "
-            "records"
+            i: f"value is {size:,} bytes, over dead_letters.max_value_bytes ({limit:,}); raise it to take such records"
             for i, size in zip(over.tolist(), sizes[over].tolist(), strict=True)
         }
         decoded = self.decoder.decode(chunk.take(np.flatnonzero(sizes <= limit).tolist()))
