@@ -16,7 +16,6 @@ values parsed one at a time (msgspec), and what is judged of them beside Arrow, 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 from collections.abc import Mapping, Sequence
 
@@ -108,6 +107,8 @@ class Decoder:
         #: what is judged of values parsed one at a time: kinds, undeclared fields, timestamp text
         self._checks = DocumentChecks(kinds, known, stamps, refuse & {"naive_timestamps", "date_only_timestamps"})
         self._probes: dict[str, Decoder] = {}  # one field's decoder, built once, to name what Arrow refused
+        #: the last chunk held poison: Arrow's read of the whole next one, likely refused, is skipped
+        self._poisoned = False
 
     def decode(self, chunk: RawChunk) -> Decoded:
         values = chunk.values
@@ -124,13 +125,15 @@ class Decoder:
                 payload = None
         parts: list[tuple[Sequence[int], pa.Table]] = []
         unknown: set[int] = set()  # positions of the records with fields the table does not declare
-        if len(candidates) > _SINGLES:
+        if len(candidates) > _SINGLES and self._poisoned:  # so was the last chunk: this one likely is too
+            self._poisoned = self._isolate(candidates, index, parts, bad, unknown)
+        elif len(candidates) > _SINGLES:
             try:
                 found: list[int] = []
                 self._keep(self._try(candidates, 0, len(candidates), payload, found), index, parts, bad)
                 unknown.update(index[k] for k in found)
             except _Bad:
-                self._isolate(candidates, index, parts, bad, unknown)
+                self._poisoned = self._isolate(candidates, index, parts, bad, unknown)
         else:
             self._parse(candidates, index, 0, len(candidates), parts, bad, payload)
             unknown.update(i for indices, _ in parts for i in indices if self._checks.extra_of(values[i]))
@@ -139,7 +142,7 @@ class Decoder:
         else:
             good = [i for indices, _ in parts for i in indices]
         fields = pa.concat_tables([t for _, t in parts]).combine_chunks() if parts else self._field_schema.empty_table()
-        if good is not None and any(a > b for a, b in itertools.pairwise(good)):
+        if good is not None and bool((np.diff(np.asarray(good)) < 0).any()):
             order = np.argsort(np.asarray(good), kind="stable")  # a value tried on its own: back in offset order
             fields = fields.take(pa.array(order))
             good = [good[i] for i in order]
@@ -173,8 +176,9 @@ class Decoder:
         parts: list[tuple[Sequence[int], pa.Table]],
         bad: dict[int, str],
         unknown: set[int],
-    ) -> None:
-        """Decode a chunk Arrow refused as a whole (it holds poison) at about the cost of a good one.
+    ) -> bool:
+        """Decode a chunk Arrow refused as a whole (it holds poison) at about the cost of a good one;
+        whether it did hold any (a chunk after a poisoned one comes here without Arrow's refusal).
 
         Each value is validated by msgspec once, in C; one whose JSON kinds Arrow refuses goes to
         ``bad`` with the field named. Arrow reads the others as one block (bisecting only around what it
@@ -182,6 +186,7 @@ class Decoder:
         reading takes it as JSON at all: Arrow's verdict is the one that counts, so no record Arrow
         would take is ever dead-lettered here.
         """
+        before = len(bad)
         kept, kept_index, alone = self._checks.sort(candidates, index, bad)
         try:  # the usual case: the rest read as one block, its undeclared fields found as the fast path finds them
             found: list[int] = []
@@ -202,6 +207,7 @@ class Decoder:
             self._parse(candidates, index, k, k + 1, parts, bad)
             if self._checks.extra_of(candidates[k]):
                 unknown.add(index[k])
+        return len(bad) > before
 
     def _screen(self, values: list[bytes | None], bad: dict[int, str]) -> tuple[list[bytes], Sequence[int]]:
         """The values Arrow's reader may see: those that start like a JSON object.

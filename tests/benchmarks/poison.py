@@ -1,6 +1,7 @@
 """The poison stages of the benchmark: every kind of bad record the project knows, in JSON and in
 Avro, at 1 % and 10 % of a topic of the benchmark's orders (and a JSON topic all poison), each
-ingested in one batch as the ``ingest`` stage is, to compare with it.
+ingested in one batch as the ``ingest`` stage is, to compare with it: each poison run is paired
+with a run of the clean stage just before it, and a stage's ratio is the median of three pairs.
 
 ``python -m tests.benchmarks.poison`` runs these stages and the clean ones alone (its report is
 appended to ``results.jsonl``, ``"suite": "poison"``); ``make bench`` runs them with the others.
@@ -12,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -98,6 +100,13 @@ class Poison:
         return data
 
 
+#: a poison stage's runs, each paired with a run of its clean twin (:func:`run`)
+PAIRS = 3
+#: the clean stage of each format
+CLEAN = {"json": "ingest", "avro": "avro_ingest"}
+#: keys of a poison stage's result: its rate and peak RSS against its clean twin's
+RATE, RSS = "rate_vs_clean", "rss_vs_clean"
+
 JSON_KINDS = {"drift": _drift, "malformed": _malformed, "missing": _missing, "oversized": _oversized_json}
 AVRO_KINDS = {"bad_magic": _bad_magic, "unknown_id": _unknown_id, "truncated": _truncated, "oversized": _oversized_avro}
 
@@ -119,10 +128,15 @@ def run(
     prepare: Callable[[str, str], int | None],
     run_stage: Callable[[str, argparse.Namespace], dict[str, Any]],
     say: Callable[[str], None],
+    pairs: int = PAIRS,
 ) -> dict[str, dict[str, Any]]:
     """Each stage of ``formats`` in turn: its topic created by ``prepare`` (which registers the
-    Avro subject and gives its schema id), filled with ``good[format](schema id)`` spoiled,
-    ingested by ``run_stage``, then deleted (the embedded broker keeps topics in memory)."""
+    Avro subject and gives its schema id), filled with ``good[format](schema id)`` spoiled, then
+    ingested by ``run_stage`` ``pairs`` times, each right after a run of the clean stage of its
+    format, and deleted (the embedded broker keeps topics in memory). A stage's result is its run
+    of the median rate against its clean twin, with the median ratios (:data:`RATE`, :data:`RSS`)
+    and every pair's figures: the host's speed swings by a fifth between runs minutes apart, a
+    pair's runs seconds apart swing together."""
     from confluent_kafka.admin import AdminClient
 
     from ingest.kafka.admin import produce
@@ -135,14 +149,33 @@ def run(
         topic = poison.topic(args.topic)
         values = poison.values(good[poison.format](prepare(poison.format, topic)))
         produce(args.bootstrap, topic, ((i % args.partitions, None, v, None) for i, v in enumerate(values)))
-        results[name] = run_stage(name, args)
-        expected = (args.records + poison.every - 1) // poison.every
-        if results[name]["dead_letters"] != expected or results[name]["records"] != args.records:
-            raise SystemExit(
-                f"{name}: {results[name]['dead_letters']:,} dead letters of {results[name]['records']:,} records, "
-                f"where {expected:,} of {args.records:,} records are poison"
-            )
-        say(f"{name}: {results[name]['records_per_s']:,.0f} records/s")
+        runs = []
+        for _ in range(pairs):
+            clean = run_stage(CLEAN[poison.format], args)
+            dirty = run_stage(name, args)
+            expected = (args.records + poison.every - 1) // poison.every
+            if dirty["dead_letters"] != expected or dirty["records"] != args.records:
+                raise SystemExit(
+                    f"{name}: {dirty['dead_letters']:,} dead letters of {dirty['records']:,} records, "
+                    f"where {expected:,} of {args.records:,} records are poison"
+                )
+            dirty[RATE] = dirty["records_per_s"] / clean["records_per_s"]
+            dirty[RSS] = dirty["peak_rss_mb"] / clean["peak_rss_mb"]
+            runs.append((dirty, clean))
+        median = sorted(runs, key=lambda run: run[0][RATE])[len(runs) // 2][0]
+        results[name] = median | {
+            RSS: statistics.median(dirty[RSS] for dirty, _ in runs),
+            "pairs": [
+                {"records_per_s": dirty["records_per_s"], "clean_records_per_s": clean["records_per_s"]}
+                | {key: dirty[key] for key in (RATE, RSS, "peak_rss_mb")}
+                | {"clean_peak_rss_mb": clean["peak_rss_mb"]}
+                for dirty, clean in runs
+            ],
+        }
+        say(
+            f"{name}: {results[name]['records_per_s']:,.0f} records/s, {results[name][RATE]:.2f}x its clean twin "
+            f"(median of {pairs}: " + ", ".join(f"{dirty[RATE]:.2f}" for dirty, _ in runs) + ")"
+        )
         for future in admin.delete_topics([topic], operation_timeout=30).values():
             future.result()
     return results
@@ -161,13 +194,13 @@ def framed(bodies: list[bytes]) -> Callable[[int | None], Iterator[bytes]]:
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Each poison stage's rate and peak RSS against the clean stage of its format."""
+    """Each poison stage's rate and peak RSS against the clean stage of its format: the median of
+    its pairs (:func:`run`)."""
     out = {}
-    for name, poison in MATRIX.items():
-        clean = results.get("ingest" if poison.format == "json" else "avro_ingest")
-        if name in results and clean is not None:
-            out[f"{name}_vs_clean"] = results[name]["records_per_s"] / clean["records_per_s"]
-            out[f"{name}_rss_vs_clean"] = results[name]["peak_rss_mb"] / clean["peak_rss_mb"]
+    for name in MATRIX:
+        if name in results:
+            out[f"{name}_vs_clean"] = results[name][RATE]
+            out[f"{name}_rss_vs_clean"] = results[name][RSS]
     return out
 
 
@@ -206,6 +239,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--formats", default="json,avro")
     parser.add_argument("--only", help="a comma-separated list of poison stages")
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="runs of each poison stage, each beside a clean one")
     args = parser.parse_args()
     args.topic, args.tables_records, args.s3, args.registry = "bench", 0, None, None
     console = Console(stderr=True)
@@ -227,6 +261,7 @@ def main() -> None:
             lambda fmt, topic: bench.poison_topic(args, fmt, topic),
             bench.run_stage,
             console.print,
+            args.pairs,
         )
     for name, result in results.items():
         workers = f" ({result['workers_peak_rss_mb']:,.0f} MB in workers)" if result.get("workers_peak_rss_mb") else ""

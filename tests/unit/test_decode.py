@@ -464,6 +464,49 @@ def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items: list[tuple[s
     assert all(decoded.dead_letters.column("error").to_pylist())
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(records, min_size=17, max_size=50))
+def test_a_chunk_after_a_poisoned_one_gets_the_verdicts_a_fresh_decoder_gives(items: list[tuple[str, Any]]) -> None:
+    # a decoder whose last chunk held poison screens the next one before Arrow reads it whole
+    values = [render(*payload) if kind == "good" else payload for kind, payload in items]
+    unknown = [good(i, extra=i) for i in range(20)]  # and fields the table does not declare, captured
+    fields = [*FIELDS, Field(EXTRA_COLUMN, "string")]
+    decoder = Decoder(fields, unknown_fields="capture")
+    decoder.decode(chunk([good(i) if i % 5 else b'{"id": "x"}' for i in range(40)]))
+
+    for values in (values, unknown, [good(i) for i in range(30)]):
+        after = decoder.decode(chunk(values))
+        fresh = Decoder(fields, unknown_fields="capture").decode(chunk(values))
+
+        assert after.rows.to_pylist() == fresh.rows.to_pylist()
+        assert after.dead_letters.to_pylist() == fresh.dead_letters.to_pylist()
+        assert after.unknown == fresh.unknown
+
+
+def test_the_chunk_after_a_poisoned_one_is_not_read_whole_by_arrow_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a topic with poison has it in most chunks: Arrow's read of the whole chunk, refused, is spared
+    import ingest.formats.json as json_format
+
+    reads: list[int] = []
+    real = json_format._read
+
+    def counted(payload: bytes, block_size: int, options: Any) -> pa.Table:
+        reads.append(payload.count(b"\n") + 1)
+        return real(payload, block_size, options)
+
+    monkeypatch.setattr(json_format, "_read", counted)
+    decoder = Decoder(FIELDS)
+    poisoned = [good(i, x=str(i)) if i % 10 == 0 else good(i) for i in range(100)]
+
+    assert decoder.decode(chunk(poisoned)).dead_letters.num_rows == 10
+    assert reads == [100, 90]  # refused whole, then the good ones
+    assert decoder.decode(chunk(poisoned)).dead_letters.num_rows == 10
+    assert reads[2:] == [90]  # the good ones only
+    assert decoder.decode(chunk([good(i) for i in range(100)])).dead_letters.num_rows == 0
+    assert decoder.decode(chunk([good(i) for i in range(100)])).dead_letters.num_rows == 0
+    assert reads[3:] == [100, 100]  # screened once more, then read whole first again
+
+
 @pytest.mark.parametrize(
     "values",
     [
