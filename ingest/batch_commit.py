@@ -39,6 +39,7 @@ from ingest.core.commit import Decision, dead_letter_step
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
 from ingest.core.ledger_codec import encode, encode_sync, owed_property, register
 from ingest.core.plan import Batch
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import CommitGaveUp
 from ingest.intents import Append, DataFile
 from ingest.ports import LedgerTable
@@ -65,7 +66,7 @@ class BatchCommit:
     #: the ledger the rows snapshot carries (``batch.ledger(...)``; the marker is added here)
     ledger: Ledger
     files: Sequence[DataFile]
-    dead_letters: pa.Table
+    dead_letters: DeadLetterSpool
     counts: BatchCounts
     max_attempts: int
     #: further summary keys of this pipeline on the rows snapshot (``ingest.<pipeline>.<key>``)
@@ -144,19 +145,25 @@ def commit_batch(
     return Committed(outcome.decision, outcome.snapshot_id, count, sync)
 
 
-def stage_dead_letters(dead: LedgerTable, pipeline: str, batch: Batch, dead_letters: pa.Table) -> Staged:
+def stage_dead_letters(dead: LedgerTable, pipeline: str, batch: Batch, dead_letters: DeadLetterSpool) -> Staged:
     """Write ``dead_letters`` but for those the dead-letter table holds already (below its floor:
-    a re-read after a backward reset) to data files, and the marker naming them; nothing is visible."""
+    a re-read after a backward reset) to data files, a group at a time, and the marker naming
+    them; nothing is visible."""
     if dead_letters.num_rows == 0:
         return Staged(None, [])
     found = observe(dead, pipeline)
     step = dead_letter_step(found.ledger if found else None, batch)
-    kept = _not_held(dead, dead_letters, step.floor)
-    if kept.num_rows == 0:
+    files: list[DataFile] = []
+    count = 0
+    for group in dead_letters.groups():
+        kept = _not_held(dead, group, step.floor)
+        if kept.num_rows:
+            files += dead.write(kept)
+            count += kept.num_rows
+    if count == 0:
         return Staged(None, [])
-    files = dead.write(kept)
     marker = DeadLetterSync(
-        f"dead-letters-{uuid.uuid4().hex[:16]}", files=tuple(f.file_path for f in files), count=kept.num_rows
+        f"dead-letters-{uuid.uuid4().hex[:16]}", files=tuple(f.file_path for f in files), count=count
     )
     return Staged(marker, files)
 
@@ -233,7 +240,7 @@ def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPa
     """``dead_letters`` but for those ``table`` holds already: none at or above ``floor``, the ones
     below it looked up (at the head the handle holds)."""
     c = DEAD_LETTERS
-    below = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    below = pa.repeat(pa.scalar(False), dead_letters.num_rows)
     offsets = dead_letters[c.offset]
     spans: dict[TopicPartition, list[tuple[int, int]]] = {}
     for tp, at in floor.items():
@@ -246,7 +253,7 @@ def _not_held(table: LedgerTable, dead_letters: pa.Table, floor: Mapping[TopicPa
     if not spans:
         return dead_letters
     found = table.dead_letter_coordinates(spans)
-    held = pa.array([False] * dead_letters.num_rows, pa.bool_())
+    held = pa.repeat(pa.scalar(False), dead_letters.num_rows)
     for tp in spans:
         mine = pc.and_(pc.equal(found[c.topic], tp.topic), pc.equal(found[c.partition], tp.partition))
         there = found.filter(mine)[c.offset].combine_chunks()

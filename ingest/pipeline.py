@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
@@ -249,7 +248,7 @@ class Pipeline(Generic[TableT, SourceT]):
         why = too_many(policy.max_ratio, policy.window, policy.min_records, this, before)
         if why is None:
             return
-        reasons = Counter(produced.dead_letters.column("error").to_pylist()).most_common(3)
+        reasons = produced.dead_letters.commonest_reasons(3)
         listed = "; ".join(f"{n}× {reason}" for reason, n in reasons)
         raise TooManyDeadLetters(
             f"batch {batch.number} of {self.config.pipeline!r}: {why}, over dead_letters.max_ratio "

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch, KafkaView
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.intents import DataFile, RefIntent, SnapshotIntent
 from ingest.progress import Advanced
 from ingest.records import Declared, Decoded, RawChunk
@@ -177,7 +178,7 @@ class Produced:
     """What an engine made of a batch's ranges: committed nowhere yet."""
 
     files: list[DataFile]
-    dead_letters: pa.Table
+    dead_letters: DeadLetterSpool
     records: int
     nbytes: int
     #: newest record timestamp read per partition (ms)

@@ -22,6 +22,7 @@ import pyarrow as pa
 from ingest import arrow_memory, nogc
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.engines.task_spec import TaskSpec
 from ingest.errors import IngestError
 from ingest.intents import DataFile
@@ -29,7 +30,7 @@ from ingest.kafka.reading import Stops
 from ingest.kafka.source import KafkaSource
 from ingest.ports import FileWriter, Produced, ValueDecoder
 from ingest.progress import Advanced
-from ingest.records import DEAD_LETTER_SCHEMA, DEAD_LETTERS, ROWS, Coordinates, RawChunk
+from ingest.records import DEAD_LETTERS, ROWS, Coordinates, RawChunk
 from ingest.route_by.writing import RoutedTables
 
 if TYPE_CHECKING:  # a task writes through the table it is given: importing pyiceberg is the caller's
@@ -142,7 +143,7 @@ def decode_and_write(
     chunk arrives and at ``mid-write`` before the first file is written.
     """
     files: list[DataFile] = []
-    dead: list[pa.Table] = []
+    dead = DeadLetterSpool()
     held: list[pa.Table] = []
     held_rows = records = nbytes = unknown = 0
     timestamps: dict[TopicPartition, int] = {}
@@ -173,14 +174,13 @@ def decode_and_write(
         written = len(files)
         if held_rows >= write_rows:
             write()
-        dead.append(decoded.dead_letters)
+        dead.add(decoded.dead_letters)
         advanced(len(chunk), chunk.nbytes, len(files) - written)
     if held_rows:
         written = len(files)
         write()
         advanced(0, 0, len(files) - written)
-    dead_letters = pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table()
-    return Produced(files, dead_letters, records, nbytes, timestamps, unknown)
+    return Produced(files, dead, records, nbytes, timestamps, unknown)
 
 
 #: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system
@@ -226,8 +226,8 @@ class TaskOutput:
 
     index: int
     files: list[DataFile]
-    #: Arrow IPC stream of the task's dead letters (schema DEAD_LETTER_SCHEMA)
-    dead_letters: bytes
+    #: the task's dead letters, compressed
+    dead_letters: DeadLetterSpool
     records: int
     nbytes: int
     timestamps: dict[TopicPartition, int]
@@ -253,7 +253,7 @@ def run_task(
     return TaskOutput(
         index,
         produced.files,
-        _ipc([produced.dead_letters]),
+        produced.dead_letters,
         produced.records,
         produced.nbytes,
         produced.timestamps,
@@ -261,19 +261,6 @@ def run_task(
         produced.unknown,
         produced.missing,
     )
-
-
-#: a task's dead letters cross to the engine as an LZ4-compressed Arrow stream: a batch of poison
-#: is mostly its raw values and the same few reasons, which LZ4 takes to a fraction at some GB/s
-_DEAD_LETTER_STREAM = pa.ipc.IpcWriteOptions(compression="lz4")
-
-
-def _ipc(tables: Sequence[pa.Table]) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, DEAD_LETTER_SCHEMA, options=_DEAD_LETTER_STREAM) as writer:
-        for table in tables:
-            writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def combine(
@@ -286,10 +273,9 @@ def combine(
     if problem is not None:
         raise incomplete(f"got results that {problem}; nothing was committed. Run again.")
     ordered = sorted(outputs, key=lambda output: output.index)
-    dead = [pa.ipc.open_stream(output.dead_letters).read_all() for output in ordered]
     return Produced(
         files=[f for output in ordered for f in output.files],
-        dead_letters=pa.concat_tables(dead) if dead else DEAD_LETTER_SCHEMA.empty_table(),
+        dead_letters=DeadLetterSpool.joined(output.dead_letters for output in ordered),
         records=sum(output.records for output in ordered),
         nbytes=sum(output.nbytes for output in ordered),
         timestamps=merge_timestamps(output.timestamps for output in ordered),

@@ -16,6 +16,7 @@ import pytest
 
 from ingest.assembly import open_pipeline
 from ingest.core.ledger import TopicPartition
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.engines.local import LocalEngine
 from ingest.engines.task_spec import TaskSpec
 from ingest.engines.tasks import TaskOutput
@@ -171,7 +172,7 @@ def test_an_error_in_a_worker_is_raised_with_its_kind(make_env: MakeEnv) -> None
 
     def meanwhile() -> TaskOutput:
         assert handed.wait(60), "the worker never asked for work"
-        return TaskOutput(0, [], b"", 0, 0, {}, ())
+        return TaskOutput(0, [], DeadLetterSpool(), 0, 0, {}, ())
 
     with pytest.raises(BrokerUnavailable, match="no progress from Kafka"):
         pool.run(1, hand_off, lambda point: None, lambda records, nbytes, files: None, meanwhile)
@@ -182,6 +183,7 @@ WORKER_STUCK = """
 import sys, threading
 from ingest import config
 from ingest.core.ledger import TopicPartition
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.engines.task_spec import TaskSpec
 from ingest.engines.tasks import TaskOutput
 from ingest.engines.workers import Task, WorkerPool
@@ -197,7 +199,7 @@ def hand_off(parts):
 
 def meanwhile():  # this process's own share: nothing, once the worker has its task
     assert handed.wait(120), "the worker never asked for work"
-    return TaskOutput(0, [], b"", 0, 0, {}, ())
+    return TaskOutput(0, [], DeadLetterSpool(), 0, 0, {}, ())
 
 # the points the worker reaches (mid-read: its first chunk is in) are printed as it reports them
 WorkerPool(1).run(1, hand_off, lambda point: print(point, flush=True), lambda *_: None, meanwhile)

@@ -13,6 +13,7 @@ from ingest.core.commit import Decision, dead_letter_step, decide
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import decode, encode, find_ledger
 from ingest.core.plan import Batch
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.testing.memory_state import Crashed, Fault, MemoryFile
 from ingest.testing.memory_table import MemoryCatalog, MemoryTable
 
@@ -212,7 +213,7 @@ def _dead_offsets(dead: MemoryCatalog) -> list[int]:
 
 def _request(dead_letters: pa.Table, records: int = 3) -> BatchCommit:
     counts = BatchCounts(records=records, dead_letters=dead_letters.num_rows)
-    return BatchCommit("orders", BATCH, BATCH.ledger(), [], dead_letters, counts, 3)
+    return BatchCommit("orders", BATCH, BATCH.ledger(), [], DeadLetterSpool.of(dead_letters), counts, 3)
 
 
 def test_dead_letters_are_added_once_the_rows_commit_landed_and_remembered() -> None:

@@ -474,9 +474,9 @@ def test_a_chunk_after_a_poisoned_one_gets_the_verdicts_a_fresh_decoder_gives(it
     decoder = Decoder(fields, unknown_fields="capture")
     decoder.decode(chunk([good(i) if i % 5 else b'{"id": "x"}' for i in range(40)]))
 
-    for values in (values, unknown, [good(i) for i in range(30)]):
-        after = decoder.decode(chunk(values))
-        fresh = Decoder(fields, unknown_fields="capture").decode(chunk(values))
+    for chunk_values in (values, unknown, [good(i) for i in range(30)]):
+        after = decoder.decode(chunk(chunk_values))
+        fresh = Decoder(fields, unknown_fields="capture").decode(chunk(chunk_values))
 
         assert after.rows.to_pylist() == fresh.rows.to_pylist()
         assert after.dead_letters.to_pylist() == fresh.dead_letters.to_pylist()

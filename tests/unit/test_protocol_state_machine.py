@@ -96,6 +96,7 @@ from ingest.core.ledger_codec import (
     registered_pipelines,
 )
 from ingest.core.plan import Batch
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import (
     CommitGaveUp,
     FatalError,
@@ -293,7 +294,7 @@ class Engine:
             raise SchemaAhead(f"records of schema id(s) {ahead}", tuple(ahead), first=first)
         files = self.rows.write(rows_of(good, versions))
         machine.meanwhile(self.writer, "written")
-        return Produced(files, dead_letters_of(bad), len(good) + len(bad), 0, {})
+        return Produced(files, DeadLetterSpool.of(dead_letters_of(bad)), len(good) + len(bad), 0, {})
 
     def close(self) -> None:
         pass

@@ -19,6 +19,7 @@ from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import Found, TopicPartition
 from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch, KafkaView
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import ReplayImpossible
 from ingest.ops.replay import _rollback, roll_back
 from ingest.ops.reset import reset as ingest_reset
@@ -82,7 +83,7 @@ class Engine:
                 "offset": pa.array([o for _, o in bad], pa.int64()),
             }
         )
-        return Produced(self.rows.write(rows), dead, len(good) + len(bad), 0, {})
+        return Produced(self.rows.write(rows), DeadLetterSpool.of(dead), len(good) + len(bad), 0, {})
 
     def close(self) -> None:
         pass

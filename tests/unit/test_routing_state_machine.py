@@ -42,6 +42,7 @@ from ingest.config import PipelineConfig, parse
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import CommitGaveUp, Fenced
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, RoutedTable
@@ -158,7 +159,7 @@ class Engine:
                 DEAD[2]: pa.array([offset for _, offset in bad], pa.int64()),
             }
         )
-        return Produced(files, dead, len(good) + len(bad), 0, {}, missing=frozenset(task.missing))
+        return Produced(files, DeadLetterSpool.of(dead), len(good) + len(bad), 0, {}, missing=frozenset(task.missing))
 
     def close(self) -> None:
         pass

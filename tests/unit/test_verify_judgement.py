@@ -19,6 +19,7 @@ from ingest.core.coverage import Coverage
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import COMPACTION, MAINTENANCE_KEY, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
+from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.ops.blame import change_points
 from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
 from ingest.pipeline import Pipeline
@@ -182,9 +183,8 @@ class Tables:
         batch = plan_batch(None, Kafka().describe(), PlanPolicy("earliest", "fail", 100))
         files = rows.write(_coordinates(ROWS, TP.topic, GOOD))
         counts = BatchCounts(records=len(GOOD), dead_letters=1)
-        request = BatchCommit(
-            "orders", batch, batch.ledger(), files, _coordinates(DEAD_LETTERS, TP.topic, [POISON]), counts, 3
-        )
+        dead_letters = DeadLetterSpool.of(_coordinates(DEAD_LETTERS, TP.topic, [POISON]))
+        request = BatchCommit("orders", batch, batch.ledger(), files, dead_letters, counts, 3)
         assert commit_batch(rows, dead, request) is not None
 
     def add(self, catalog: MemoryCatalog, offsets: list[int], topic: str = TP.topic) -> int:
