@@ -35,7 +35,7 @@ from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
-from ingest.core.ledger_codec import encode
+from ingest.core.ledger_codec import encode, read_extra
 from ingest.errors import CommitGaveUp, PublishRefused
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters, Spans
 from ingest.ports import LedgerTable
@@ -102,7 +102,7 @@ def publish_branch(
     def attempt(number: int) -> None:
         main = observe(dead, pipeline, recovering=True)
         if main is not None and main.ledger.remembers(sync_id):
-            remove_branch(dead, branch)
+            _remove_published(dead, pipeline, branch, sync_id)
             return
         if not owed(rows, pipeline, sync_id):
             return
@@ -136,6 +136,22 @@ def publish_branch(
         ),
         f"dead-letter publish of {branch} on {dead.identifier}",
     )
+
+
+def _remove_published(dead: LedgerTable, pipeline: str, branch: str, sync_id: str) -> None:
+    """Remove ``branch`` if it is still the branch the publish of ``sync_id`` made main (a crash
+    came between the move and the removal): its head is the snapshot on main's line that did the
+    publish's step. A branch of the same name that a later replay forked since is that replay's:
+    main remembers ``sync_id`` for as long as the rows head carries the marker, and every batch
+    settles that marker again."""
+    head = dead.branch_head(branch)
+    if head is None:
+        return
+    for snapshot in dead.ancestry(dead.branch_head(MAIN)):
+        if snapshot.snapshot_id == head:
+            if read_extra(pipeline, snapshot.summary, "synced-by") == sync_id:
+                remove_branch(dead, branch)
+            return
 
 
 def remove_redriven(

@@ -278,3 +278,31 @@ def test_a_delete_on_the_dead_letters_while_a_publish_owes_them_stops_the_runs_u
         pass
     assert offsets(dead, "offset") == Counter({5: 1})
     assert "replay-1" not in dead.refs
+
+
+def test_a_second_replay_of_a_snapshot_keeps_its_dead_letter_branch_while_main_settles_the_first_publish() -> None:
+    """A replay from S published, then a second replay from S (the same branch name) under way: every
+    batch on main settles the first publish's marker (the rows head carries it), and that settle
+    removed whatever dead-letter branch had the name, so the second replay's dead letters went to
+    the dead-letter table's main while its rows were on a branch no one had published."""
+    from ingest.ops.replay import replay
+    from ingest.runner import Run
+
+    source, rows, dead, _, s1 = _batch_1_landed()
+    operator, operator_engine = copy(source, rows, dead)
+    replay(Run(operator, operator_engine), s1.snapshot_id, publish=True)  # type: ignore[arg-type]
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1}) and "replay-1" not in dead.refs
+    again, again_engine = copy(source, rows, dead)
+    replay(Run(again, again_engine), s1.snapshot_id)  # type: ignore[arg-type]
+    assert "replay-1" in dead.refs
+
+    source.produce(TP, 5)
+    late, late_engine = copy(source, rows, dead)
+    late.run_batch(late_engine)  # a batch on main, settling the first publish's marker again
+
+    assert "replay-1" in dead.refs
+    branch = dead.scan("replay-1")
+    assert branch is not None and Counter(branch["offset"].to_pylist()) == Counter({5: 1, 15: 1})
+    continued, continued_engine = copy(source, rows, dead)
+    replay(Run(continued, continued_engine), s1.snapshot_id)  # type: ignore[arg-type]  # run again: continues
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1})  # main's: the second replay's are on its branch
