@@ -468,13 +468,14 @@ def test_every_record_is_a_row_or_a_dead_letter_exactly_once(items: list[tuple[s
 @given(items=st.lists(records, min_size=17, max_size=50))
 def test_a_chunk_after_a_poisoned_one_gets_the_verdicts_a_fresh_decoder_gives(items: list[tuple[str, Any]]) -> None:
     # a decoder whose last chunk held poison screens the next one before Arrow reads it whole
-    values = [render(*payload) if kind == "good" else payload for kind, payload in items]
-    unknown = [good(i, extra=i) for i in range(20)]  # and fields the table does not declare, captured
-    fields = [*FIELDS, Field(EXTRA_COLUMN, "string")]
+    values: list[bytes | None] = [render(*payload) if kind == "good" else payload for kind, payload in items]
+    unknown: list[bytes | None] = [good(i, extra=i) for i in range(20)]  # fields the table does not declare
+    clean: list[bytes | None] = [good(i) for i in range(30)]
+    fields: list[Declared] = [*FIELDS, Field(EXTRA_COLUMN, "string")]
     decoder = Decoder(fields, unknown_fields="capture")
     decoder.decode(chunk([good(i) if i % 5 else b'{"id": "x"}' for i in range(40)]))
 
-    for chunk_values in (values, unknown, [good(i) for i in range(30)]):
+    for chunk_values in (values, unknown, clean):
         after = decoder.decode(chunk(chunk_values))
         fresh = Decoder(fields, unknown_fields="capture").decode(chunk(chunk_values))
 
@@ -496,14 +497,15 @@ def test_the_chunk_after_a_poisoned_one_is_not_read_whole_by_arrow_first(monkeyp
 
     monkeypatch.setattr(json_format, "_read", counted)
     decoder = Decoder(FIELDS)
-    poisoned = [good(i, x=str(i)) if i % 10 == 0 else good(i) for i in range(100)]
+    poisoned: list[bytes | None] = [good(i, x=str(i)) if i % 10 == 0 else good(i) for i in range(100)]
+    clean: list[bytes | None] = [good(i) for i in range(100)]
 
     assert decoder.decode(chunk(poisoned)).dead_letters.num_rows == 10
     assert reads == [100, 90]  # refused whole, then the good ones
     assert decoder.decode(chunk(poisoned)).dead_letters.num_rows == 10
     assert reads[2:] == [90]  # the good ones only
-    assert decoder.decode(chunk([good(i) for i in range(100)])).dead_letters.num_rows == 0
-    assert decoder.decode(chunk([good(i) for i in range(100)])).dead_letters.num_rows == 0
+    assert decoder.decode(chunk(clean)).dead_letters.num_rows == 0
+    assert decoder.decode(chunk(clean)).dead_letters.num_rows == 0
     assert reads[3:] == [100, 100]  # screened once more, then read whole first again
 
 
