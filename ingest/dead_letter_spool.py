@@ -16,8 +16,6 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.records import DEAD_LETTER_SCHEMA
-
 _STREAM = pa.ipc.IpcWriteOptions(compression="lz4")
 
 #: dead letters decompressed together to be written: a file's worth, well under a batch's budget
@@ -65,20 +63,19 @@ class DeadLetterSpool:
             if held and size + nbytes > max_bytes:
                 yield pa.concat_tables(held)
                 held, size = [], 0
-            held.append(pa.ipc.open_stream(data).read_all())
+            held.append(_table(data))
             size += nbytes
         if held:
             yield pa.concat_tables(held)
-
-    def read_all(self) -> pa.Table:
-        """Every dead letter, decompressed at once."""
-        tables = [pa.ipc.open_stream(data).read_all() for data, _, _ in self._parts]
-        return pa.concat_tables(tables) if tables else DEAD_LETTER_SCHEMA.empty_table()
 
     def commonest_reasons(self, n: int) -> list[tuple[str, int]]:
         """The ``n`` commonest reasons, with how many dead letters give each."""
         counts: Counter[str] = Counter()
         for data, _, _ in self._parts:
-            for found in pc.value_counts(pa.ipc.open_stream(data).read_all()["error"]).to_pylist():
+            for found in pc.value_counts(_table(data)["error"]).to_pylist():
                 counts[found["values"]] += found["counts"]
         return counts.most_common(n)
+
+
+def _table(part: bytes) -> pa.Table:
+    return pa.ipc.open_stream(part).read_all()

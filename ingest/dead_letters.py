@@ -140,18 +140,14 @@ def publish_branch(
 
 def _remove_published(dead: LedgerTable, pipeline: str, branch: str, sync_id: str) -> None:
     """Remove ``branch`` if it is still the branch the publish of ``sync_id`` made main (a crash
-    came between the move and the removal): its head is the snapshot on main's line that did the
-    publish's step. A branch of the same name that a later replay forked since is that replay's:
-    main remembers ``sync_id`` for as long as the rows head carries the marker, and every batch
-    settles that marker again."""
+    came between the move and the removal): its head is the snapshot that did the publish's step
+    (main moved to it, since main remembers ``sync_id``). A branch of the same name that a later
+    replay forked since is that replay's: main remembers ``sync_id`` for as long as the rows head
+    carries the marker, and every batch settles that marker again."""
     head = dead.branch_head(branch)
-    if head is None:
-        return
-    for snapshot in dead.ancestry(dead.branch_head(MAIN)):
-        if snapshot.snapshot_id == head:
-            if read_extra(pipeline, snapshot.summary, "synced-by") == sync_id:
-                remove_branch(dead, branch)
-            return
+    stamp = next(dead.ancestry(head), None) if head is not None else None
+    if stamp is not None and read_extra(pipeline, stamp.summary, "synced-by") == sync_id:
+        remove_branch(dead, branch)
 
 
 def remove_redriven(
