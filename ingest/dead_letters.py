@@ -30,12 +30,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ingest.batch_commit import land_dead_letters, owed
-from ingest.carry_over import carry_over, main_ledgers, remove_branch, uncarryable
+from ingest.carry_over import carry_over, main_ledgers, uncarryable
 from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
-from ingest.core.ledger_codec import encode, read_extra
+from ingest.core.ledger_codec import encode
 from ingest.errors import CommitGaveUp, PublishRefused
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters, Spans
 from ingest.ports import LedgerTable
@@ -96,14 +96,13 @@ def publish_branch(
     dead: LedgerTable, pipeline: str, branch: str, sync_id: str, max_attempts: int, rows: LedgerTable
 ) -> None:
     """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
-    ``sync_id`` on it, then remove the branch; a no-op once main remembers ``sync_id``, or once the
+    ``sync_id`` on it, and remove the branch in the same swap; a no-op once main remembers ``sync_id``, or once the
     rows ledger (``rows``) no longer carries the marker."""
 
     def attempt(number: int) -> None:
         main = observe(dead, pipeline, recovering=True)
         if main is not None and main.ledger.remembers(sync_id):
-            _remove_published(dead, pipeline, branch, sync_id)
-            return
+            return  # (the swap that made the branch main removed it)
         if not owed(rows, pipeline, sync_id):
             return
         head, main_head = dead.branch_head(branch), dead.branch_head(MAIN)
@@ -123,9 +122,9 @@ def publish_branch(
         on_branch = dead.on_branch(branch)
         found = observe(on_branch, pipeline, recovering=True)
         _stamp(on_branch, pipeline, found.ledger if found else None, sync_id, main_ledgers(dead, pipeline, branch))
-        # requires the main head carry_over looked at: a commit since then makes it look again
-        dead.commit(MoveRef(MAIN, on_branch.branch_head(branch) or head, expected=main_head))
-        remove_branch(dead, branch)
+        # requires the main head carry_over looked at: a commit since then makes it look again; and
+        # removes the branch in the same swap, requiring the head stamped here
+        dead.commit(MoveRef(MAIN, on_branch.branch_head(branch) or head, expected=main_head, drop=branch))
 
     with_retries(
         attempt,
@@ -136,18 +135,6 @@ def publish_branch(
         ),
         f"dead-letter publish of {branch} on {dead.identifier}",
     )
-
-
-def _remove_published(dead: LedgerTable, pipeline: str, branch: str, sync_id: str) -> None:
-    """Remove ``branch`` if it is still the branch the publish of ``sync_id`` made main (a crash
-    came between the move and the removal): its head is the snapshot that did the publish's step
-    (main moved to it, since main remembers ``sync_id``). A branch of the same name that a later
-    replay forked since is that replay's: main remembers ``sync_id`` for as long as the rows head
-    carries the marker, and every batch settles that marker again."""
-    head = dead.branch_head(branch)
-    stamp = next(dead.ancestry(head), None) if head is not None else None
-    if stamp is not None and read_extra(pipeline, stamp.summary, "synced-by") == sync_id:
-        remove_branch(dead, branch)
 
 
 def remove_redriven(

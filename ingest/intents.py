@@ -92,12 +92,15 @@ SnapshotIntent = Append | Reapply | Rewrite | RewindDeadLetters | RemoveDeadLett
 @dataclass(frozen=True)
 class MoveRef:
     """Point branch (or ``tag``) ``name`` at ``snapshot_id``, requiring it to point at ``expected``
-    (None: that it does not exist yet)."""
+    (None: that it does not exist yet); with ``drop``, remove that branch in the same swap, requiring
+    it to point at ``snapshot_id`` (a publish: main takes the branch's place, and no commit can land
+    on the branch once main has left it)."""
 
     name: str
     snapshot_id: int
     expected: int | None
     tag: bool = False
+    drop: str | None = None
 
 
 @dataclass(frozen=True)

@@ -174,10 +174,13 @@ def ref_change(intent: RefIntent, table: Table) -> tuple[tuple[TableUpdate, ...]
     """The metadata updates of ``intent`` and the requirements that make it a compare-and-swap on
     what ``table`` (the handle's metadata) shows."""
     match intent:
-        case MoveRef(name, snapshot_id, expected, tag):
+        case MoveRef(name, snapshot_id, expected, tag, drop):
             kind = SnapshotRefType.TAG if tag else SnapshotRefType.BRANCH
             update = SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": kind, "snapshot-id": snapshot_id})
-            return (update,), (ref_is(name, expected),)
+            if drop is None:
+                return (update,), (ref_is(name, expected),)
+            removal = RemoveSnapshotRefUpdate.model_validate({"ref-name": drop})
+            return (update, removal), (ref_is(name, expected), ref_is(drop, snapshot_id))
         case RemoveRef(name, expected):
             return (RemoveSnapshotRefUpdate.model_validate({"ref-name": name}),), (ref_is(name, expected),)
         case Expire(snapshot_ids):

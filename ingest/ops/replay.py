@@ -306,6 +306,10 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
         nonlocal reapplied
         main = observe(rows, name)  # refreshes: the swap requires this main head
         head = rows.branch_head(branch)
+        if head is None and main is not None and main.ledger.sync is not None and main.ledger.sync.branch == branch:
+            # another copy of this command published it (main took the branch's place): its steps are done
+            settle(pipeline.dead, rows, pipeline.config, main.ledger, attempts(pipeline))
+            return rows.branch_head(MAIN), reapplied
         replayed = find_ledger(name, rows.ancestry(head)) if head is not None else None
         # named by the branch's newest batch: a later replay from the same snapshot publishes anew
         sync = DeadLetterSync(f"publish-{branch}-{replayed.snapshot_id if replayed else None}", branch=branch)
@@ -326,6 +330,7 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
         on_dead_branch = replaying.pipeline
         settle(on_dead_branch.dead, on_dead_branch.rows, pipeline.config, replayed.ledger, attempts(pipeline))
         main_head = rows.branch_head(MAIN)
+        moving = None
         try:
             reapplied += carry_over(rows, name, branch)
             # the snapshot main moves to says what the dead-letter table owes it, and keeps every
@@ -333,18 +338,18 @@ def _publish(pipeline: Opened, replaying: Run, branch: str, target: int) -> tupl
             on_branch = rows.on_branch(branch)
             stamp = encode(name, marker(replayed.ledger, sync), BatchCounts(), {"restamped-by": "publish"})
             on_branch.commit(Append([], {**main_ledgers(rows, name, branch), **stamp}))
-            head = on_branch.branch_head(branch)
-            assert head is not None
-            rows.commit(MoveRef(MAIN, head, expected=main_head))
+            moving = on_branch.branch_head(branch)
+            assert moving is not None
+            # main takes the branch's place in one swap: a batch of another copy of this command
+            # cannot land on the branch once main has left it (its dead letters would follow main)
+            rows.commit(MoveRef(MAIN, moving, expected=main_head, drop=branch))
         except (CommitConflict, CommitUnknown):
             rows.refresh()
-            if rows.branch_head(MAIN) != rows.branch_head(branch):
+            if moving is None or rows.branch_head(MAIN) != moving or rows.branch_head(branch) is not None:
                 raise  # main or the branch moved in between: catch up and carry over again
-            head = rows.branch_head(MAIN)  # the unknown outcome was the swap landing
         failpoints.reach("between-tables")
         settle(pipeline.dead, rows, pipeline.config, marker(replayed.ledger, sync), attempts(pipeline))
-        remove_branch(rows, branch)
-        return head, reapplied
+        return moving, reapplied
 
     return with_retries(
         attempt,

@@ -376,14 +376,17 @@ class MemoryTable:
     def _move_refs(self, intent: RefIntent) -> None:
         refs = self.catalog._state.refs
         match intent:
-            case MoveRef(name, snapshot_id, expected, _):
+            case MoveRef(name, snapshot_id, expected, _, drop):
                 if snapshot_id not in self.catalog._state.snapshots:  # pyiceberg's ValueError, as IcebergTable has it
                     raise CommitConflict(f"{self.identifier}: cannot set {name} to unknown snapshot {snapshot_id}")
-                if refs.get(name) != expected:
-                    raise CommitConflict(
-                        f"{self.identifier}: {name} is at {refs.get(name)}, the commit required {expected}"
-                    )
+                for ref, required in ((name, expected), *([(drop, snapshot_id)] if drop is not None else [])):
+                    if refs.get(ref) != required:
+                        raise CommitConflict(
+                            f"{self.identifier}: {ref} is at {refs.get(ref)}, the commit required {required}"
+                        )
                 refs[name] = snapshot_id
+                if drop is not None:
+                    del refs[drop]
             case RemoveRef(name, expected):
                 if refs.get(name) != expected:
                     raise CommitConflict(

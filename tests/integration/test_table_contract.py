@@ -355,6 +355,23 @@ def test_a_ref_moves_and_goes_only_from_where_the_handle_saw_it(table_under_test
     assert reader.branch_head("replay-1") is None
 
 
+def test_a_publish_moves_main_and_drops_the_branch_in_one_swap(table_under_test: Table) -> None:
+    first, second, _ = _three_commits(table_under_test.handles())
+    table = table_under_test.handles()
+    table.refresh()
+    table.commit(MoveRef("replay-1", second, expected=None))
+    main = table.branch_head("main")
+
+    with pytest.raises(CommitConflict):  # the branch moved on since: neither ref changes
+        table.commit(MoveRef("main", first, expected=main, drop="replay-1"))
+    table.refresh()
+    assert table.branch_head("main") == main and table.branch_head("replay-1") == second
+    table.commit(MoveRef("main", second, expected=main, drop="replay-1"))
+    reader = table_under_test.handles()
+    reader.refresh()
+    assert reader.branch_head("main") == second and reader.branch_head("replay-1") is None
+
+
 def test_a_rewrite_replaces_files_by_the_same_rows_on_the_head_it_read(table_under_test: Table) -> None:
     writer = table_under_test.handles()
     writer.refresh()
