@@ -42,6 +42,10 @@ What the machine varies:
   marker before the rollback then settles it late); its commits meet the same faults. Left out:
   a rollback that would discard a batch reading what the snapshot's own line had read (a known
   gap, see :meth:`ProtocolMachine.rollback_targets`).
+* An operator runs ``ingest replay`` (the real :func:`ingest.ops.replay.replay`) from such a
+  snapshot into a branch, to compare or with ``--publish``, from a writer's decoding, also while a
+  writer is mid-batch; the same command may be run again (it continues its branch, and publishes
+  it then), its commits and batches meeting the same faults and interleavings as a writer's.
 * Schemas: the producing service deploys new writer schemas (each adds a column), so a batch may
   read records the table's schema lacks columns for. The loop evolves the table to the subject's
   latest schema before it produces, and to the schemas a produced batch met (the engine raises
@@ -70,7 +74,6 @@ a fault-free writer drains Kafka and the ledger reaches every high watermark: no
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -412,7 +415,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         elif what in ("rollback", "replay") and self.depth == 0 and self.corruption is None:
             self.depth += 1
             try:
-                (self.roll_back if what == "rollback" else self.replay_and_publish)(self.data)
+                (self.roll_back if what == "rollback" else self.run_replay)(self.data)
             finally:
                 self.depth -= 1
 
@@ -582,29 +585,34 @@ class ProtocolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.corruption is None)
     @rule(data=st.data())
     def replay(self, data: st.DataObject) -> None:
-        """An operator replays from a snapshot of the pipeline's into a branch and publishes it (also
+        """An operator replays from a snapshot of the pipeline's into a branch, to compare or to publish (also
         while a writer is mid-batch: :meth:`meanwhile`)."""
         self.data = data
         try:
-            self.replay_and_publish(data)
+            self.run_replay(data)
         finally:
             self.data = None
 
-    def replay_and_publish(self, data: st.DataObject) -> None:
-        """``ingest replay --publish`` (the real :func:`ingest.ops.replay.replay`: a command run again
-        continues its branch) from the operator's own process, with the decoding of one of the
+    def run_replay(self, data: st.DataObject) -> None:
+        """``ingest replay``, to compare or with ``--publish`` (the real :func:`ingest.ops.replay.replay`:
+        a command run again continues its branch) from the operator's own process, with the decoding of one of the
         writers, from a snapshot with the pipeline's ledger on main's line; its commits meet the same
         faults, its batches what happens around a writer's."""
         targets = self.rollback_targets()
+        # the same command again, continuing a replay that died or was refused (an orchestrator's retry)
+        again = sorted(int(ref.removeprefix("replay-")) for ref in self.rows.refs if ref.startswith("replay-"))
+        if again:
+            targets = again if data.draw(st.booleans(), label="the same replay again") else targets
         if not targets:
             return
         target = data.draw(st.sampled_from(targets), label="replays from")
         writer = data.draw(st.integers(0, WRITERS - 1), label="with the decoding of writer")
         operator = Pipeline(config_of(writer), self.source, self.rows.table(), self.dead.table(), [], self.registry)
         run = Run(operator, Engine(self, writer, operator.rows))  # type: ignore[arg-type]
+        publish = data.draw(st.booleans(), label="publish")  # else: a replay to compare, its branch kept
         try:
-            ingest_replay(run, target, publish=True)
-            event("replay: published")
+            ingest_replay(run, target, publish=publish)
+            event(f"replay: {'published' if publish else 'replayed'}")
         except Crashed:
             event("a replay crashed")
         except (CommitGaveUp, MainMoved, Fenced, SchemaMoved, BranchGone):
@@ -863,27 +871,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         for (tp, offset), n in dead.items():
             if tp.topic != TOPIC:
                 continue
-            if n != 1 and os.environ.get("SM_DUMP"):
-                from tests.unit import sm_dump
-
-                sm_dump.dump(self)
             assert n == 1, f"dead letter {tp}@{offset} is {n} times in the dead-letter table"
-            if not as_poison[(tp, offset)] and os.environ.get("SM_DUMP"):
-                from tests.unit import sm_dump
-
-                sm_dump.dump(self)
             assert as_poison[(tp, offset)], f"{tp}@{offset} is a dead letter, no landed batch read it as one"
             assert offset < floor.get(tp, 0), f"dead letter {tp}@{offset} is at or above the floor"
         for record, n in owed.items():
             assert n == 1 and not dead[record], f"{record} owed as a dead letter twice"
             assert as_poison[record], f"{record} owed as a dead letter, no landed batch read it as one"
         for record in as_poison:
-            if dead[record] + owed[record] != 1 and os.environ.get("SM_DUMP"):
-                from tests.unit import sm_dump
-
-                sm_dump.dump(self)
-                import sys
-                print("published", published, "rewind", rewind, "owed", owed, file=sys.stderr)
             assert dead[record] + owed[record] == 1, f"{record} was read as poison, it is no dead letter"
         for tp, end in floor.items():
             for offset in range(end):
@@ -934,10 +928,6 @@ class ProtocolMachine(RuleBasedStateMachine):
             check = judge_partition((tp, start, top), end, kafka, offsets(tp, rows), offsets(tp, dead), claims)
             corrupted = self.corruption is not None and self.corruption.record[0] == tp
             wrong = {self.corruption.kind: [self.corruption.record[1]]} if self.corruption and corrupted else {}
-            if check.found != wrong and os.environ.get("SM_DUMP"):
-                from tests.unit import sm_dump
-
-                sm_dump.dump(self)
             assert check.found == wrong, f"verify: {check}; the corruption: {self.corruption}"
 
     @invariant()
@@ -987,9 +977,8 @@ def _no_backoff() -> Iterator[None]:
 
 ProtocolMachine.TestCase.settings = settings(
     max_examples=400,
-    stateful_step_count=int(os.environ.get("SM_STEPS", 50)),
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    report_multiple_bugs=os.environ.get("SM_ONE_BUG") is None,
 )
 TestProtocol = ProtocolMachine.TestCase

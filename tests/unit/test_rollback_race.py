@@ -21,7 +21,7 @@ from ingest.core.ledger_codec import find_ledger
 from ingest.core.plan import Batch, KafkaView
 from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import ReplayImpossible
-from ingest.ops.replay import _rollback, roll_back
+from ingest.ops.replay import _rollback, replay, roll_back
 from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetTarget
 from ingest.pipeline import Pipeline
@@ -29,6 +29,7 @@ from ingest.ports import Produced
 from ingest.progress import Advanced
 from ingest.records import Declared
 from ingest.retry import without_backoff
+from ingest.runner import Run
 from ingest.testing.memory_kafka import MemorySource
 from ingest.testing.memory_state import Crashed, Fault
 from ingest.testing.memory_table import MemoryCatalog, MemoryTable
@@ -306,3 +307,28 @@ def test_a_second_replay_of_a_snapshot_keeps_its_dead_letter_branch_while_main_s
     continued, continued_engine = copy(source, rows, dead)
     replay(Run(continued, continued_engine), s1.snapshot_id)  # type: ignore[arg-type]  # run again: continues
     assert offsets(dead, "offset") == Counter({5: 1, 15: 1})  # main's: the second replay's are on its branch
+
+
+def test_a_batch_whose_marker_a_publish_left_behind_adds_none_of_its_dead_letters() -> None:
+    """A replay from batch 1 reads [10, 20) on its branch (dead letter 15 on the dead-letter
+    branch). Batch 2 ([10, 20)) lands on main with its marker; before its dead letters are added,
+    the same replay command is run again with --publish: main takes the branch's place, and the
+    dead-letter table's main the dead-letter branch's. Batch 2's marker is left behind: its dead
+    letters must not be added (15 would be in twice), although the dead-letter table never
+    remembered that step."""
+    source, rows, dead, (one, engine), s1 = _batch_1_landed()
+    operator, operator_engine = copy(source, rows, dead)
+    replay(Run(operator, operator_engine), s1.snapshot_id, publish=False)  # type: ignore[arg-type]
+
+    def publish_first(table: MemoryTable) -> Fault:
+        dead.on_commit = lambda table: "ok"
+        again, again_engine = copy(source, rows, dead)
+        published = replay(Run(again, again_engine), s1.snapshot_id, publish=True)  # type: ignore[arg-type]
+        assert published.published is not None
+        return "ok"
+
+    dead.on_commit = publish_first
+    assert one.run_batch(engine).status == "committed"  # its rows: on the line main left
+
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1})
+    assert sum(offsets(rows, "_kafka_offset").values()) == 18
