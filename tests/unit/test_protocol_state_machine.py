@@ -599,17 +599,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         writers, from a snapshot with the pipeline's ledger on main's line; its commits meet the same
         faults, its batches what happens around a writer's."""
         targets = self.rollback_targets()
-        # the same command again, continuing a replay that died or was refused (an orchestrator's retry)
-        again = sorted(int(ref.removeprefix("replay-")) for ref in self.rows.refs if ref.startswith("replay-"))
-        if again:
-            targets = again if data.draw(st.booleans(), label="the same replay again") else targets
+        # a replay whose branch is kept (compared, or one that died or was refused) run again: it
+        # continues the branch, and publishes it (the operator's next step, or an orchestrator's retry)
+        kept = sorted(int(ref.removeprefix("replay-")) for ref in self.rows.refs if ref.startswith("replay-"))
+        again = bool(kept) and data.draw(st.booleans(), label="a kept replay again, to publish")
+        targets = kept if again else targets
         if not targets:
             return
         target = data.draw(st.sampled_from(targets), label="replays from")
         writer = data.draw(st.integers(0, WRITERS - 1), label="with the decoding of writer")
         operator = Pipeline(config_of(writer), self.source, self.rows.table(), self.dead.table(), [], self.registry)
         run = Run(operator, Engine(self, writer, operator.rows))  # type: ignore[arg-type]
-        publish = data.draw(st.booleans(), label="publish")  # else: a replay to compare, its branch kept
+        publish = again or data.draw(st.booleans(), label="publish")  # else: a replay to compare, its branch kept
         try:
             ingest_replay(run, target, publish=publish)
             event(f"replay: {'published' if publish else 'replayed'}")
