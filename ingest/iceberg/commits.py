@@ -105,6 +105,8 @@ def files_added(intent: SnapshotIntent, table: Table) -> list[DataFile]:
         case Append(files):
             return [ours(f) for f in files]
         case Reapply(snapshot_id):
+            if table.metadata.snapshot_by_id(snapshot_id) is None:  # expired since it was listed
+                raise CommitConflict(f"{table.name()}: snapshot {snapshot_id} to re-apply is no longer in the table")
             return added_data_files(table, snapshot_id)
         case Rewrite(_, add):
             return [ours(f) for f in add]

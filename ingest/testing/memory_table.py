@@ -232,8 +232,7 @@ class MemoryTable:
         return self._held.refs.get(branch)
 
     def detached(self) -> MemoryTable:
-        """A copy that writes data files (as a worker's does: in memory, there is no catalog
-        connection or credential to leave out)."""
+        """A copy that writes data files (in memory, no connection or credential to leave out)."""
         return self.on_branch(self._branch)
 
     def on_branch(self, branch: str) -> MemoryTable:
@@ -368,7 +367,9 @@ class MemoryTable:
         return self.catalog._apply(held, self._branch, intent.summary, after, properties, operation, evolved)
 
     def _added_by(self, snapshot_id: int) -> tuple[MemoryFile, ...]:
-        snapshot = self._held.snapshots[snapshot_id]
+        snapshot = self._held.snapshots.get(snapshot_id)
+        if snapshot is None:  # expired since it was listed, as IcebergTable has it
+            raise CommitConflict(f"{self.identifier}: snapshot {snapshot_id} to re-apply is no longer in the table")
         parent = self._held.snapshots.get(snapshot.parent_id) if snapshot.parent_id is not None else None
         before = {f.file_path for f in parent.files} if parent is not None else set()
         return tuple(f for f in snapshot.files if f.file_path not in before)
