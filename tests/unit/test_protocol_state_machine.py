@@ -342,6 +342,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.resets = 0
         self.last_reset: ResetCommand | None = None
         self.corruption: Corruption | None = None
+        #: the writer whose next commit to the dead-letter table an operator's publish precedes
+        self.publish_before_dead_letters: int | None = None
 
     # --- the writers: the real pipeline code ---------------------------------------------------
 
@@ -424,6 +426,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         first (as :meth:`meanwhile`)."""
         if self.data is None:
             return "ok"
+        armed = self.publish_before_dead_letters
+        if armed is not None and table is self.writers[armed][0].dead and self.depth == 0:
+            self.publish_before_dead_letters = None
+            self.depth += 1
+            try:
+                self.run_replay(self.data, kept_only=True)
+            finally:
+                self.depth -= 1
         what = self.data.draw(AT_COMMIT, label="at commit")
         if what not in FAULTS:
             writer = next((i for i, (p, _) in enumerate(self.writers) if table in (p.rows, p.dead)), -1)
@@ -593,7 +603,25 @@ class ProtocolMachine(RuleBasedStateMachine):
         finally:
             self.data = None
 
-    def run_replay(self, data: st.DataObject) -> None:
+    def kept_replays(self) -> list[int]:
+        """The snapshots of the replays whose branch is kept (compared, or one that died or was refused)."""
+        return sorted(int(ref.removeprefix("replay-")) for ref in self.rows.refs if ref.startswith("replay-"))
+
+    @precondition(lambda self: self.corruption is None and self.kept_replays())
+    @rule(data=st.data(), writer=st.integers(0, WRITERS - 1))
+    def publish_while_a_batch_owes_its_dead_letters(self, data: st.DataObject, writer: int) -> None:
+        """A writer's batch whose first commit to the dead-letter table (its own dead letters, once
+        its rows and marker landed; or the settle of the marker it builds on) meets an operator
+        publishing a kept replay first: whatever marker main then leaves behind is owed nothing."""
+        self.data = data
+        self.publish_before_dead_letters = writer
+        try:
+            self.run_batch(writer)
+        finally:
+            self.data = None
+            self.publish_before_dead_letters = None
+
+    def run_replay(self, data: st.DataObject, *, kept_only: bool = False) -> None:
         """``ingest replay``, to compare or with ``--publish`` (the real :func:`ingest.ops.replay.replay`:
         a command run again continues its branch) from the operator's own process, with the decoding of one of the
         writers, from a snapshot with the pipeline's ledger on main's line; its commits meet the same
@@ -601,8 +629,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         targets = self.rollback_targets()
         # a replay whose branch is kept (compared, or one that died or was refused) run again: it
         # continues the branch, and publishes it (the operator's next step, or an orchestrator's retry)
-        kept = sorted(int(ref.removeprefix("replay-")) for ref in self.rows.refs if ref.startswith("replay-"))
-        again = bool(kept) and data.draw(st.booleans(), label="a kept replay again, to publish")
+        kept = self.kept_replays()
+        again = bool(kept) and (kept_only or data.draw(st.booleans(), label="a kept replay again, to publish"))
         targets = kept if again else targets
         if not targets:
             return
