@@ -390,6 +390,18 @@ def test_a_rewrite_replaces_files_by_the_same_rows_on_the_head_it_read(table_und
     assert table_under_test.offsets("main") == list(range(10))
 
 
+def test_reapply_of_a_snapshot_expired_since_it_was_listed_conflicts_and_adds_nothing(table_under_test: Table) -> None:
+    first, second, _ = _three_commits(table_under_test.handles())
+    table_under_test.branch("replay-1", first)
+    table_under_test.expire([second])  # `ingest maintain` between the carry-over's listing and its commit
+    on_branch = table_under_test.on_branch("replay-1")
+    on_branch.refresh()
+
+    with pytest.raises(CommitConflict):
+        on_branch.commit(Reapply(second, {"ingest.reapplied-from": str(second)}))
+    assert table_under_test.offsets("replay-1") == list(range(5))
+
+
 def test_reapply_adds_again_on_a_branch_the_files_a_snapshot_of_main_added(table_under_test: Table) -> None:
     first, _, third = _three_commits(table_under_test.handles())
     table_under_test.branch("replay-1", first)
