@@ -6,9 +6,8 @@ an expiry), never retried or rebased by the library underneath: whoever commits 
 commit does, and the table adapter alone says *how* (pyiceberg's updates and requirements for an
 Iceberg table, see :mod:`ingest.iceberg.commits`).
 
-A new kind of commit (a row delta with delete files, for changelogs) is a new intent here and its
-builder in each table adapter; the commit loop, which observes, decides and settles an unknown
-outcome, stays the same.
+A new kind of commit is a new intent here and its builder in each table adapter; the commit loop,
+which observes, decides and settles an unknown outcome, stays the same.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import pyarrow as pa
 
 from ingest.core.ledger import TopicPartition
 
@@ -85,8 +86,22 @@ class RemoveDeadLetters:
     summary: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class RowDelta:
+    """A snapshot on the branch that deletes the live rows whose ``key`` columns equal a row of
+    ``deleted`` (one column per key column, each key once) and adds ``files``, with ``summary``: a
+    changelog batch (an upsert deletes its key's row and adds the new one; a delete only deletes).
+    Which rows those are is decided on the head the commit requires, so a compaction or another
+    batch in between makes it conflict and decide again, never delete a row it did not see."""
+
+    files: Sequence[DataFile]
+    key: Sequence[str]
+    deleted: pa.Table
+    summary: Mapping[str, str]
+
+
 #: the intents whose commit makes a snapshot (:meth:`~ingest.ports.LedgerTable.commit` returns its id)
-SnapshotIntent = Append | Reapply | Rewrite | RewindDeadLetters | RemoveDeadLetters
+SnapshotIntent = Append | Reapply | Rewrite | RewindDeadLetters | RemoveDeadLetters | RowDelta
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from ingest import records
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
 from ingest.errors import CommitConflict
+from ingest.iceberg.row_delta import stage_row_delta
 from ingest.intents import (
     Append,
     Expire,
@@ -50,6 +51,7 @@ from ingest.intents import (
     RemoveRef,
     RewindDeadLetters,
     Rewrite,
+    RowDelta,
     SnapshotIntent,
     Spans,
 )
@@ -110,6 +112,8 @@ def files_added(intent: SnapshotIntent, table: Table) -> list[DataFile]:
             return added_data_files(table, snapshot_id)
         case Rewrite(_, add):
             return [ours(f) for f in add]
+        case RowDelta(files):
+            return [ours(f) for f in files]
     return []
 
 
@@ -131,6 +135,8 @@ def stage(
             transaction.delete(where, snapshot_properties=summary, branch=branch)
             return None
         # nothing to remove: a delete would make no snapshot, and the summary (a ledger) must land
+    if isinstance(intent, RowDelta):
+        return stage_row_delta(transaction, intent, table, branch, added)
     if isinstance(intent, Append) and intent.properties:
         transaction.set_properties(dict(intent.properties))
     if isinstance(intent, Rewrite):

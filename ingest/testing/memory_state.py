@@ -13,7 +13,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.core.ledger import TopicPartition
-from ingest.intents import DataFile, Spans
+from ingest.intents import (
+    Append,
+    DataFile,
+    Reapply,
+    RemoveDeadLetters,
+    RewindDeadLetters,
+    Rewrite,
+    RowDelta,
+    SnapshotIntent,
+    Spans,
+)
 from ingest.records import DEAD_LETTERS, Coordinates
 
 #: a table's schema: its columns' names, in the order of their field ids
@@ -108,6 +118,43 @@ def without(
             kept.append(replace(f, record_count=data.num_rows, data=data))
             rewritten = True
     return tuple(kept), "overwrite" if rewritten else "delete"
+
+
+def keyed(data: pa.Table, key: Sequence[str], deleted: pa.Table) -> pa.Array:
+    """Which rows of ``data`` have a ``key`` that is a row of ``deleted``."""
+    if not deleted.num_rows:
+        return pa.repeat(pa.scalar(False), data.num_rows)
+    at = data.select(list(key)).append_column("__at", pa.array(range(data.num_rows), pa.int64()))
+    found = at.join(deleted.select(list(key)), list(key), join_type="inner")["__at"]
+    return pc.is_in(pa.array(range(data.num_rows), pa.int64()), found.combine_chunks())
+
+
+def files_after(
+    live: tuple[MemoryFile, ...], intent: SnapshotIntent, added_by: Callable[[int], tuple[MemoryFile, ...]]
+) -> tuple[tuple[MemoryFile, ...], str, Mapping[str, str]]:
+    """The files of the snapshot ``intent`` commits on a head of ``live`` files (``added_by``: the
+    files a snapshot added), its operation as Iceberg names it, and the table properties it sets."""
+    properties: Mapping[str, str] = {}
+    operation = "append"
+    match intent:
+        case Append(files, _, properties):
+            after = live + tuple(memory_file(f) for f in files)
+        case Reapply(snapshot_id, _):
+            after = live + added_by(snapshot_id)
+        case Rewrite(remove, add, _):
+            gone = {f.file_path for f in remove}
+            after = tuple(f for f in live if f.file_path not in gone) + tuple(memory_file(f) for f in add)
+            operation = "replace"
+        case RewindDeadLetters(topics, to, _, gaps):
+            after, operation = without(
+                live, lambda data: pc.or_(past(data, topics, to), in_spans(data, DEAD_LETTERS, gaps))
+            )
+        case RemoveDeadLetters(spans, _):
+            after, operation = without(live, lambda data: in_spans(data, DEAD_LETTERS, spans))
+        case RowDelta(files, key, deleted, _):
+            kept, operation = without(live, lambda data: keyed(data, key, deleted)) if live else ((), "append")
+            after = kept + tuple(memory_file(f) for f in files)
+    return after, operation, properties
 
 
 #: what befalls one commit attempt:

@@ -32,24 +32,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import overload
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.errors import BranchGone, CommitConflict, CommitUnknown, SchemaMoved, WrittenFilesGone
-from ingest.intents import (
-    Append,
-    DataFile,
-    Expire,
-    MoveRef,
-    Reapply,
-    RefIntent,
-    RemoveDeadLetters,
-    RemoveRef,
-    RewindDeadLetters,
-    Rewrite,
-    SnapshotIntent,
-)
+from ingest.intents import DataFile, Expire, MoveRef, RefIntent, RemoveRef, SnapshotIntent
 from ingest.ports import Head
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates, Declared
 from ingest.testing.memory_state import (
@@ -60,9 +47,9 @@ from ingest.testing.memory_state import (
     MemorySnapshot,
     TableState,
     evolved_columns,
+    files_after,
     in_spans,
     memory_file,
-    past,
     without,
 )
 
@@ -344,23 +331,7 @@ class MemoryTable:
         if staged != self._held.schema and self.catalog.schema != self._held.schema:
             raise CommitConflict(f"{self.identifier}: the schema changed since this handle loaded it")
         live = self._held.snapshots[held].files if held is not None else ()
-        properties: Mapping[str, str] = {}
-        operation = "append"
-        match intent:
-            case Append(files, _, properties):
-                after = live + tuple(memory_file(f) for f in files)
-            case Reapply(snapshot_id, _):
-                after = live + self._added_by(snapshot_id)
-            case Rewrite(remove, add, _):
-                gone = {f.file_path for f in remove}
-                after = tuple(f for f in live if f.file_path not in gone) + tuple(memory_file(f) for f in add)
-                operation = "replace"
-            case RewindDeadLetters(topics, to, _, gaps):
-                after, operation = without(
-                    live, lambda data: pc.or_(past(data, topics, to), in_spans(data, DEAD_LETTERS, gaps))
-                )
-            case RemoveDeadLetters(spans, _):
-                after, operation = without(live, lambda data: in_spans(data, DEAD_LETTERS, spans))
+        after, operation, properties = files_after(live, intent, self._added_by)
         # a commit that does not evolve the schema leaves the table's current one (which another
         # writer may have evolved since this handle loaded it) as it is, as Iceberg's appends do
         evolved = staged if staged != self._held.schema else None

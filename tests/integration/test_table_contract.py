@@ -27,7 +27,7 @@ from ingest.iceberg.files import live_data_files
 from ingest.iceberg.layout import open_table
 from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
-from ingest.intents import Append, DataFile, Expire, MoveRef, Reapply, RemoveRef, Rewrite
+from ingest.intents import Append, DataFile, Expire, MoveRef, Reapply, RemoveRef, Rewrite, RowDelta
 from ingest.ports import LedgerTable
 from ingest.records import KAFKA_COLUMNS, Field
 from ingest.testing.memory_table import MemoryCatalog
@@ -400,6 +400,51 @@ def test_reapply_of_a_snapshot_expired_since_it_was_listed_conflicts_and_adds_no
     with pytest.raises(CommitConflict):
         on_branch.commit(Reapply(second, {"ingest.reapplied-from": str(second)}))
     assert table_under_test.offsets("replay-1") == list(range(5))
+
+
+def _keys(*offsets: int) -> pa.Table:
+    return pa.table({"_kafka_partition": pa.array([0] * len(offsets), pa.int32()), "_kafka_offset": offsets})
+
+
+KEY = ("_kafka_partition", "_kafka_offset")
+
+
+def test_a_row_delta_deletes_the_live_rows_of_its_keys_and_adds_its_rows_in_one_snapshot(
+    table_under_test: Table,
+) -> None:
+    writer = table_under_test.handles()
+    writer.refresh()
+    writer.commit(Append(writer.write(rows(0, 5)), {}))
+    writer.commit(Append(writer.write(rows(5, 10)), {}))
+
+    # keys 3 and 7 (in two files) and 12 (in none) change: 3 and 12 have new rows, 7 is deleted
+    upserted = writer.commit(
+        RowDelta(writer.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, _keys(3, 7, 12), {"n": "1"})
+    )
+    assert table_under_test.offsets("main") == [0, 1, 2, 3, 4, 5, 6, 8, 9, 12]
+    assert next(writer.ancestry()).summary.get("n") == "1" and writer.head().snapshot_id == upserted
+
+    # a key whose row is deleted already, and one whose row a row delta added: each row goes once
+    writer.commit(RowDelta([], KEY, _keys(7, 3), {"n": "2"}))
+    assert table_under_test.offsets("main") == [0, 1, 2, 4, 5, 6, 8, 9, 12]
+    writer.commit(RowDelta(writer.write(rows(7, 8)), KEY, _keys(7), {"n": "3"}))
+    assert table_under_test.offsets("main") == [0, 1, 2, 4, 5, 6, 7, 8, 9, 12]
+
+
+def test_a_row_delta_decides_its_rows_on_the_head_it_requires(table_under_test: Table) -> None:
+    writer = table_under_test.handles()
+    writer.refresh()
+    writer.commit(Append(writer.write(rows(0, 5)), {}))
+    stale = table_under_test.handles()
+    stale.refresh()
+    writer.commit(Append(writer.write(rows(2, 3)), {}))  # another copy of key 2 since
+
+    with pytest.raises(CommitConflict):  # nothing applied: the head moved since it read it
+        stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, _keys(2), {}))
+    assert table_under_test.offsets("main") == [0, 1, 2, 2, 3, 4]
+    stale.refresh()
+    stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, _keys(2), {}))
+    assert table_under_test.offsets("main") == [0, 1, 2, 3, 4]
 
 
 def test_reapply_adds_again_on_a_branch_the_files_a_snapshot_of_main_added(table_under_test: Table) -> None:
