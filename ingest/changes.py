@@ -8,6 +8,8 @@ delta: every key the batch touches has its live row deleted, and each key whose 
 offset order of its partition) is an upsert gets that change's row. So a table committed batch by
 batch holds, for every key, the image of its newest committed change, or no row if that deleted it.
 
+A Debezium change event (``changes.envelope: debezium``) becomes changes by :func:`from_debezium`.
+
 A key is expected to stay in one partition (Debezium and keyed producers put a key's changes in
 one); if a batch meets a key in several, the change of the highest partition, then offset, wins.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,3 +57,63 @@ def fold(changes: pa.Table, key: Sequence[str]) -> Folded:
     newest = ordered.take(last[f"{_ORDER}_max"])
     landing = newest.filter(pc.equal(newest[OP], UPSERT))[_INDEX]
     return Folded(landing.take(pc.sort_indices(landing)).combine_chunks(), last.select(names))
+
+
+#: Debezium's ``op`` of a row written: created, read by a snapshot, updated
+DEBEZIUM_UPSERTS = ("c", "r", "u")
+DEBEZIUM_DELETE = "d"
+#: the fields of a Debezium change event the changes are made of (the rest, ``source``, ``ts_ms``
+#: and ``transaction``, describe where it came from)
+BEFORE, AFTER, DEBEZIUM_OP = "before", "after", "op"
+
+
+def from_debezium(events: pa.Table, key: Sequence[str]) -> tuple[pa.Table, dict[int, str]]:
+    """Decoded Debezium change events (their ``before``, ``after`` and ``op``, beside the other
+    columns of a decoded record: the Kafka coordinates and the like) as changes: ``c``, ``r`` and
+    ``u`` upsert the ``after`` image, ``d`` deletes the ``before`` image's key, and an update that
+    changes the key also deletes the old one. Returns the changes (the other columns, the image's
+    columns, :data:`OP`) and, by position in ``events``, the events that are none, with why."""
+    op = events[DEBEZIUM_OP].combine_chunks()
+    before, after = events[BEFORE].combine_chunks(), events[AFTER].combine_chunks()
+    upsert = pc.fill_null(pc.is_in(op, pa.array(DEBEZIUM_UPSERTS)), False)
+    delete = pc.fill_null(pc.equal(op, DEBEZIUM_DELETE), False)
+    why = {
+        i: f"Debezium op {value!r} is not a change of a row (c, r, u, d)"
+        for i, value in enumerate(op.to_pylist())
+        if value not in (*DEBEZIUM_UPSERTS, DEBEZIUM_DELETE)
+    }
+    for image, name, wanted in ((after, AFTER, upsert), (before, BEFORE, delete)):
+        missing = pc.and_(wanted, pc.is_null(image))
+        for i in pc.indices_nonzero(missing).to_pylist():
+            why.setdefault(i, f"Debezium op {op[i].as_py()!r} without the {name!r} image")
+        for column in key:
+            unkeyed = pc.and_(pc.and_(wanted, pc.is_valid(image)), pc.is_null(pc.struct_field(image, column)))
+            for i in pc.indices_nonzero(unkeyed).to_pylist():
+                why.setdefault(i, f"key column {column!r} is null in the {name!r} image")
+    good = pc.invert(pc.is_in(pa.array(range(len(op)), pa.int64()), pa.array(sorted(why), pa.int64())))
+    others = events.drop_columns([BEFORE, AFTER, DEBEZIUM_OP])
+    # an update whose key changed also deletes the old key (before the new one: one offset, two keys)
+    moved = pc.and_(pc.and_(upsert, pc.is_valid(before)), _keys_differ(before, after, key))
+    parts = [
+        _images(others, before, pc.and_(good, pc.or_(delete, moved)), DELETE, after.type, key),
+        _images(others, after, pc.and_(good, upsert), UPSERT, after.type, key),
+    ]
+    return pa.concat_tables(parts), why
+
+
+def _keys_differ(before: pa.StructArray, after: pa.StructArray, key: Sequence[str]) -> pa.Array:
+    differs = [pc.not_equal(pc.struct_field(before, c), pc.struct_field(after, c)) for c in key]
+    return pc.fill_null(reduce(pc.or_, differs), False)
+
+
+def _images(
+    others: pa.Table, image: pa.StructArray, where: pa.Array, op: str, row: pa.StructType, key: Sequence[str]
+) -> pa.Table:
+    """The rows at ``where`` as changes ``op``: ``others`` beside the image's columns (of ``row``'s
+    fields; a delete keeps only its key), and :data:`OP`."""
+    picked = others.filter(where)
+    chosen = image.filter(where)
+    for field in row:
+        column = pc.struct_field(chosen, field.name) if op == UPSERT or field.name in key else None
+        picked = picked.append_column(field, column if column is not None else pa.nulls(len(chosen), field.type))
+    return picked.append_column(OP, pa.array([op] * len(chosen), pa.string()))

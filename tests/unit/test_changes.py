@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.changes import DELETE, OP, UPSERT, fold
+from ingest.changes import DELETE, OP, UPSERT, fold, from_debezium
 from ingest.records import ROWS
 
 #: (partition, key part a, key part b, upsert?) per change, in the order a batch reads them
@@ -84,3 +84,74 @@ def test_two_batches_committed_one_after_the_other_leave_the_fold_of_all_their_c
 def test_an_empty_batch_changes_nothing() -> None:
     folded = fold(as_table([]), ["a", "b"])
     assert folded.rows.to_pylist() == [] and folded.keys.num_rows == 0
+
+
+ROW = pa.struct([("id", pa.int64()), ("name", pa.string())])
+
+
+def events(*changes: tuple[str | None, dict[str, object] | None, dict[str, object] | None]) -> pa.Table:
+    """Decoded Debezium events ``(op, before, after)`` at offsets 0, 1, … of partition 0."""
+    n = len(changes)
+    return pa.table(
+        {
+            ROWS.partition: pa.array([0] * n, pa.int32()),
+            ROWS.offset: pa.array(range(n), pa.int64()),
+            "before": pa.array([c[1] for c in changes], ROW),
+            "after": pa.array([c[2] for c in changes], ROW),
+            "op": pa.array([c[0] for c in changes], pa.string()),
+        }
+    )
+
+
+def test_debezium_creates_reads_and_updates_upsert_the_after_image_and_deletes_delete_the_before_key() -> None:
+    changes, bad = from_debezium(
+        events(
+            ("r", None, {"id": 1, "name": "snapshot"}),
+            ("c", None, {"id": 2, "name": "new"}),
+            ("u", {"id": 1, "name": "snapshot"}, {"id": 1, "name": "renamed"}),
+            ("d", {"id": 2, "name": "new"}, None),
+        ),
+        ["id"],
+    )
+    assert bad == {}
+    as_rows = sorted(changes.select([ROWS.offset, "id", "name", OP]).to_pylist(), key=lambda r: r[ROWS.offset])
+    assert as_rows == [
+        {ROWS.offset: 0, "id": 1, "name": "snapshot", OP: UPSERT},
+        {ROWS.offset: 1, "id": 2, "name": "new", OP: UPSERT},
+        {ROWS.offset: 2, "id": 1, "name": "renamed", OP: UPSERT},
+        {ROWS.offset: 3, "id": 2, "name": None, OP: DELETE},  # only the key of a delete
+    ]
+    folded = fold(changes, ["id"])
+    assert changes.take(folded.rows).select(["id", "name"]).to_pylist() == [{"id": 1, "name": "renamed"}]
+
+
+def test_an_update_that_changes_the_key_deletes_the_old_key_and_upserts_the_new() -> None:
+    changes, bad = from_debezium(
+        events(("c", None, {"id": 1, "name": "a"}), ("u", {"id": 1, "name": "a"}, {"id": 7, "name": "a"})), ["id"]
+    )
+    assert bad == {}
+    folded = fold(changes, ["id"])
+    assert sorted(folded.keys["id"].to_pylist()) == [1, 7]
+    assert changes.take(folded.rows).select(["id", "name"]).to_pylist() == [{"id": 7, "name": "a"}]
+
+
+def test_an_event_that_is_no_change_of_a_keyed_row_says_why_and_the_rest_are_changes() -> None:
+    changes, bad = from_debezium(
+        events(
+            ("t", None, None),
+            ("u", {"id": 1, "name": "x"}, None),
+            ("d", None, None),
+            ("c", None, {"id": None, "name": "no key"}),
+            (None, None, {"id": 3, "name": "no op"}),
+            ("c", None, {"id": 4, "name": "fine"}),
+        ),
+        ["id"],
+    )
+    assert bad == {
+        0: "Debezium op 't' is not a change of a row (c, r, u, d)",
+        1: "Debezium op 'u' without the 'after' image",
+        2: "Debezium op 'd' without the 'before' image",
+        3: "key column 'id' is null in the 'after' image",
+        4: "Debezium op None is not a change of a row (c, r, u, d)",
+    }
+    assert changes.select(["id", OP]).to_pylist() == [{"id": 4, OP: UPSERT}]
