@@ -117,3 +117,72 @@ def _images(
         column = pc.struct_field(chosen, field.name) if op == UPSERT or field.name in key else None
         picked = picked.append_column(field, column if column is not None else pa.nulls(len(chosen), field.type))
     return picked.append_column(OP, pa.array([op] * len(chosen), pa.string()))
+
+
+def from_upserts(rows: pa.Table, key: Sequence[str]) -> tuple[pa.Table, dict[int, str]]:
+    """Decoded records of an upsert topic (``changes.envelope: upsert``: a value is its key's whole
+    row) as upserts; by position, the records that are none (a null key column), with why."""
+    why: dict[int, str] = {}
+    for column in key:
+        for i in pc.indices_nonzero(pc.is_null(rows[column])).to_pylist():
+            why.setdefault(i, f"key column {column!r} is null")
+    good = pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), pa.array(sorted(why), pa.int64())))
+    kept = rows.filter(good)
+    return kept.append_column(OP, pa.array([UPSERT] * kept.num_rows, pa.string())), why
+
+
+def from_tombstones(
+    others: pa.Table, keys: pa.Array, key: Sequence[str], row: pa.Schema
+) -> tuple[pa.Table, dict[int, str]]:
+    """Tombstones of an upsert topic (null values) as deletes of their Kafka key (``keys``, decoded
+    with ``key_format``): a string names the one key column (its value, as that column's type), a
+    structured key the key columns by field name. ``others``: the records' other columns (the Kafka
+    coordinates); ``row``: the rows' columns. By position, the tombstones that delete no key, with why."""
+    why: dict[int, str] = {}
+    columns: dict[str, pa.Array] = {}
+    if pa.types.is_struct(keys.type):
+        names = {keys.type.field(i).name for i in range(keys.type.num_fields)}
+        lacking = [c for c in key if c not in names]
+        if lacking:
+            return _none_of(others, row), dict.fromkeys(range(len(keys)), f"the key has no field {lacking[0]!r}")
+        columns = {c: pc.struct_field(keys, c).cast(row.field(c).type) for c in key}
+    elif len(key) == 1:
+        columns = {key[0]: _cast_each(keys, row.field(key[0]).type, key[0], why)}
+    else:
+        reason = f"a {keys.type} key cannot name the {len(key)} key columns {list(key)}: use a structured key"
+        return _none_of(others, row), dict.fromkeys(range(len(keys)), reason)
+    for column, values in columns.items():
+        for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
+            why.setdefault(i, f"a tombstone whose key gives no {column!r}")
+    good = pc.invert(pc.is_in(pa.array(range(len(keys)), pa.int64()), pa.array(sorted(why), pa.int64())))
+    deletes = others.filter(good)
+    n = deletes.num_rows
+    for field in row:
+        values = columns[field.name].filter(good) if field.name in columns else pa.nulls(n, field.type)
+        deletes = deletes.append_column(field, values)
+    return deletes.append_column(OP, pa.array([DELETE] * n, pa.string())), why
+
+
+def _cast_each(keys: pa.Array, kind: pa.DataType, column: str, why: dict[int, str]) -> pa.Array:
+    """``keys`` as ``kind`` (a string key of a numeric key column, say); a key that is none is null,
+    and ``why`` says so at its position."""
+    try:
+        return keys.cast(kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    values: list[object] = []
+    for i, value in enumerate(keys.to_pylist()):
+        try:
+            values.append(pa.array([value]).cast(kind)[0].as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            values.append(None)
+            why[i] = f"the key {value!r} is no value of key column {column!r} ({kind})"
+    return pa.array(values, kind)
+
+
+def _none_of(others: pa.Table, row: pa.Schema) -> pa.Table:
+    """No change: ``others``' columns and ``row``'s, and :data:`OP`, with no row."""
+    empty = others.slice(0, 0)
+    for field in row:
+        empty = empty.append_column(field, pa.nulls(0, field.type))
+    return empty.append_column(OP, pa.array([], pa.string()))

@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.changes import DELETE, OP, UPSERT, fold, from_debezium
+from ingest.changes import DELETE, OP, UPSERT, fold, from_debezium, from_tombstones, from_upserts
 from ingest.records import ROWS
 
 #: (partition, key part a, key part b, upsert?) per change, in the order a batch reads them
@@ -155,3 +155,42 @@ def test_an_event_that_is_no_change_of_a_keyed_row_says_why_and_the_rest_are_cha
         4: "Debezium op None is not a change of a row (c, r, u, d)",
     }
     assert changes.select(["id", OP]).to_pylist() == [{"id": 4, OP: UPSERT}]
+
+
+def test_an_upsert_topics_values_are_upserts_and_its_tombstones_delete_the_key_they_name() -> None:
+    row = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    values = pa.table(
+        {ROWS.offset: pa.array([0, 2], pa.int64()), "id": pa.array([1, None], pa.int64()), "name": ["a", "b"]}
+    )
+    upserts, bad = from_upserts(values, ["id"])
+    assert bad == {1: "key column 'id' is null"}
+    assert upserts.select(["id", OP]).to_pylist() == [{"id": 1, OP: UPSERT}]
+
+    others = pa.table({ROWS.offset: pa.array([1, 3, 4, 5], pa.int64())})
+    deletes, bad = from_tombstones(others, pa.array(["1", None, "x", "9"]), ["id"], row)
+    assert bad == {1: "a tombstone whose key gives no 'id'", 2: "the key 'x' is no value of key column 'id' (int64)"}
+    assert deletes.select([ROWS.offset, "id", "name", OP]).to_pylist() == [
+        {ROWS.offset: 1, "id": 1, "name": None, OP: DELETE},
+        {ROWS.offset: 5, "id": 9, "name": None, OP: DELETE},
+    ]
+    folded = fold(
+        pa.concat_tables([upserts.select(deletes.column_names).cast(deletes.schema), deletes]).append_column(
+            ROWS.partition, pa.array([0] * 3, pa.int32())
+        ),
+        ["id"],
+    )
+    assert folded.rows.to_pylist() == [] and sorted(folded.keys["id"].to_pylist()) == [1, 9]
+
+
+def test_a_structured_key_names_the_key_columns_by_field() -> None:
+    row = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string())])
+    keys = pa.array(
+        [{"region": "eu", "id": 7}, {"region": "us", "id": None}],
+        pa.struct([("region", pa.string()), ("id", pa.int64())]),
+    )
+    deletes, bad = from_tombstones(pa.table({ROWS.offset: [0, 1]}), keys, ["region", "id"], row)
+    assert bad == {1: "a tombstone whose key gives no 'id'"}
+    assert deletes.select(["region", "id", OP]).to_pylist() == [{"region": "eu", "id": 7, OP: DELETE}]
+
+    _, bad = from_tombstones(pa.table({ROWS.offset: [0]}), pa.array(["eu"]), ["region", "id"], row)
+    assert bad == {0: "a string key cannot name the 2 key columns ['region', 'id']: use a structured key"}
