@@ -13,12 +13,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from ingest.core.commit import Decision, decide
 from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition
 from ingest.core.ledger_codec import REGISTRY_PROPERTY, encode, find_ledger, offsets_key, register, registered_pipelines
 from ingest.core.plan import Batch
 from ingest.errors import CommitGaveUp, LedgerLost
-from ingest.intents import Append, DataFile
+from ingest.intents import Append, DataFile, RowDelta
 from ingest.ports import LedgerTable
 from ingest.retry import with_retries
 
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RowsCommit:
-    """A batch's data files and the ledger they end at, to be committed in one snapshot, exactly once."""
+    """A batch's data files and the ledger they end at (and, of a changelog batch, the rows it
+    deletes), to be committed in one snapshot, exactly once."""
 
     pipeline: str
     batch: Batch
@@ -42,6 +45,17 @@ class RowsCommit:
     recovering: bool = False
     #: table properties the commit sets too
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: a changelog batch's: the key columns and every key it touches, whose live rows the same
+    #: snapshot deletes (:class:`~ingest.intents.RowDelta`); None: the batch only adds rows
+    deletes: KeyDeletes | None = None
+
+
+@dataclass(frozen=True)
+class KeyDeletes:
+    """The rows a changelog batch's commit deletes: the live rows of ``keys`` (columns ``key``)."""
+
+    key: tuple[str, ...]
+    keys: pa.Table
 
 
 @dataclass(frozen=True)
@@ -116,7 +130,13 @@ def commit_rows(table: LedgerTable, request: RowsCommit) -> Outcome:
         if decision is not Decision.COMMIT:
             return Outcome(decision, found.snapshot_id if found else None, found.ledger if found else None)
         props = {**register(table.head().properties, request.pipeline), **request.properties}
-        return Outcome(Decision.COMMIT, table.commit(Append(request.files, summary, props)), request.ledger)
+        deletes = request.deletes
+        intent = (
+            Append(request.files, summary, props)
+            if deletes is None
+            else RowDelta(request.files, deletes.key, deletes.keys, summary, props)
+        )
+        return Outcome(Decision.COMMIT, table.commit(intent), request.ledger)
 
     return with_retries(
         attempt,

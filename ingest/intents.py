@@ -89,7 +89,8 @@ class RemoveDeadLetters:
 @dataclass(frozen=True)
 class RowDelta:
     """A snapshot on the branch that deletes the live rows whose ``key`` columns equal a row of
-    ``deleted`` (one column per key column, each key once) and adds ``files``, with ``summary``: a
+    ``deleted`` (one column per key column, each key once) and adds ``files``, with ``summary`` (and
+    table ``properties`` set in the same commit): a
     changelog batch (an upsert deletes its key's row and adds the new one; a delete only deletes).
     Which rows those are is decided on the head the commit requires, so a compaction or another
     batch in between makes it conflict and decide again, never delete a row it did not see."""
@@ -98,6 +99,7 @@ class RowDelta:
     key: Sequence[str]
     deleted: pa.Table
     summary: Mapping[str, str]
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 #: the intents whose commit makes a snapshot (:meth:`~ingest.ports.LedgerTable.commit` returns its id)

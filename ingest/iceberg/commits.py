@@ -135,10 +135,10 @@ def stage(
             transaction.delete(where, snapshot_properties=summary, branch=branch)
             return None
         # nothing to remove: a delete would make no snapshot, and the summary (a ledger) must land
+    if isinstance(intent, Append | RowDelta) and intent.properties:
+        transaction.set_properties(dict(intent.properties))
     if isinstance(intent, RowDelta):
         return stage_row_delta(transaction, intent, table, branch, added)
-    if isinstance(intent, Append) and intent.properties:
-        transaction.set_properties(dict(intent.properties))
     if isinstance(intent, Rewrite):
         with transaction.update_snapshot(snapshot_properties=summary, branch=branch).overwrite() as overwrite:
             for removed in intent.remove:

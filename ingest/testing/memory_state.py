@@ -151,7 +151,7 @@ def files_after(
             )
         case RemoveDeadLetters(spans, _):
             after, operation = without(live, lambda data: in_spans(data, DEAD_LETTERS, spans))
-        case RowDelta(files, key, deleted, _):
+        case RowDelta(files, key, deleted, _, properties):
             kept, operation = without(live, lambda data: keyed(data, key, deleted)) if live else ((), "append")
             after = kept + tuple(memory_file(f) for f in files)
     return after, operation, properties

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.types import StringType
 
-from ingest.committer import RowsCommit, commit_rows
+from ingest.committer import KeyDeletes, RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import find_ledger
@@ -445,6 +445,33 @@ def test_a_row_delta_decides_its_rows_on_the_head_it_requires(table_under_test: 
     stale.refresh()
     stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, _keys(2), {}))
     assert table_under_test.offsets("main") == [0, 1, 2, 3, 4]
+
+
+def test_a_changelog_batch_landed_by_a_racing_copy_is_not_applied_again(table_under_test: Table) -> None:
+    """Two copies commit the same changelog batch (planned on one ledger): the first's row delta
+    lands with the ledger, the second finds its batch landed and applies nothing (were it applied,
+    it would delete the first's new rows of its keys and add its own: the same rows, but two
+    snapshots of one batch)."""
+    writer = table_under_test.handles()
+    writer.refresh()
+    first = _batch(1, 0, 10)
+    commit_rows(writer, RowsCommit("orders", first, first.ledger(), writer.write(rows(0, 10)), BatchCounts(), 3))
+    one, other = table_under_test.handles(), table_under_test.handles()
+    one.refresh()
+    other.refresh()
+    second = _batch(2, 10, 12, base=first.ledger())
+    deletes = KeyDeletes(KEY, _keys(3, 7, 12))
+
+    def request(table: LedgerTable) -> RowsCommit:
+        files = table.write(pa.concat_tables([rows(3, 4), rows(12, 13)]))
+        return RowsCommit("orders", second, second.ledger(), files, BatchCounts(), 3, deletes=deletes)
+
+    landed = commit_rows(one, request(one))
+    again = commit_rows(other, request(other))
+
+    assert (landed.decision, again.decision) == (Decision.COMMIT, Decision.LANDED)
+    assert again.snapshot_id == landed.snapshot_id
+    assert table_under_test.offsets("main") == [0, 1, 2, 3, 4, 5, 6, 8, 9, 12]
 
 
 def test_reapply_adds_again_on_a_branch_the_files_a_snapshot_of_main_added(table_under_test: Table) -> None:
