@@ -90,7 +90,7 @@ def from_debezium(events: pa.Table, key: Sequence[str]) -> tuple[pa.Table, dict[
             unkeyed = pc.and_(pc.and_(wanted, pc.is_valid(image)), pc.is_null(pc.struct_field(image, column)))
             for i in pc.indices_nonzero(unkeyed).to_pylist():
                 why.setdefault(i, f"key column {column!r} is null in the {name!r} image")
-    good = pc.invert(pc.is_in(pa.array(range(len(op)), pa.int64()), pa.array(sorted(why), pa.int64())))
+    good = _all_but(len(op), why)
     others = events.drop_columns([BEFORE, AFTER, DEBEZIUM_OP])
     # an update whose key changed also deletes the old key (before the new one: one offset, two keys)
     moved = pc.and_(pc.and_(upsert, pc.is_valid(before)), _keys_differ(before, after, key))
@@ -116,7 +116,7 @@ def _images(
     for field in row:
         column = pc.struct_field(chosen, field.name) if op == UPSERT or field.name in key else None
         picked = picked.append_column(field, column if column is not None else pa.nulls(len(chosen), field.type))
-    return picked.append_column(OP, pa.array([op] * len(chosen), pa.string()))
+    return picked.append_column(OP, _ops(op, len(chosen)))
 
 
 def from_upserts(rows: pa.Table, key: Sequence[str]) -> tuple[pa.Table, dict[int, str]]:
@@ -126,9 +126,9 @@ def from_upserts(rows: pa.Table, key: Sequence[str]) -> tuple[pa.Table, dict[int
     for column in key:
         for i in pc.indices_nonzero(pc.is_null(rows[column])).to_pylist():
             why.setdefault(i, f"key column {column!r} is null")
-    good = pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), pa.array(sorted(why), pa.int64())))
+    good = _all_but(rows.num_rows, why)
     kept = rows.filter(good)
-    return kept.append_column(OP, pa.array([UPSERT] * kept.num_rows, pa.string())), why
+    return kept.append_column(OP, _ops(UPSERT, kept.num_rows)), why
 
 
 def from_tombstones(
@@ -154,13 +154,13 @@ def from_tombstones(
     for column, values in columns.items():
         for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
             why.setdefault(i, f"a tombstone whose key gives no {column!r}")
-    good = pc.invert(pc.is_in(pa.array(range(len(keys)), pa.int64()), pa.array(sorted(why), pa.int64())))
+    good = _all_but(len(keys), why)
     deletes = others.filter(good)
     n = deletes.num_rows
     for field in row:
         values = columns[field.name].filter(good) if field.name in columns else pa.nulls(n, field.type)
         deletes = deletes.append_column(field, values)
-    return deletes.append_column(OP, pa.array([DELETE] * n, pa.string())), why
+    return deletes.append_column(OP, _ops(DELETE, n)), why
 
 
 def _cast_each(keys: pa.Array, kind: pa.DataType, column: str, why: dict[int, str]) -> pa.Array:
@@ -185,4 +185,14 @@ def _none_of(others: pa.Table, row: pa.Schema) -> pa.Table:
     empty = others.slice(0, 0)
     for field in row:
         empty = empty.append_column(field, pa.nulls(0, field.type))
-    return empty.append_column(OP, pa.array([], pa.string()))
+    return empty.append_column(OP, _ops(UPSERT, 0))
+
+
+def _all_but(n: int, why: dict[int, str]) -> pa.Array:
+    """Which of ``n`` records are changes: those ``why`` does not name."""
+    return pc.invert(pc.is_in(pa.array(range(n), pa.int64()), pa.array(sorted(why), pa.int64())))
+
+
+def _ops(op: str, n: int) -> pa.Array:
+    """:data:`OP`'s column of ``n`` changes ``op``."""
+    return pa.array([op] * n, pa.string())

@@ -96,8 +96,8 @@ def publish_branch(
     dead: LedgerTable, pipeline: str, branch: str, sync_id: str, max_attempts: int, rows: LedgerTable
 ) -> None:
     """Make dead-letter branch ``branch`` main (carrying other writers' appends over), remembering
-    ``sync_id`` on it, and remove the branch in the same swap; a no-op once main remembers ``sync_id``, or once the
-    rows ledger (``rows``) no longer carries the marker."""
+    ``sync_id`` on it, and remove the branch in the same swap; a no-op once main remembers
+    ``sync_id``, or once the rows ledger (``rows``) no longer carries the marker."""
 
     def attempt(number: int) -> None:
         main = observe(dead, pipeline, recovering=True)

@@ -42,7 +42,7 @@ from ingest.iceberg.row_delta import rows_to_delete
 from ingest.iceberg.schema import rows_schema as iceberg_rows_schema
 from ingest.iceberg.table import IcebergTable
 from ingest.intents import Append, Rewrite, RowDelta
-from ingest.records import ROWS, rows_schema
+from ingest.records import ROWS, Field, rows_schema
 
 RESULTS = Path(__file__).with_name("results.jsonl")
 KEY = ("id",)
@@ -50,12 +50,7 @@ FIELDS = [("customer", "string"), ("status", "string"), ("amount", "double"), ("
           ("note", "string"), ("city", "string"), ("sku", "string"), ("discount", "double")]  # fmt: skip
 
 
-class _Field:
-    def __init__(self, name: str, kind: str, required: bool = False) -> None:
-        self.name, self.type, self.required, self.doc = name, kind, required, None
-
-
-DECLARED = [_Field("id", "long", required=True), *(_Field(n, k) for n, k in FIELDS)]
+DECLARED = [Field("id", "long", required=True), *(Field(n, k) for n, k in FIELDS)]
 SCHEMA = rows_schema(DECLARED)
 
 

@@ -402,7 +402,7 @@ def test_reapply_of_a_snapshot_expired_since_it_was_listed_conflicts_and_adds_no
     assert table_under_test.offsets("replay-1") == list(range(5))
 
 
-def _keys(*offsets: int) -> pa.Table:
+def key_rows(*offsets: int) -> pa.Table:
     return pa.table({"_kafka_partition": pa.array([0] * len(offsets), pa.int32()), "_kafka_offset": offsets})
 
 
@@ -419,15 +419,15 @@ def test_a_row_delta_deletes_the_live_rows_of_its_keys_and_adds_its_rows_in_one_
 
     # keys 3 and 7 (in two files) and 12 (in none) change: 3 and 12 have new rows, 7 is deleted
     upserted = writer.commit(
-        RowDelta(writer.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, _keys(3, 7, 12), {"n": "1"})
+        RowDelta(writer.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, key_rows(3, 7, 12), {"n": "1"})
     )
     assert table_under_test.offsets("main") == [0, 1, 2, 3, 4, 5, 6, 8, 9, 12]
     assert next(writer.ancestry()).summary.get("n") == "1" and writer.head().snapshot_id == upserted
 
     # a key whose row is deleted already, and one whose row a row delta added: each row goes once
-    writer.commit(RowDelta([], KEY, _keys(7, 3), {"n": "2"}))
+    writer.commit(RowDelta([], KEY, key_rows(7, 3), {"n": "2"}))
     assert table_under_test.offsets("main") == [0, 1, 2, 4, 5, 6, 8, 9, 12]
-    writer.commit(RowDelta(writer.write(rows(7, 8)), KEY, _keys(7), {"n": "3"}))
+    writer.commit(RowDelta(writer.write(rows(7, 8)), KEY, key_rows(7), {"n": "3"}))
     assert table_under_test.offsets("main") == [0, 1, 2, 4, 5, 6, 7, 8, 9, 12]
 
 
@@ -440,10 +440,10 @@ def test_a_row_delta_decides_its_rows_on_the_head_it_requires(table_under_test: 
     writer.commit(Append(writer.write(rows(2, 3)), {}))  # another copy of key 2 since
 
     with pytest.raises(CommitConflict):  # nothing applied: the head moved since it read it
-        stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, _keys(2), {}))
+        stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, key_rows(2), {}))
     assert table_under_test.offsets("main") == [0, 1, 2, 2, 3, 4]
     stale.refresh()
-    stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, _keys(2), {}))
+    stale.commit(RowDelta(stale.write(rows(2, 3)), KEY, key_rows(2), {}))
     assert table_under_test.offsets("main") == [0, 1, 2, 3, 4]
 
 
@@ -460,7 +460,7 @@ def test_a_changelog_batch_landed_by_a_racing_copy_is_not_applied_again(table_un
     one.refresh()
     other.refresh()
     second = _batch(2, 10, 12, base=first.ledger())
-    deletes = KeyDeletes(KEY, _keys(3, 7, 12))
+    deletes = KeyDeletes(KEY, key_rows(3, 7, 12))
 
     def request(table: LedgerTable) -> RowsCommit:
         files = table.write(pa.concat_tables([rows(3, 4), rows(12, 13)]))

@@ -74,15 +74,15 @@ def test_iceberg_spark_reads_a_row_delta_as_pyiceberg_does(tmp_path: Path, icebe
     from ingest.iceberg.layout import open_table
     from ingest.iceberg.schema import rows_schema
     from ingest.intents import Append, RowDelta
-    from tests.integration.test_table_contract import KEY, _keys, rows
+    from tests.integration.test_table_contract import KEY, key_rows, rows
 
     catalog = connect({"name": "c", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()})
     table = open_table(catalog, "c.orders", rows_schema([]))
     table.refresh()
     table.commit(Append(table.write(rows(0, 5)), {}))
     table.commit(Append(table.write(rows(5, 10)), {}))
-    table.commit(RowDelta(table.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, _keys(3, 7, 12), {}))
-    table.commit(RowDelta([], KEY, _keys(3, 8), {}))
+    table.commit(RowDelta(table.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, key_rows(3, 7, 12), {}))
+    table.commit(RowDelta([], KEY, key_rows(3, 8), {}))
     location = table.table.metadata_location
 
     seen = read(iceberg_jars, [location])[location]
