@@ -35,7 +35,7 @@ from ingest.committer import observe
 from ingest.config import PipelineConfig
 from ingest.core.expiry import MAIN
 from ingest.core.ledger import AppliedReset, BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
-from ingest.core.ledger_codec import encode
+from ingest.core.ledger_codec import encode, register
 from ingest.errors import CommitGaveUp, PublishRefused
 from ingest.intents import Append, MoveRef, RemoveDeadLetters, RewindDeadLetters, Spans
 from ingest.ports import LedgerTable
@@ -79,7 +79,9 @@ def rewind(
             resets=_remembering_all(found.ledger if found else None, [*also, sync_id]),
         )
         summary = encode(pipeline, ledger, BatchCounts(), extra={"synced-by": sync_id})
-        dead.commit(RewindDeadLetters(every, to, summary, gaps or {}))
+        # the pipeline registered on the table in the same commit: it may be its first ledger there,
+        # and expiry keeps the ledgers of the pipelines a table registers
+        dead.commit(RewindDeadLetters(every, to, summary, gaps or {}, register(dead.head().properties, pipeline)))
 
     with_retries(
         attempt,
@@ -183,7 +185,7 @@ def _stamp(
     base = ledger if ledger is not None else Ledger(batch=0, offsets={})
     stamped = replace(base, resets=remembering(base, sync_id), reset_id=None, sync=None)
     summary = encode(pipeline, stamped, BatchCounts(), extra={"synced-by": sync_id})
-    table.commit(Append([], {**(others or {}), **summary}))
+    table.commit(Append([], {**(others or {}), **summary}, register(table.head().properties, pipeline)))
 
 
 def settle(dead: LedgerTable, rows: LedgerTable, config: PipelineConfig, ledger: Ledger | None, attempts: int) -> int:

@@ -69,12 +69,13 @@ class Rewrite:
 class RewindDeadLetters:
     """A snapshot on the dead-letter table's branch without the dead letters of ``topics`` at or past
     ``to`` (every one of a partition ``to`` does not name) or in ``gaps``, with ``summary``: a
-    rollback's rewind."""
+    rollback's rewind; and table ``properties`` set in the same commit."""
 
     topics: Sequence[str]
     to: Mapping[TopicPartition, int]
     summary: Mapping[str, str]
     gaps: Spans = field(default_factory=dict)
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

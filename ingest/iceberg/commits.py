@@ -124,6 +124,8 @@ def stage(
     (``added``: its :func:`files_added`); its snapshot id, or None where pyiceberg decides it at
     commit (a delete: the branch head after the commit is the one)."""
     summary = dict(intent.summary)
+    if isinstance(intent, Append | RowDelta | RewindDeadLetters) and intent.properties:
+        transaction.set_properties(dict(intent.properties))
     where = _doomed(intent)
     if where is not None:
         head = table.metadata.refs.get(branch)
@@ -135,8 +137,6 @@ def stage(
             transaction.delete(where, snapshot_properties=summary, branch=branch)
             return None
         # nothing to remove: a delete would make no snapshot, and the summary (a ledger) must land
-    if isinstance(intent, Append | RowDelta) and intent.properties:
-        transaction.set_properties(dict(intent.properties))
     if isinstance(intent, RowDelta):
         return stage_row_delta(transaction, intent, table, branch, added)
     if isinstance(intent, Rewrite):

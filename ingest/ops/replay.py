@@ -53,7 +53,7 @@ from ingest.errors import (
 from ingest.iceberg.reading import snapshot_as_of
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef, RemoveRef
-from ingest.ops.replay_branch import attempts, branch_dead_letters, settled
+from ingest.ops.replay_branch import attempts, dead_letters_ready, settled
 from ingest.ops.replay_result import Discarded, ReplayResult, compare
 from ingest.retry import Again, with_retries
 from ingest.runner import Run
@@ -134,7 +134,6 @@ def replay(
         return roll_back(pipeline, target)
     start = _start(pipeline, target)
     branch = f"replay-{target}"
-    branch_dead_letters(pipeline, branch, start)
     if rows.branch_head(branch) is None:
         try:
             rows.commit(MoveRef(branch, target, expected=None))
@@ -145,7 +144,7 @@ def replay(
                     f"cannot create branch {branch}: snapshot {target} is no longer in table {rows.identifier} "
                     "(expired meanwhile). Nothing was changed; replay from a later snapshot."
                 ) from None
-    return replace(_continue(run, target, publish), ledger_batch=start.ledger.batch)
+    return replace(_continue(run, target, publish, start), ledger_batch=start.ledger.batch)
 
 
 def _left_after_publish(pipeline: Opened, branch: str) -> bool:
@@ -208,10 +207,11 @@ def _start(pipeline: Opened, target: int) -> Found:
     return start
 
 
-def _continue(run: Run, target: int, publish: bool) -> ReplayResult:
+def _continue(run: Run, target: int, publish: bool, start: Found | None = None) -> ReplayResult:
     """Catch branch ``replay-<target>`` up, then compare it with main or publish it."""
     pipeline = run.pipeline
     branch = f"replay-{target}"
+    dead_letters_ready(pipeline, branch, target, start)
     replaying = run.on_branch(branch)
     batches = tuple(replaying.batches(until_caught_up=True))
     name = pipeline.config.pipeline

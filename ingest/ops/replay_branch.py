@@ -10,8 +10,8 @@ from collections.abc import Callable
 from ingest.assembly import Opened
 from ingest.committer import observe
 from ingest.core.ledger import BatchCounts, Found, Ledger, rewind_of
-from ingest.core.ledger_codec import encode, register
-from ingest.dead_letters import rewind
+from ingest.core.ledger_codec import encode, find_ledger, register
+from ingest.dead_letters import rewind, settle
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg.table import MAIN, IcebergTable
 from ingest.intents import Append, MoveRef
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
     """The dead-letter table's branch for a replay: at its main head, with this pipeline's dead
     letters past what S's line had read removed (the replay stores them again, as its decoding says).
-    Done before the rows branch exists, so a replay that finds its rows branch finds this too."""
+    Idempotent: every copy of the replay does it before its first batch (:func:`dead_letters_ready`)."""
     dead = pipeline.dead
     dead.refresh()
     if dead.branch_head(branch) is None:
@@ -44,6 +44,27 @@ def branch_dead_letters(pipeline: Opened, branch: str, start: Found) -> None:
         also=[sync.sync_id] if sync is not None and sync.files is not None else [],
         gaps=gaps,
     )
+
+
+def dead_letters_ready(pipeline: Opened, branch: str, target: int, start: Found | None = None) -> None:
+    """Before a replay's batches run on rows branch ``branch`` (forked at ``target``), made after
+    the rows branch: main's head owes the dead-letter table nothing, and while the rows branch has
+    no batch yet, the dead-letter branch of the same name exists and is rewound.
+
+    An earlier replay from the same snapshot may have been published just before the rows branch
+    was made (its publish removed the earlier rows branch, so this one could be made): its step,
+    done here first, makes the earlier dead-letter branch main and removes it. Adopting that branch
+    would put this replay's dead letters on the dead-letter table's main, or publish them with the
+    earlier replay's. A rows branch with batches of its own and no dead-letter branch was begun by
+    an older version: its dead letters stay on main (:meth:`ingest.pipeline.Pipeline.on_branch`)."""
+    rows, name = pipeline.rows, pipeline.config.pipeline
+    head = observe(rows, name)
+    settle(pipeline.dead, rows, pipeline.config, head.ledger if head else None, attempts(pipeline))
+    if rows.branch_head(branch) != target:
+        return
+    start = start or find_ledger(name, rows.ancestry(target))
+    if start is not None:  # (the branch holds its fork: expiry keeps it)
+        branch_dead_letters(pipeline, branch, start)
 
 
 def _fork(dead: IcebergTable, branch: str) -> int | None:

@@ -145,7 +145,7 @@ def files_after(
             gone = {f.file_path for f in remove}
             after = tuple(f for f in live if f.file_path not in gone) + tuple(memory_file(f) for f in add)
             operation = "replace"
-        case RewindDeadLetters(topics, to, _, gaps):
+        case RewindDeadLetters(topics, to, _, gaps, properties):
             after, operation = without(
                 live, lambda data: pc.or_(past(data, topics, to), in_spans(data, DEAD_LETTERS, gaps))
             )

@@ -43,3 +43,11 @@ def owed_rewind(
     if sync is None or sync.rewind_to is None:
         return None
     return dict(sync.rewind_to), dict(sync.rewind_gaps or {})
+
+
+def owed_publish(rows: MemoryCatalog, dead: MemoryCatalog, pipeline: str) -> str | None:
+    """The dead-letter table's branch a replay's publish on the rows head makes main, while the
+    dead-letter table has not done it yet (a crash between the publish's two commits); None if no
+    publish is owed."""
+    sync = _owed(rows, dead, pipeline)
+    return sync.branch if sync is not None else None

@@ -16,8 +16,9 @@ import pytest
 
 from ingest.batch_commit import land_dead_letters
 from ingest.config import PipelineConfig, parse
+from ingest.core.expiry import Ref, doomed, protected
 from ingest.core.ledger import Found, TopicPartition
-from ingest.core.ledger_codec import find_ledger
+from ingest.core.ledger_codec import find_ledger, registered_pipelines
 from ingest.core.plan import Batch, KafkaView
 from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.errors import ReplayImpossible
@@ -332,3 +333,62 @@ def test_a_batch_whose_marker_a_publish_left_behind_adds_none_of_its_dead_letter
 
     assert offsets(dead, "offset") == Counter({5: 1, 15: 1})
     assert sum(offsets(rows, "_kafka_offset").values()) == 18
+
+
+def test_a_replay_begun_as_another_of_its_snapshot_is_published_keeps_its_dead_letters_apart() -> None:
+    """Replay B from batch 1 has looked at main; before it makes its rows branch, replay A from the
+    same snapshot is published (which removes A's rows branch, so B can make one of the same name)
+    and dies before the dead-letter table's step. That step, done by whoever comes next, makes A's
+    dead-letter branch main: B's dead letters must be on a branch of their own, not on A's."""
+    source, rows, dead, _, s1 = _batch_1_landed()
+    a, a_engine = copy(source, rows, dead)
+    b, b_engine = copy(source, rows, dead)
+    before = rows.head()
+
+    def dies_between_the_tables(table: MemoryTable) -> Fault:
+        return "crash-before" if rows.head() != before else "ok"
+
+    def a_is_published_first(table: MemoryTable) -> Fault:
+        rows.on_commit = lambda table: "ok"
+        dead.on_commit = dies_between_the_tables
+        with pytest.raises(Crashed):
+            replay(Run(a, a_engine), s1.snapshot_id, publish=True)  # type: ignore[arg-type]
+        dead.on_commit = lambda table: "ok"
+        assert "replay-1" not in rows.refs and "replay-1" in dead.refs  # A's step is owed
+        return "ok"
+
+    rows.on_commit = a_is_published_first  # at B's first commit: its rows branch
+    replay(Run(b, b_engine), s1.snapshot_id)  # type: ignore[arg-type]
+
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1})  # A's, published
+    branch = dead.scan("replay-1")
+    assert branch is not None and Counter(branch["offset"].to_pylist()) == Counter({5: 1, 15: 1})  # B's
+    replay(Run(b, b_engine), s1.snapshot_id, publish=True)  # type: ignore[arg-type]
+    assert offsets(dead, "offset") == Counter({5: 1, 15: 1})
+    assert sum(offsets(rows, "_kafka_offset").values()) == 18
+
+
+def test_a_rollback_registers_the_pipeline_where_its_rewind_is_the_first_dead_letter_ledger() -> None:
+    """A pipeline with no dead letter yet is rolled back: the rewind is the first ledger of the
+    pipeline on the dead-letter table. Expiry keeps the ledgers of the pipelines a table registers,
+    so the rewind registers it; else expiry removed it and a later replay's branch (which registers
+    the pipeline) left main with a registered pipeline and no ledger: every run stopped (LedgerLost)."""
+    source = MemorySource()
+    source.produce(TP, 20)
+    rows, dead = MemoryCatalog("lake.orders"), MemoryCatalog("lake.orders_dead_letters")
+    one, _ = copy(source, rows, dead)
+    clean = Engine(one.rows, frozenset())
+    one.run_batch(clean)
+    s1 = find_ledger("orders", rows.table().ancestry())
+    assert s1 is not None
+    one.run_batch(clean)
+    assert dead.head() is None
+    operator, _ = copy(source, rows, dead)
+    roll_back(operator, s1.snapshot_id)  # type: ignore[arg-type]
+
+    table = dead.table()
+    refs = [Ref(name, snapshot_id, True) for name, snapshot_id in dead.refs.items()]
+    keep = protected(refs, table.ancestry, registered_pipelines(table.head().properties))
+    dead.expire(doomed(table.all_snapshots(), keep, 1, cutoff_ms=10**18))
+    assert registered_pipelines(dead.properties) == ["orders"]
+    assert find_ledger("orders", dead.table().ancestry()) is not None
