@@ -14,6 +14,7 @@ import yaml
 
 from ingest import config as config_module
 from ingest.assembly import Opened, open_pipeline
+from ingest.core.ledger_codec import find_ledger, registered_pipelines
 from ingest.errors import BranchGone, ReplayImpossible
 from ingest.kafka.admin import create_topic
 from ingest.runner import engine_for
@@ -119,6 +120,28 @@ def test_rollback_replay_resumes_from_the_snapshot(make_env: MakeEnv) -> None:
     assert env.counts() == rows_at_s
     assert env.cli("run", "--until-caught-up").returncode == 0
     assert env.counts() == (1_200 - env.bad, env.bad)
+    env.verify()
+
+
+def test_a_rollback_registers_the_pipeline_where_its_rewind_is_the_first_dead_letter_ledger(make_env: MakeEnv) -> None:
+    """With no dead letter yet, a rollback's rewind is the pipeline's first ledger on the dead-letter
+    table: it registers the pipeline there in the same commit (expiry keeps registered ledgers)."""
+    env = make_env()
+    env.produce(300)
+    pipeline = open_pipeline(env.config)
+    one_batch(pipeline)
+    snapshot_s = head_ledger(pipeline).snapshot_id
+    env.produce(300)
+    one_batch(pipeline)
+
+    result = env.cli("replay", "--from-snapshot", str(snapshot_s), "--rollback", "--json")
+
+    assert result.returncode == 0, result.stderr
+    dead = open_pipeline(env.config).dead
+    assert registered_pipelines(dead.refresh().properties) == ["orders"]
+    assert find_ledger("orders", dead.ancestry()) is not None
+    assert env.cli("run", "--until-caught-up").returncode == 0
+    assert env.counts() == (600, 0)
     env.verify()
 
 
