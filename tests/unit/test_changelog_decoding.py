@@ -1,0 +1,111 @@
+"""Debezium change events as Debezium's JSON converter writes them, decoded into changes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ingest.changes import DELETE, OP, UPSERT
+from ingest.config import FieldSpec
+from ingest.formats.changelog import DebeziumChanges, debezium_fields
+from ingest.formats.json import Decoder
+from ingest.records import Decoded
+from tests.unit.test_decode import chunk
+
+CUSTOMERS = [
+    FieldSpec(name="id", type="int", required=True),
+    FieldSpec(name="first_name", type="string"),
+    FieldSpec(name="last_name", type="string"),
+    FieldSpec(name="email", type="string"),
+]
+SALLY = {"id": 1001, "first_name": "Sally", "last_name": "Thomas", "email": "sally.thomas@acme.com"}
+#: what Debezium's MySQL connector says of an event's source (the tutorial's inventory database)
+SOURCE = {
+    "version": "2.7.0.Final", "connector": "mysql", "name": "dbserver1", "ts_ms": 1486500577000, "snapshot": "false",
+    "db": "inventory", "table": "customers", "server_id": 223344, "gtid": None, "file": "mysql-bin.000003",
+    "pos": 364, "row": 0, "thread": 3, "query": None,
+}  # fmt: skip
+
+
+def event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    return {"before": before, "after": after, "source": SOURCE, "op": op, "ts_ms": 1486500577691, "transaction": None}
+
+
+def with_schema(payload: dict[str, Any]) -> dict[str, Any]:
+    """The JSON converter's value with ``schemas.enable=true``: the event under ``payload``."""
+    row = {"type": "struct", "optional": True, "name": "dbserver1.inventory.customers.Value", "fields": [
+        {"type": "int32", "optional": False, "field": "id"},
+        *({"type": "string", "optional": c != "email", "field": c} for c in ("first_name", "last_name", "email")),
+    ]}  # fmt: skip
+    schema = {"type": "struct", "optional": False, "name": "dbserver1.inventory.customers.Envelope", "fields": [
+        {**row, "field": "before"}, {**row, "field": "after"}, {"type": "string", "optional": False, "field": "op"},
+    ]}  # fmt: skip
+    return {"schema": schema, "payload": payload}
+
+
+def decode(values: list[dict[str, Any] | None], key: tuple[str, ...] = ("id",)) -> Decoded:
+    raw = [json.dumps(v).encode() if v is not None else None for v in values]
+    return DebeziumChanges(Decoder(debezium_fields(CUSTOMERS)), key).decode(chunk(raw))
+
+
+def changes(decoded: Decoded) -> list[tuple[int, str, int, str | None]]:
+    rows = decoded.rows
+    return list(
+        zip(
+            rows["_kafka_offset"].to_pylist(),
+            rows[OP].to_pylist(),
+            rows["id"].to_pylist(),
+            rows["email"].to_pylist(),
+            strict=True,
+        )
+    )
+
+
+@pytest.mark.parametrize("wrap", [lambda e: e, with_schema], ids=["schemas.enable=false", "schemas.enable=true"])
+def test_a_row_read_created_updated_rekeyed_and_deleted_becomes_its_changes(wrap: Any) -> None:
+    renamed = {**SALLY, "email": "sally@acme.com"}
+    moved = {**renamed, "id": 2001}
+    values = [
+        wrap(event("r", None, SALLY)),  # 100: the snapshot read it
+        wrap(event("u", SALLY, renamed)),  # 101
+        wrap(event("u", renamed, moved)),  # 102: its key changed
+        wrap(event("d", moved, None)),  # 103
+        None,  # 104: the tombstone after the delete
+        wrap(event("c", None, SALLY)),  # 105: created again
+    ]
+    decoded = decode(values)
+    assert decoded.dead_letters.num_rows == 0 and decoded.unknown == 0
+    assert sorted(changes(decoded)) == [
+        (100, UPSERT, 1001, "sally.thomas@acme.com"),
+        (101, UPSERT, 1001, "sally@acme.com"),
+        (102, DELETE, 1001, None),
+        (102, UPSERT, 2001, "sally@acme.com"),
+        (103, DELETE, 2001, None),
+        (105, UPSERT, 1001, "sally.thomas@acme.com"),
+    ]
+    assert set(decoded.rows.column_names) >= {"_kafka_topic", "_kafka_partition", "_kafka_offset", "first_name"}
+    assert not {"before", "after", "op", "payload", "source"} & set(decoded.rows.column_names)
+
+
+def test_both_converter_settings_in_one_topic_decode_alike() -> None:
+    decoded = decode([event("c", None, SALLY), with_schema(event("u", SALLY, {**SALLY, "email": "s@acme.com"}))])
+    assert sorted(changes(decoded)) == [(100, UPSERT, 1001, "sally.thomas@acme.com"), (101, UPSERT, 1001, "s@acme.com")]
+
+
+def test_an_event_that_changes_no_keyed_row_is_a_dead_letter_saying_why() -> None:
+    values = [
+        event("c", None, SALLY),  # 100
+        event("t", None, None),  # 101: a truncate
+        event("d", None, None),  # 102: a delete without its before image (REPLICA IDENTITY not FULL)
+        event("c", None, {**SALLY, "id": None}),  # 103
+        {"not": "an event"},  # 104
+    ]
+    raw: list[bytes | None] = [*(json.dumps(v).encode() for v in values), b"{not json"]  # 105
+    decoded = DebeziumChanges(Decoder(debezium_fields(CUSTOMERS)), ("id",)).decode(chunk(raw))
+    assert changes(decoded) == [(100, UPSERT, 1001, "sally.thomas@acme.com")]
+    dead = dict(zip(decoded.dead_letters["offset"].to_pylist(), decoded.dead_letters["error"].to_pylist(), strict=True))
+    assert sorted(dead) == [101, 102, 103, 104, 105]
+    assert "'t'" in dead[101] and "'before'" in dead[102] and "'id'" in dead[103]
+    assert decoded.dead_letters["value"].to_pylist()[0] == raw[1]  # the raw value, as it came
