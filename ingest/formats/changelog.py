@@ -1,6 +1,9 @@
-"""A Debezium topic's values decoded into changes (``changes.envelope: debezium``).
+"""A changelog topic's records decoded into changes (``changes.envelope``).
 
-The value decoder of the topic's format reads each record as the change event it is (its
+``upsert`` (:class:`UpsertChanges`): a value is its key's whole row, decoded by the topic's value
+decoder, and a tombstone (a null value) deletes the key its Kafka key names (``key_format``).
+
+``debezium``: the value decoder of the topic's format reads each record as the change event it is (its
 ``before`` and ``after`` images, ``op``, and what Debezium says of its source), and
 :class:`DebeziumChanges` makes changes of the events (:func:`ingest.changes.from_debezium`). With
 JSON, :func:`debezium_fields` are the fields the decoder reads: the event at the top level (the
@@ -11,14 +14,17 @@ either in the same topic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.changes import AFTER, BEFORE, DEBEZIUM_OP, from_debezium
-from ingest.formats.rows import dead_letters, together
+from ingest.changes import AFTER, BEFORE, DEBEZIUM_OP, from_debezium, from_tombstones, from_upserts
+from ingest.formats.keys import KeyDecoder, value_fields
+from ingest.formats.rows import assemble, dead_letters, together
 from ingest.ports import ValueDecoder
-from ingest.records import ROWS, Declared, Decoded, Field, RawChunk
+from ingest.records import ROWS, Declared, Decoded, Field, RawChunk, rows_schema
+from ingest.type_names import arrow_type
 
 #: where the JSON converter puts the event when it sends its schema too (``schemas.enable=true``)
 PAYLOAD = "payload"
@@ -73,11 +79,54 @@ class DebeziumChanges:
         changes, why = from_debezium(_unwrapped(decoded.rows), self.key)
         if not why:
             return Decoded(changes, decoded.dead_letters)
-        at = {record: i for i, record in enumerate(_coordinates(read.topic, read.partition, read.offset))}
-        rows = decoded.rows
-        events = _coordinates(rows[ROWS.topic], rows[ROWS.partition], rows[ROWS.offset])
-        refused = dead_letters(read, {at[events[i]]: reason for i, reason in why.items()})
-        return Decoded(changes, together(decoded.dead_letters, refused))
+        return Decoded(changes, together(decoded.dead_letters, _refused(read, decoded.rows, why)))
+
+
+class UpsertChanges:
+    """A :class:`~ingest.ports.ValueDecoder` of an upsert topic's records into changes of the rows of
+    key ``key`` (:data:`ingest.changes.OP` says which): ``values`` decodes the values into rows of
+    the table's ``fields`` (with ``key_format``, the decoded key beside them), each an upsert of
+    its row; a tombstone (a null value) deletes the row its Kafka key names, decoded by ``keys``. A
+    row with a null key column, or a tombstone whose key names no row, is a dead letter saying why."""
+
+    def __init__(self, values: ValueDecoder, keys: KeyDecoder, key: Sequence[str], fields: Sequence[Declared]) -> None:
+        self.values = values
+        self.keys = keys
+        self.key = tuple(key)
+        self._row = pa.schema([pa.field(f.name, arrow_type(f.type)) for f in value_fields(fields)])
+
+    def decode(self, chunk: RawChunk) -> Decoded:
+        values = [i for i, value in enumerate(chunk.values) if value is not None]
+        if len(values) == len(chunk):
+            return self._upserts(chunk)
+        upserts = self._upserts(chunk.take(values))
+        deletes = self._deletes(chunk.take([i for i, value in enumerate(chunk.values) if value is None]))
+        rows = pa.concat_tables([upserts.rows, deletes.rows], promote_options="default")
+        return Decoded(rows.select(upserts.rows.column_names), together(upserts.dead_letters, deletes.dead_letters))
+
+    def _upserts(self, chunk: RawChunk) -> Decoded:
+        decoded = self.values.decode(chunk)
+        rows, why = from_upserts(decoded.rows, self.key)
+        return Decoded(rows, together(decoded.dead_letters, _refused(chunk, decoded.rows, why)), decoded.unknown)
+
+    def _deletes(self, tombstones: RawChunk) -> Decoded:
+        keys, unread = self.keys.decode(tombstones)
+        read = [i for i in range(len(tombstones)) if i not in unread]
+        named = replace(tombstones, decoded_key=keys).take(read)
+        assert named.decoded_key is not None
+        others = assemble(named, None, pa.table({}), rows_schema([]))
+        deletes, why = from_tombstones(others, named.decoded_key, self.key, self._row)
+        return Decoded(deletes, together(dead_letters(tombstones, unread), dead_letters(named, why)))
+
+
+def _refused(read: RawChunk, rows: pa.Table, why: dict[int, str]) -> pa.Table:
+    """The records of ``read`` whose rows (at ``why``'s positions in ``rows``) are no change, as dead
+    letters saying why."""
+    at = {record: i for i, record in enumerate(_coordinates(read.topic, read.partition, read.offset))}
+    if not why:
+        return dead_letters(read, {})
+    decoded = _coordinates(rows[ROWS.topic], rows[ROWS.partition], rows[ROWS.offset])
+    return dead_letters(read, {at[decoded[i]]: reason for i, reason in why.items()})
 
 
 def _coordinates(*columns: pa.Array | pa.ChunkedArray) -> list[tuple[object, ...]]:

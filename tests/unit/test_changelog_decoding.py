@@ -9,10 +9,12 @@ import pytest
 
 from ingest.changes import DELETE, OP, UPSERT
 from ingest.config import FieldSpec
-from ingest.formats.changelog import DebeziumChanges, debezium_fields
+from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields
 from ingest.formats.json import Decoder
-from ingest.records import Decoded
+from ingest.formats.keys import StringKeys
+from ingest.records import Decoded, Field
 from tests.unit.test_decode import chunk
+from tests.unit.test_keys import chunk as key_chunk
 
 CUSTOMERS = [
     FieldSpec(name="id", type="int", required=True),
@@ -109,3 +111,37 @@ def test_an_event_that_changes_no_keyed_row_is_a_dead_letter_saying_why() -> Non
     assert sorted(dead) == [101, 102, 103, 104, 105]
     assert "'t'" in dead[101] and "'before'" in dead[102] and "'id'" in dead[103]
     assert decoded.dead_letters["value"].to_pylist()[0] == raw[1]  # the raw value, as it came
+
+
+def test_an_upsert_topics_values_upsert_and_its_tombstones_delete_the_key_they_name() -> None:
+    fields = [Field("id", "long", True), Field("name", "string")]
+    decoder = UpsertChanges(Decoder(fields), StringKeys(), ("id",), fields)
+    values: list[bytes | None] = [
+        b'{"id": 1, "name": "a"}',
+        None,
+        b'{"id": 2, "name": "b"}',
+        None,
+        None,
+        b'{"name": "c"}',
+    ]
+    keys: list[bytes | None] = [b"1", b"1", b"2", b"two", b"\xff", b"3"]
+    decoded = decoder.decode(key_chunk(keys, values))
+    rows = decoded.rows
+    assert (
+        rows.column_names[-1] == OP
+        and rows.column_names[:-1] == Decoder(fields).decode(key_chunk([], [])).rows.column_names
+    )
+    got = sorted(
+        zip(
+            rows["_kafka_offset"].to_pylist(),
+            rows[OP].to_pylist(),
+            rows["id"].to_pylist(),
+            rows["name"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert got == [(0, UPSERT, 1, "a"), (1, DELETE, 1, None), (2, UPSERT, 2, "b")]
+    dead = dict(zip(decoded.dead_letters["offset"].to_pylist(), decoded.dead_letters["error"].to_pylist(), strict=True))
+    assert sorted(dead) == [3, 4, 5]
+    assert "'two'" in dead[3] and "'id'" in dead[5]
+    assert decoded.dead_letters["offset"].to_pylist() == [3, 4, 5]  # in the order of their records
