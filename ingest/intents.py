@@ -58,11 +58,13 @@ class Reapply:
 @dataclass(frozen=True)
 class Rewrite:
     """A snapshot on the branch that replaces data files ``remove`` by ``add`` (a compaction): the
-    same rows, other files."""
+    same rows, other files; and removes delete files ``deletes``, which applied to ``remove`` alone
+    (``add`` holds the rows they left)."""
 
     remove: Sequence[DataFile]
     add: Sequence[DataFile]
     summary: Mapping[str, str]
+    deletes: Sequence[DataFile] = ()
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from ingest import records
 from ingest.core.ledger import TopicPartition
 from ingest.core.ledger_codec import PIPELINE_TABLE_PROPERTIES
 from ingest.errors import CommitConflict
+from ingest.iceberg.compaction import stage_rewrite
 from ingest.iceberg.row_delta import stage_row_delta
 from ingest.intents import (
     Append,
@@ -139,6 +140,9 @@ def stage(
         # nothing to remove: a delete would make no snapshot, and the summary (a ledger) must land
     if isinstance(intent, RowDelta):
         return stage_row_delta(transaction, intent, table, branch, added)
+    if isinstance(intent, Rewrite) and intent.deletes:
+        remove, deletes = [ours(f) for f in intent.remove], [ours(f) for f in intent.deletes]
+        return stage_rewrite(transaction, table, branch, summary, remove, deletes, added)
     if isinstance(intent, Rewrite):
         with transaction.update_snapshot(snapshot_properties=summary, branch=branch).overwrite() as overwrite:
             for removed in intent.remove:

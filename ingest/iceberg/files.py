@@ -7,10 +7,14 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.conversions import from_bytes
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.types import StringType
 
 from ingest.errors import TableMismatch
+from ingest.iceberg.row_delta import FILE_PATH_ID
 from ingest.iceberg.table import IcebergTable
 
 
@@ -114,3 +118,44 @@ def read_files(table: IcebergTable, files: Sequence[DataFile]) -> pa.Table:
         with table.table.io.new_input(data_file.file_path).open() as stream:
             tables.append(pq.read_table(stream))
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+class EqualityDeletes(Exception):
+    """The table has equality deletes: its live rows are not known by position."""
+
+
+def deleted_from(table: IcebergTable) -> dict[str, list[DataFile]]:
+    """Per data file of the branch head that position deletes apply to (by path), those delete
+    files. Raises :class:`EqualityDeletes` if any equality delete applies."""
+    head = table.branch_head(table.branch)
+    if head is None:
+        return {}
+    applied: dict[str, list[DataFile]] = {}
+    for task in table.table.scan(snapshot_id=head).plan_files():
+        if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
+            raise EqualityDeletes(task.file.file_path)
+        if task.delete_files:
+            applied[task.file.file_path] = list(task.delete_files)
+    return applied
+
+
+def read_live(table: IcebergTable, files: Sequence[DataFile]) -> pa.Table:
+    """The live rows of ``files`` (of the branch head), their position deletes applied."""
+    head = table.branch_head(table.branch)
+    paths = {f.file_path for f in files}
+    tasks = [task for task in table.table.scan(snapshot_id=head).plan_files() if task.file.file_path in paths]
+    metadata = table.table.metadata
+    return ArrowScan(metadata, table.table.io, metadata.schema(), AlwaysTrue()).to_table(tasks)
+
+
+def removable(deletes: Sequence[DataFile], removed: Sequence[DataFile]) -> list[DataFile]:
+    """The delete files of ``deletes`` that name data files of ``removed`` alone (their
+    ``file_path`` bounds are one removed file)."""
+    gone = {f.file_path for f in removed}
+    unique: dict[str, DataFile] = {}
+    for delete_file in deletes:
+        low = (delete_file.lower_bounds or {}).get(FILE_PATH_ID)
+        high = (delete_file.upper_bounds or {}).get(FILE_PATH_ID)
+        if low is not None and low == high and from_bytes(StringType(), low) in gone:
+            unique[delete_file.file_path] = delete_file
+    return list(unique.values())

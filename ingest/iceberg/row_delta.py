@@ -171,7 +171,7 @@ def write_position_deletes(table: Table, data_file: DataFile, positions: pa.Arra
     return deletes
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
+class DeleteManifestWriter(ManifestWriterV2):
     """A manifest of delete files (pyiceberg writes data manifests only)."""
 
     def content(self) -> ManifestContent:
@@ -213,7 +213,7 @@ class _RowDeltaProducer(_FastAppendFiles):
         for delete_file in self._deletes:
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         for spec_id, files in by_spec.items():
-            writer = _DeleteManifestWriter(
+            writer = DeleteManifestWriter(
                 self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
             )
             with writer:

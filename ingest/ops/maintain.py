@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,11 +27,15 @@ from ingest.core.ledger_codec import COMPACTION, MAINTENANCE_KEY, encode, find_l
 from ingest.dead_letters import settle
 from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg.files import (
+    EqualityDeletes,
     delete_file,
+    deleted_from,
     live_data_files,
     live_files,
     read_files,
+    read_live,
     referenced_paths,
+    removable,
     stored_data_files,
     unreferenced,
 )
@@ -104,12 +109,14 @@ def remove_orphans(table: IcebergTable, spec: MaintenanceSpec, now_s: float) -> 
     return removed
 
 
-def _groups(files: list[DataFile], small_bytes: int) -> list[list[DataFile]]:
+def _groups(files: list[DataFile], small_bytes: int, deleted: Mapping[str, object]) -> list[list[DataFile]]:
+    """Per partition, the small files, and the files rows were deleted from (by position) whatever
+    their size: a group of several, or one with deletes to apply."""
     by_partition: dict[tuple[int, str], list[DataFile]] = defaultdict(list)
     for data_file in files:
-        if data_file.file_size_in_bytes < small_bytes:
+        if data_file.file_size_in_bytes < small_bytes or data_file.file_path in deleted:
             by_partition[(data_file.spec_id, repr(data_file.partition))].append(data_file)
-    return [group for group in by_partition.values() if len(group) > 1]
+    return [group for group in by_partition.values() if len(group) > 1 or group[0].file_path in deleted]
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,8 @@ class Compaction:
     files_added: int = 0
     #: delete files that made compaction leave the table alone (None: there were none)
     skipped_delete_files: int | None = None
+    #: position delete files removed with the data files they applied to (None: none)
+    delete_files_removed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,27 +160,32 @@ class Maintenance:
 
 
 def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
-    """Rewrite small files per partition into files of about the target size.
+    """Rewrite small files per partition into files of about the target size, and the files rows
+    were deleted from by position (a changelog's) with their live rows only, removing the delete
+    files that named them (:mod:`ingest.iceberg.compaction`).
 
-    A table with delete files (a merge-on-read writer's row deletes) is left alone: rewriting its
-    data files here would bring the deleted rows back."""
+    A table with equality deletes (Flink's sink writes them) is left alone: which rows they leave
+    is not known here, and rewriting its data files would bring the deleted rows back."""
     table.refresh()
     files, deletes = live_files(table)
-    if deletes:
+    try:
+        deleted = deleted_from(table) if deletes else {}
+    except EqualityDeletes:
         log.warning(
-            "compaction of %s skipped: %d delete files apply to its data (written by a merge-on-read tool); "
-            "compact it with that engine's rewrite_data_files, which applies them",
+            "compaction of %s skipped: equality deletes apply to its data (written by a merge-on-read tool such as "
+            "Flink's sink); compact it with that engine's rewrite_data_files, which applies them",
             table.identifier,
-            deletes,
         )
         return Compaction(skipped_delete_files=deletes)
-    groups = _groups(files, int(spec.small_file_mb * MB))
+    groups = _groups(files, int(spec.small_file_mb * MB), deleted)
     if not groups:
         return Compaction()
     remove = [f for group in groups for f in group]
     add: list[WrittenFile] = []
     for group in groups:
-        add.extend(table.write(read_files(table, group), target_file_bytes=int(spec.target_file_mb * MB)))
+        rows = read_live(table, group) if any(f.file_path in deleted for f in group) else read_files(table, group)
+        add.extend(table.write(rows, target_file_bytes=int(spec.target_file_mb * MB)))
+    dropped = removable([d for f in remove for d in deleted.get(f.file_path, ())], remove)
 
     def attempt(number: int) -> Compaction:
         summary = restamped_summary(table, COMPACTION)
@@ -180,12 +194,12 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)
             return Compaction()
         try:
-            table.commit(Rewrite(remove, add, summary))
+            table.commit(Rewrite(remove, add, summary, dropped))
         except (CommitConflict, CommitUnknown):
             table.refresh()
             if not _landed(table, add):
                 raise
-        return Compaction(len(remove), len(add))
+        return Compaction(len(remove), len(add), delete_files_removed=len(dropped) or None)
 
     return with_retries(
         attempt,

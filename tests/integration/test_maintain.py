@@ -11,11 +11,14 @@ import pytest
 
 from ingest.assembly import Opened, open_pipeline
 from ingest.config import MaintenanceSpec
-from ingest.iceberg.files import live_data_files, referenced_paths, stored_data_files
+from ingest.iceberg.files import live_data_files, live_files, referenced_paths, stored_data_files
+from ingest.iceberg.layout import open_table
+from ingest.iceberg.schema import rows_schema
 from ingest.iceberg.table import IcebergTable
-from ingest.intents import RefIntent, Rewrite, SnapshotIntent
-from ingest.ops.maintain import compact, expire, maintain, remove_orphans
+from ingest.intents import Append, RefIntent, Rewrite, RowDelta, SnapshotIntent
+from ingest.ops.maintain import Compaction, compact, expire, maintain, remove_orphans
 from tests.integration.conftest import Env, MakeEnv
+from tests.integration.test_table_contract import KEY, key_rows, rows
 from tests.runs import head_ledger, one_batch
 
 pytestmark = [
@@ -152,3 +155,37 @@ def test_maintain_on_a_young_table_removes_nothing_in_use(make_env: MakeEnv) -> 
     assert report.table.orphans_removed == 0 and report.table.snapshots_expired == 0
     assert isinstance(pipeline.rows, IcebergTable)
     env.verify()
+
+
+def test_compaction_applies_a_changelogs_position_deletes_and_removes_their_files(make_env: MakeEnv) -> None:
+    """Rows a changelog's row deltas deleted by position: compaction rewrites the files they
+    deleted from with their live rows (and the small file beside them), removes the delete files in
+    the same snapshot, and the table reads the same."""
+    rows_table = open_pipeline(make_env().config).rows
+    catalog = rows_table.table.catalog
+    name = f"{rows_table.identifier.rpartition('.')[0]}.changelog"
+    table = open_table(catalog, name, rows_schema([]))
+    table.refresh()
+    table.commit(Append(table.write(rows(0, 5)), {}))
+    table.commit(Append(table.write(rows(5, 10)), {}))
+    table.commit(RowDelta(table.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, key_rows(3, 7, 12), {}))
+    table.commit(RowDelta([], KEY, key_rows(3, 8), {}))
+
+    def offsets() -> list[int]:
+        return sorted(catalog.load_table(name).scan().to_arrow()["_kafka_offset"].to_pylist())
+
+    assert offsets() == [0, 1, 2, 4, 5, 6, 9, 12] and live_files(table)[1] == 4
+
+    result = compact(table, MaintenanceSpec())
+
+    assert (result.files_removed, result.files_added, result.delete_files_removed) == (3, 1, 4)
+    assert offsets() == [0, 1, 2, 4, 5, 6, 9, 12]
+    files, deletes = live_files(table)
+    assert len(files) == 1 and deletes == 0
+    head = catalog.load_table(name).current_snapshot()
+    assert head is not None and head.summary is not None
+    summary = head.summary
+    assert summary.operation.value == "overwrite" and summary["ingest.maintenance"] == "compaction"
+    assert summary["removed-delete-files"] == "4" and summary["total-delete-files"] == "0"
+    assert summary["total-records"] == "8"
+    assert compact(table, MaintenanceSpec()) == Compaction()  # nothing left to do

@@ -67,13 +67,16 @@ def test_iceberg_spark_reads_tables_summaries_and_time_travels(
 
 def test_iceberg_spark_reads_a_row_delta_as_pyiceberg_does(tmp_path: Path, iceberg_jars: list[Path]) -> None:
     """A changelog batch's commit (position deletes and new rows in one snapshot) reads the same
-    through Iceberg's Spark runtime as through pyiceberg, at every snapshot."""
+    through Iceberg's Spark runtime as through pyiceberg, at every snapshot, and so does the
+    compaction that applies the deletes and removes their files."""
     import pyarrow as pa
 
+    from ingest.config import MaintenanceSpec
     from ingest.iceberg.catalog import connect
     from ingest.iceberg.layout import open_table
     from ingest.iceberg.schema import rows_schema
     from ingest.intents import Append, RowDelta
+    from ingest.ops.maintain import compact
     from tests.integration.test_table_contract import KEY, key_rows, rows
 
     catalog = connect({"name": "c", "type": "sql", "uri": f"sqlite:///{tmp_path}/c.db", "warehouse": tmp_path.as_uri()})
@@ -83,13 +86,15 @@ def test_iceberg_spark_reads_a_row_delta_as_pyiceberg_does(tmp_path: Path, icebe
     table.commit(Append(table.write(rows(5, 10)), {}))
     table.commit(RowDelta(table.write(pa.concat_tables([rows(3, 4), rows(12, 13)])), KEY, key_rows(3, 7, 12), {}))
     table.commit(RowDelta([], KEY, key_rows(3, 8), {}))
+    compacted = compact(table, MaintenanceSpec())  # `ingest maintain`: the deletes applied, their files removed
+    assert (compacted.files_removed, compacted.delete_files_removed) == (3, 4)
     location = table.table.metadata_location
 
     seen = read(iceberg_jars, [location])[location]
 
     mine = catalog.load_table("c.orders")
     expected = {str(s.snapshot_id): mine.scan(snapshot_id=s.snapshot_id).count() for s in mine.snapshots()}
-    assert list(expected.values()) == [5, 10, 10, 8]
+    assert list(expected.values()) == [5, 10, 10, 8, 8]
     assert seen["as_of"] == expected
     assert (seen["count"], seen["distinct"]) == (8, 8)
-    assert [s["operation"] for s in seen["snapshots"]] == ["append", "append", "overwrite", "delete"]
+    assert [s["operation"] for s in seen["snapshots"]] == ["append", "append", "overwrite", "delete", "overwrite"]
