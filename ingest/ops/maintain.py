@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -186,12 +186,21 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
         rows = read_live(table, group) if any(f.file_path in deleted for f in group) else read_files(table, group)
         add.extend(table.write(rows, target_file_bytes=int(spec.target_file_mb * MB)))
     dropped = removable([d for f in remove for d in deleted.get(f.file_path, ())], remove)
+    read_with = _deletes_of(deleted, remove)
 
     def attempt(number: int) -> Compaction:
         summary = restamped_summary(table, COMPACTION)
-        live = {f.file_path for f in live_data_files(table)}
+        files, deletes = live_files(table)
+        live = {f.file_path for f in files}
         if not all(f.file_path in live for f in remove):
             log.warning("compaction of %s skipped: another writer removed some of its input files", table.identifier)
+            return Compaction()
+        if deletes and _deletes_now(table, remove) != read_with:
+            log.warning(
+                "compaction of %s skipped: rows of its input files were deleted since it read them (a changelog "
+                "batch); run it again",
+                table.identifier,
+            )
             return Compaction()
         try:
             table.commit(Rewrite(remove, add, summary, dropped))
@@ -207,6 +216,19 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
         lambda: CommitGaveUp(f"compaction of {table.identifier} kept conflicting with other writers; run again"),
         f"compaction commit on {table.identifier}",
     )
+
+
+def _deletes_of(deleted: Mapping[str, Sequence[DataFile]], files: Sequence[DataFile]) -> dict[str, set[str]]:
+    """Per file of ``files``, the delete files (by path) that apply to it."""
+    return {f.file_path: {d.file_path for d in deleted.get(f.file_path, ())} for f in files}
+
+
+def _deletes_now(table: IcebergTable, files: Sequence[DataFile]) -> dict[str, set[str]] | None:
+    """:func:`_deletes_of` ``files`` on the head now (None: equality deletes apply now)."""
+    try:
+        return _deletes_of(deleted_from(table), files)
+    except EqualityDeletes:
+        return None
 
 
 def _landed(table: IcebergTable, added: list[WrittenFile]) -> bool:

@@ -189,3 +189,31 @@ def test_compaction_applies_a_changelogs_position_deletes_and_removes_their_file
     assert summary["removed-delete-files"] == "4" and summary["total-delete-files"] == "0"
     assert summary["total-records"] == "8"
     assert compact(table, MaintenanceSpec()) == Compaction()  # nothing left to do
+
+
+def test_a_row_delta_landing_while_a_changelog_table_compacts_keeps_its_deletes(make_env: MakeEnv) -> None:
+    """A changelog batch deletes a row of a file compaction has read, before compaction commits:
+    the compaction, whose new file still holds that row, must not land (it would bring it back)."""
+    rows_table = open_pipeline(make_env().config).rows
+    name = f"{rows_table.identifier.rpartition('.')[0]}.changelog"
+    table = open_table(rows_table.table.catalog, name, rows_schema([]))
+    table.refresh()
+    table.commit(Append(table.write(rows(0, 5)), {}))
+    table.commit(RowDelta([], KEY, key_rows(1), {}))
+    other = open_table(rows_table.table.catalog, name, rows_schema([]))
+    real = table.commit
+    raced: list[bool] = []
+
+    def a_row_delta_lands_first(intent: SnapshotIntent | RefIntent) -> int | None:
+        if isinstance(intent, Rewrite) and not raced:
+            raced.append(True)
+            other.refresh()
+            other.commit(RowDelta([], KEY, key_rows(3), {}))
+        return real(intent)
+
+    table.commit = a_row_delta_lands_first  # type: ignore[method-assign, assignment]
+    compact(table, MaintenanceSpec())
+
+    assert raced
+    live = rows_table.table.catalog.load_table(name).scan().to_arrow()["_kafka_offset"].to_pylist()
+    assert sorted(live) == [0, 2, 4]
