@@ -101,8 +101,10 @@ class UpsertChanges:
             return self._upserts(chunk)
         upserts = self._upserts(chunk.take(values))
         deletes = self._deletes(chunk.take([i for i, value in enumerate(chunk.values) if value is None]))
-        rows = pa.concat_tables([upserts.rows, deletes.rows], promote_options="default")
-        return Decoded(rows.select(upserts.rows.column_names), together(upserts.dead_letters, deletes.dead_letters))
+        # the deletes as the upserts' columns (a delete has no key column null: its record is a dead letter)
+        schema = upserts.rows.schema
+        rows = pa.concat_tables([upserts.rows, deletes.rows.select(schema.names).cast(schema)])
+        return Decoded(rows, together(upserts.dead_letters, deletes.dead_letters))
 
     def _upserts(self, chunk: RawChunk) -> Decoded:
         decoded = self.values.decode(chunk)

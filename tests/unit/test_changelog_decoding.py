@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from ingest.changes import DELETE, OP, UPSERT
@@ -145,3 +146,14 @@ def test_an_upsert_topics_values_upsert_and_its_tombstones_delete_the_key_they_n
     assert sorted(dead) == [3, 4, 5]
     assert "'two'" in dead[3] and "'id'" in dead[5]
     assert decoded.dead_letters["offset"].to_pylist() == [3, 4, 5]  # in the order of their records
+
+
+def test_an_upsert_topics_chunks_decode_to_one_schema_with_tombstones_or_without() -> None:
+    """A task concatenates its chunks' changes: a chunk with tombstones has the columns and types of
+    one without (the key column stays required: a tombstone naming no key is a dead letter)."""
+    fields = [Field("id", "long", True), Field("name", "string")]
+    decoder = UpsertChanges(Decoder(fields), StringKeys(), ("id",), fields)
+    plain = decoder.decode(key_chunk([b"1"], [b'{"id": 1, "name": "a"}'])).rows
+    mixed = decoder.decode(key_chunk([b"1", b"2"], [b'{"id": 1, "name": "A"}', None], first=1)).rows
+    assert mixed.schema == plain.schema
+    assert pa.concat_tables([plain, mixed])["id"].to_pylist() == [1, 1, 2]
