@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import failpoints
+from ingest.changes import KeyDeletes
 from ingest.committer import RowsCommit, commit_rows, observe
 from ingest.core.commit import Decision, dead_letter_step
 from ingest.core.ledger import BatchCounts, DeadLetterSync, Ledger, TopicPartition, remembering
@@ -71,6 +72,8 @@ class BatchCommit:
     max_attempts: int
     #: further summary keys of this pipeline on the rows snapshot (``ingest.<pipeline>.<key>``)
     extra: Mapping[str, str] = field(default_factory=dict)
+    #: a changelog batch's: the keys whose live rows its snapshot deletes
+    deletes: KeyDeletes | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ def commit_batch(
             request.max_attempts,
             request.extra,
             properties={owed_property(request.pipeline): encode_sync(staged.marker)} if staged.marker else {},
+            deletes=request.deletes,
         ),
     )
     if outcome.decision is Decision.FENCED:

@@ -34,6 +34,14 @@ _INDEX, _ORDER = "__ingest_index", "__ingest_order"
 
 
 @dataclass(frozen=True)
+class KeyDeletes:
+    """The rows a changelog batch's commit deletes: the live rows of ``keys`` (columns ``key``)."""
+
+    key: tuple[str, ...]
+    keys: pa.Table
+
+
+@dataclass(frozen=True)
 class Folded:
     """What a batch's changes commit."""
 

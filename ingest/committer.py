@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
+from ingest.changes import KeyDeletes
 from ingest.core.commit import Decision, decide
 from ingest.core.ledger import BatchCounts, Found, Ledger, TopicPartition
 from ingest.core.ledger_codec import REGISTRY_PROPERTY, encode, find_ledger, offsets_key, register, registered_pipelines
@@ -48,14 +47,6 @@ class RowsCommit:
     #: a changelog batch's: the key columns and every key it touches, whose live rows the same
     #: snapshot deletes (:class:`~ingest.intents.RowDelta`); None: the batch only adds rows
     deletes: KeyDeletes | None = None
-
-
-@dataclass(frozen=True)
-class KeyDeletes:
-    """The rows a changelog batch's commit deletes: the live rows of ``keys`` (columns ``key``)."""
-
-    key: tuple[str, ...]
-    keys: pa.Table
 
 
 @dataclass(frozen=True)

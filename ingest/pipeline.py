@@ -201,6 +201,7 @@ class Pipeline(Generic[TableT, SourceT]):
             produced.dead_letters,
             counts,
             config.commit.max_attempts,
+            deletes=produced.deletes,
         )
         committed = commit_batch(self.rows, self.dead, request, self.routes)
         if committed is None:

@@ -24,6 +24,7 @@ from typing import Any, Protocol, Self, overload
 
 import pyarrow as pa
 
+from ingest.changes import KeyDeletes
 from ingest.core.ledger import SnapshotView, TopicPartition
 from ingest.core.plan import Batch, KafkaView
 from ingest.dead_letter_spool import DeadLetterSpool
@@ -187,6 +188,9 @@ class Produced:
     unknown: int = 0
     #: ``route_by``: tables rows were routed to that do not exist yet (those rows are in no file)
     missing: frozenset[str] = frozenset()
+    #: ``changes:``: the keys the batch changes, whose live rows its commit deletes (the files hold
+    #: each key's newest row, if an upsert)
+    deletes: KeyDeletes | None = None
 
 
 @dataclass(frozen=True)

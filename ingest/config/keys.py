@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
 
+from ingest.config.changes_spec import ChangesSpec
 from ingest.config.lineage_spec import LineageSpec
 from ingest.config.scheduling import AirflowSpec
 from ingest.config.sections import (
@@ -116,5 +117,9 @@ class PipelineKeys(Strict):
     """where the runs' OpenLineage events go; default: ``OPENLINEAGE_URL`` or ``openlineage.yml``, else none"""
     airflow: AirflowSpec = AirflowSpec()
     """how Airflow runs this config's DAG (``jobs/airflow/ingest_dags.py``): schedule, retries, timeouts, engine"""
+    changes: ChangesSpec | None = None
+    """the topics are changelogs (Debezium's, or keyed upsert topics): each record upserts or deletes the row of its
+    key, and the table holds every key's newest row; none by default (each record is a new row)
+    """
     route_by: RouteBySpec | None = None
     """a field's or a header's value picks each record's table (``table:`` is then the ledger's)"""

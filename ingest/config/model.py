@@ -267,6 +267,7 @@ class PipelineConfig(PipelineKeys):
                 raise ValueError(f"sort_by: {item!r} refers to {key.column!r}, which is not in schema")
         if self.dead_letter_table == self.table:
             raise ValueError("dead_letter_table must differ from table")
+        self._changes_check(names)
         route = self.route_by
         if route is not None and route.field is not None and names:
             if route.field not in names:
@@ -277,6 +278,30 @@ class PipelineConfig(PipelineKeys):
                     f"route_by.field: {route.field!r} is a {kind}; a table is named by text, an integer or a boolean"
                 )
         return self
+
+    def _changes_check(self, names: list[str]) -> None:
+        changes = self.changes
+        if changes is None:
+            return
+        if self.route_by is not None:
+            raise ValueError("changes: a changelog goes to one table; `route_by:` is not supported with `changes:`")
+        missing = [c for c in changes.key if names and c not in names]
+        if missing:
+            raise ValueError(f"changes.key: {missing} not in schema (the key columns are fields of the rows)")
+        if changes.envelope == "debezium" and self.format != "json":
+            raise ValueError(
+                f"changes.envelope: debezium reads JSON change events for now; {self.format} envelopes (the table's "
+                "columns from the envelope's after schema) are not supported yet"
+            )
+        if changes.envelope == "debezium" and self.unknown_fields != "drop":
+            raise ValueError("unknown_fields: a Debezium event's own fields are not the table's; leave it `drop`")
+        if self.headers:
+            raise ValueError("headers: a changelog's rows do not carry their change's headers yet; leave it false")
+        if changes.envelope == "upsert" and self.key_format is None:
+            raise ValueError(
+                "changes.envelope: upsert deletes the row a tombstone's Kafka key names: give the topics a key_format "
+                "(`string` for a single key column, or the keys' registry format)"
+            )
 
     @property
     def topics(self) -> list[str]:

@@ -134,7 +134,8 @@ class LocalEngine:
         failpoints.reach("before-read")
         advanced = advanced if advanced is not None else _nothing
         records = sum(end - start for _, start, end in batch.ranges())
-        helpers = self.processes_for(records) - 1
+        # a changelog's changes are folded by one task (sharing by partitions: the next step)
+        helpers = self.processes_for(records) - 1 if self.config.changes is None else 0
         stops = Stops(batch.ranges())
         spec = TaskSpec.of(self.config, fields)
         reached: set[str] = set()

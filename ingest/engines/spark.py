@@ -159,6 +159,13 @@ class SparkEngine:
         return self._spark
 
     def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
+        if self.config.changes is not None:
+            raise ConfigError(
+                f"pipeline {self.config.pipeline!r} is a changelog (changes:), which the Spark engine does not run "
+                "yet. "
+                "Nothing was read or committed. Run it with the local engine (ingest run, or the Airflow operator's "
+                "default engine)."
+            )
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch, fields, advanced) if tasks else []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ingest.config import PipelineConfig, schema_file_text
 from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
+from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields
 from ingest.formats.decoders import Decoding, key_decoder, value_decoder
 from ingest.formats.keys import KeyedDecoder, value_fields
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
@@ -59,6 +60,8 @@ class TaskSpec:
     headers: bool = False
     #: ``route_by``: each row marked with the table its value names
     route: Route | None = None
+    #: ``changes:``: the envelope (``debezium``, ``upsert``) and the key columns; the rows are changes
+    changes: tuple[str, tuple[str, ...]] | None = None
 
     @classmethod
     def of(cls, config: PipelineConfig, fields: Sequence[Declared]) -> TaskSpec:
@@ -80,6 +83,7 @@ class TaskSpec:
             tuple(config.refuse),
             config.headers,
             route_of(config),
+            (config.changes.envelope, tuple(config.changes.key)) if config.changes is not None else None,
         )
 
     def decoder(self, routed: RoutedTables | None = None) -> ValueDecoder:
@@ -107,12 +111,17 @@ class TaskSpec:
         decoding = Decoding(
             self.on_schema_change, self.renames, self.unknown_fields, frozenset(self.refuse), self.schema_text
         )
+        envelope, key_columns = self.changes if self.changes is not None else (None, ())
+        read = debezium_fields(value_fields(fields)) if envelope == "debezium" else value_fields(fields)
+        values = value_decoder(self.format, read, decoding, registry)
+        if envelope == "debezium":
+            values = DebeziumChanges(values, key_columns)
         if self.key_format is None:
-            return value_decoder(self.format, fields, decoding, registry)
-        values = value_decoder(self.format, value_fields(fields), decoding, registry)
+            return values
         key = next(f for f in fields if f.name == KEY_COLUMN)  # the pipeline adds it
         keys = key_decoder(self.key_format, key, self.on_schema_change, registry)
-        return KeyedDecoder(self._rows_fields(fields), values, keys)
+        keyed = KeyedDecoder(self._rows_fields(fields), values, keys)
+        return UpsertChanges(keyed, keys, key_columns, fields) if envelope == "upsert" else keyed
 
     def _rows_fields(self, fields: Sequence[Declared]) -> Sequence[Declared]:
         """The fields of the rows the keyed decoder makes: with ``headers``, the headers column too

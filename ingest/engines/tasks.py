@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from ingest import arrow_memory, nogc
+from ingest.changes import OP, KeyDeletes, fold
 from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.dead_letter_spool import DeadLetterSpool
@@ -133,9 +134,14 @@ def decode_and_write(
     write_rows: int,
     reach: Callable[[str], None] = lambda _: None,
     advanced: Advanced = lambda records, nbytes, files: None,
+    key: Sequence[str] | None = None,
 ) -> Produced:
     """Decode each chunk and write the rows as data files (committed nowhere); every task's core.
     ``advanced`` hears of each chunk decoded and the files written with it.
+
+    With ``key`` (``changes:``), the decoder makes changes (:mod:`ingest.changes`): they are held
+    until the last chunk, then folded; the files hold each key's newest row if an upsert, and the
+    result names every key changed (:attr:`Produced.deletes`).
 
     Decoded rows (compact Arrow) are held until ``write_rows`` of them are ready, so files are
     sized by ``write_rows`` while the raw chunks, which cost several times more memory per record
@@ -155,6 +161,17 @@ def decode_and_write(
         files.extend(rows.write(pa.concat_tables(held)))
         held, held_rows = [], 0
 
+    deletes: KeyDeletes | None = None
+
+    def fold_and_write() -> None:
+        nonlocal held, deletes
+        assert key is not None
+        changes = pa.concat_tables(held)
+        folded = fold(changes, key)
+        held = [changes.take(folded.rows).drop_columns([OP])]
+        deletes = KeyDeletes(tuple(key), folded.keys)
+        write()
+
     for i, chunk in enumerate(chunks):
         if i == 0:
             reach("mid-read")
@@ -172,15 +189,19 @@ def decode_and_write(
         held.append(decoded.rows)
         held_rows += decoded.rows.num_rows
         written = len(files)
-        if held_rows >= write_rows:
+        if held_rows >= write_rows and key is None:  # (a changelog's changes are folded once all are read)
             write()
         dead.add(decoded.dead_letters)
         advanced(len(chunk), chunk.nbytes, len(files) - written)
-    if held_rows:
+    if key is not None and held:
+        written = len(files)
+        fold_and_write()
+        advanced(0, 0, len(files) - written)
+    elif held_rows:
         written = len(files)
         write()
         advanced(0, 0, len(files) - written)
-    return Produced(files, dead, records, nbytes, timestamps, unknown)
+    return Produced(files, dead, records, nbytes, timestamps, unknown, deletes=deletes)
 
 
 #: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system
@@ -212,7 +233,8 @@ def produce_ranges(
     with nogc.paused():
         chunks = prefetched(source.read(stops))
         decoder = spec.decoder(writer if isinstance(writer, RoutedTables) else None)
-        produced = decode_and_write(chunks, decoder, writer, spec.chunk_records, reach, advanced)
+        key = spec.changes[1] if spec.changes is not None else None
+        produced = decode_and_write(chunks, decoder, writer, spec.chunk_records, reach, advanced, key)
     if produced.nbytes >= RELEASE_AFTER_BYTES:
         arrow_memory.release()
     if isinstance(writer, RoutedTables):  # rows for tables not created yet: the pipeline creates them
@@ -237,6 +259,8 @@ class TaskOutput:
     unknown: int = 0
     #: ``route_by``: tables rows were routed to that do not exist yet
     missing: frozenset[str] = frozenset()
+    #: ``changes:``: the keys the task's changes changed
+    deletes: KeyDeletes | None = None
 
 
 def run_task(
@@ -260,6 +284,7 @@ def run_task(
         tuple(stops.ranges()),  # once the read is over, what it covered
         produced.unknown,
         produced.missing,
+        produced.deletes,
     )
 
 
@@ -281,4 +306,23 @@ def combine(
         timestamps=merge_timestamps(output.timestamps for output in ordered),
         unknown=sum(output.unknown for output in ordered),
         missing=frozenset().union(*(output.missing for output in ordered)),
+        deletes=_keys_changed([output.deletes for output in ordered if output.deletes is not None], incomplete),
     )
+
+
+def _keys_changed(parts: Sequence[KeyDeletes], incomplete: Callable[[str], IngestError]) -> KeyDeletes | None:
+    """The keys the tasks of a changelog batch changed, each in one task; ``incomplete(message)``
+    is raised if a key was changed in two (each wrote its newest row: the batch would land both)."""
+    if not parts:
+        return None
+    key = parts[0].key
+    keys = pa.concat_tables([part.keys for part in parts])
+    counted = keys.group_by(list(key), use_threads=False).aggregate([([], "count_all")])
+    twice = counted.filter(pa.compute.greater(counted["count_all"], 1))
+    if twice.num_rows:
+        raise incomplete(
+            f"key {twice.select(list(key)).slice(0, 1).to_pylist()[0]} was changed by two tasks of the batch (its "
+            "changes are in two partitions, or one partition was read by two tasks); nothing was committed. Run "
+            "again."
+        )
+    return KeyDeletes(key, keys)

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
+from ingest.changes import OP
 from ingest.errors import KEYS_AHEAD, SchemaAhead, SchemaChangeRefused, firsts_text
 from ingest.format_names import OnSchemaChange
 from ingest.formats.rows import dead_letters
@@ -166,7 +167,8 @@ class KeyedDecoder:
         chunk = replace(chunk, decoded_key=keys)
         kept = chunk if not bad else chunk.take([i for i in range(len(chunk)) if i not in bad])
         decoded = self.values.decode(kept)
-        rows = decoded.rows.select(self._names)
+        # (changes: their kind too, :data:`ingest.changes.OP`)
+        rows = decoded.rows.select([*self._names, *([OP] if OP in decoded.rows.column_names else [])])
         if not bad:
             return Decoded(rows, decoded.dead_letters, decoded.unknown)
         return Decoded(rows, pa.concat_tables([dead_letters(chunk, bad), decoded.dead_letters]), decoded.unknown)

@@ -48,7 +48,7 @@ from ingest.core.ledger import BatchCounts, DeadLetterSync, TopicPartition
 from ingest.core.ledger_codec import encode, read_extra, register
 from ingest.dead_letters import settle
 from ingest.engines.task_spec import TaskSpec
-from ingest.errors import CommitGaveUp, SchemaAhead
+from ingest.errors import CommitGaveUp, ConfigError, SchemaAhead
 from ingest.iceberg.reading import dead_letters_of
 from ingest.iceberg.table import MAIN
 from ingest.intents import Append
@@ -91,6 +91,12 @@ def redrive(pipeline: Opened, *, dry_run: bool = False) -> Redrive:
     config = pipeline.config
     if pipeline.rows.branch != MAIN:
         raise ValueError("redrive commits to main")
+    if config.changes is not None:
+        raise ConfigError(
+            f"redrive of {config.pipeline!r} refused: it is a changelog (changes:), and a dead letter's change may be "
+            "older than its key's row, which redriving it would replace. Nothing was changed. Fix the decoding, then "
+            "replay from a snapshot before the dead letters (ingest replay --from-snapshot S --publish)."
+        )
     result = Redrive(config.pipeline, dry_run=dry_run)
     found = pipeline.ledger()
     if found is None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,58 +25,18 @@ from ingest.core.coverage import Coverage, coverage
 from ingest.core.ledger import Found, TopicPartition
 from ingest.core.plan import Watermarks, check_topic_ids
 from ingest.core.ranges import Range
+from ingest.engines.task_spec import TaskSpec
 from ingest.errors import TopicIdChanged
 from ingest.iceberg.reading import read_written
 from ingest.iceberg.table import IcebergTable
 from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
+from ingest.ops.verify_changes import changelog_checks
+from ingest.ops.verify_report import PROBLEMS as PROBLEMS
+from ingest.ops.verify_report import SAMPLE as SAMPLE
+from ingest.ops.verify_report import PartitionCheck as PartitionCheck
+from ingest.ops.verify_report import Problem as Problem
 from ingest.siblings import for_table
-
-#: how many offsets of each kind a verification report lists per partition
-SAMPLE = 20
-
-
-#: what verify can find wrong with an offset, as ``--json`` names it: no row or dead letter where the
-#: ledger read the record; more rows than reads; a row where no read put one; a dead letter more
-#: than once; a record both a row and a dead letter although the ledger read it once
-Problem = Literal["missing", "duplicated", "unexpected", "duplicated_dead_letters", "in_both_tables"]
-PROBLEMS: tuple[Problem, ...] = get_args(Problem)
-
-
-@dataclass
-class PartitionCheck:
-    tp: TopicPartition
-    start: int
-    end: int
-    #: the end of the offsets checked: ``end``, or above it, where a backward reset moved the ledger from
-    top: int | None = None
-    in_kafka: int = 0
-    rows: int = 0
-    dead_letters: int = 0
-    #: the offsets of each problem found (a sample of at most :data:`SAMPLE`)
-    found: dict[Problem, list[int]] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not any(self.found.values())
-
-    def problems(self) -> list[tuple[Problem, list[int]]]:
-        """Each kind of problem with the offsets found (a sample of at most :data:`SAMPLE`)."""
-        return [(kind, self.found.get(kind, [])) for kind in PROBLEMS]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "topic": self.tp.topic,
-            "partition": self.tp.partition,
-            "start": self.start,
-            "end": self.end,
-            "checked_to": self.top if self.top is not None else self.end,
-            "in_kafka": self.in_kafka,
-            "rows": self.rows,
-            "dead_letters": self.dead_letters,
-            **dict(self.problems()),
-            "ok": self.ok,
-        }
 
 
 def _offsets_by_partition(table: pa.Table, topic: str, partition: str, offset: str) -> dict[TopicPartition, pa.Array]:
@@ -298,19 +258,23 @@ def verify(pipeline: Opened) -> Verification:
         watermarks = view.partitions.get(tp, Watermarks(end, end))
         top = max(end, min(claims.top(tp, end), watermarks.high))
         spans.append(((tp, max(claims.lowest(tp, end), watermarks.low), top), end))
+    r, d = records.ROWS, records.DEAD_LETTERS
+    dead_head = _dead_letters_head(pipeline, found)
+    if pipeline.config.changes is not None:  # a changelog: the table against the fold of its changes
+        spec = TaskSpec.of(pipeline.config, pipeline.fields)
+        columns = [*pipeline.config.changes.key, r.topic, r.partition, r.offset]
+        dead = _dead_letters(pipeline, found, dead_head)
+        read = pipeline.source.read([span for span, _ in spans])
+        checks = changelog_checks(spec, spans, read, pipeline.rows.scan_columns(columns, rows_tables[0][1]), dead)
+        return _verification(pipeline, found, claims, checks, rows_tables, dead_head)
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
     for chunk in pipeline.source.read([span for span, _ in spans]):
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
         for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
-    r, d = records.ROWS, records.DEAD_LETTERS
     rows = _rows_coordinates(rows_tables)
     rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics_in(found.ledger.topics), pa.string())))
-    dead_head = _dead_letters_head(pipeline, found)
-    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset], dead_head)
-    owed = _owed_dead_letters(pipeline, found)
-    if owed is not None:  # the batch's rows landed a moment ago, its dead letters are still in files
-        dead = pa.concat_tables([dead, owed])
+    dead = _dead_letters(pipeline, found, dead_head)
     row_offsets = _offsets_by_partition(rows, r.topic, r.partition, r.offset)
     dead_offsets = _offsets_by_partition(dead, d.topic, d.partition, d.offset)
     empty = pa.array([], pa.int64())
@@ -322,6 +286,29 @@ def verify(pipeline: Opened) -> Verification:
         if pipeline.routes is not None and len(mine):  # rows past the ledger: a crash between the tables' commits
             mine = mine.filter(pc.less(mine, span[2]))
         checks.append(judge_partition(span, end, kafka, mine, dead_offsets.get(tp, empty), claims))
+    return _verification(pipeline, found, claims, checks, rows_tables, dead_head)
+
+
+def _dead_letters(pipeline: Opened, found: Found, head: int | None) -> pa.Table:
+    """The coordinates of the dead letters at ``head``, and of those the rows head's batch owes."""
+    d = records.DEAD_LETTERS
+    dead = pipeline.dead.scan_columns([d.topic, d.partition, d.offset], head)
+    owed = _owed_dead_letters(pipeline, found)
+    if owed is not None:  # the batch's rows landed a moment ago, its dead letters are still in files
+        dead = pa.concat_tables([dead, owed])
+    return dead
+
+
+def _verification(
+    pipeline: Opened,
+    found: Found,
+    claims: Coverage,
+    checks: list[PartitionCheck],
+    rows_tables: list[tuple[IcebergTable, int | None]],
+    dead_head: int | None,
+) -> Verification:
+    """The report of ``checks``, naming the other writers' snapshots that changed what is wrong."""
+    name, r, d = pipeline.config.pipeline, records.ROWS, records.DEAD_LETTERS
     changes: list[Change] = []
     wrong = [c for c in checks if not c.ok][:SAMPLE]
     if wrong:  # who changed the offsets found wrong since the pipeline's last commit

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 import pytest
 from pyiceberg.types import StringType
 
-from ingest.committer import KeyDeletes, RowsCommit, commit_rows
+from ingest.changes import KeyDeletes
+from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, Ledger, TopicPartition
 from ingest.core.ledger_codec import find_ledger

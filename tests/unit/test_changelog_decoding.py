@@ -157,3 +157,54 @@ def test_an_upsert_topics_chunks_decode_to_one_schema_with_tombstones_or_without
     mixed = decoder.decode(key_chunk([b"1", b"2"], [b'{"id": 1, "name": "A"}', None], first=1)).rows
     assert mixed.schema == plain.schema
     assert pa.concat_tables([plain, mixed])["id"].to_pylist() == [1, 1, 2]
+
+
+def test_a_tasks_changes_are_folded_before_they_are_written() -> None:
+    """Changes decoded chunk by chunk (``changes:``) are held until the last chunk, folded, and
+    written once: each key's newest row if an upsert, and every key changed named for the commit."""
+    from ingest.engines.tasks import decode_and_write
+    from ingest.testing.memory_table import MemoryCatalog
+
+    fields = [Field("id", "long", True), Field("name", "string")]
+    decoder = UpsertChanges(Decoder(fields), StringKeys(), ("id",), fields)
+    first = key_chunk(
+        [b"1", b"2", b"3"], [b'{"id": 1, "name": "a"}', b'{"id": 2, "name": "b"}', b'{"id": 3, "name": "c"}']
+    )
+    second = key_chunk([b"1", b"2"], [b'{"id": 1, "name": "A"}', None], first=3)
+    table = MemoryCatalog("lake.customers").table()
+
+    produced = decode_and_write([first, second], decoder, table, write_rows=1, key=("id",))
+
+    written = table.read_written([f.file_path for f in produced.files], ["_kafka_offset", "id", "name"])
+    assert sorted(written.to_pylist(), key=lambda r: r["id"]) == [
+        {"_kafka_offset": 3, "id": 1, "name": "A"},
+        {"_kafka_offset": 2, "id": 3, "name": "c"},
+    ]
+    assert produced.deletes is not None and produced.deletes.key == ("id",)
+    assert sorted(produced.deletes.keys["id"].to_pylist()) == [1, 2, 3]
+    assert produced.records == 5 and produced.dead_letters.num_rows == 0
+
+
+def test_a_tasks_decoder_reads_changes_as_the_config_says() -> None:
+    """``changes:`` in a task's spec: Debezium events, or an upsert topic's rows and tombstones
+    (with the decoded key beside them), each record a change of its key's row."""
+    from ingest.engines.task_spec import TaskSpec
+    from ingest.records import KEY_COLUMN
+
+    fields = (
+        Field("id", "int", True),
+        Field("first_name", "string"),
+        Field("last_name", "string"),
+        Field("email", "string"),
+    )
+    spec = TaskSpec({}, ("customers",), "g", 1.0, fields, 100, changes=("debezium", ("id",)))
+    values = [json.dumps(event("c", None, SALLY)).encode(), None, json.dumps(event("d", SALLY, None)).encode()]
+    decoded = spec.decoder().decode(chunk(values))
+    assert sorted(changes(decoded)) == [(100, UPSERT, 1001, "sally.thomas@acme.com"), (102, DELETE, 1001, None)]
+
+    keyed = (*fields, Field(KEY_COLUMN, "string"))
+    spec = TaskSpec({}, ("customers",), "g", 1.0, keyed, 100, key_format="string", changes=("upsert", ("id",)))
+    values = [json.dumps(SALLY).encode(), None]
+    decoded = spec.decoder().decode(chunk(values, keys=[b"1001", b"1001"]))
+    assert sorted(changes(decoded)) == [(100, UPSERT, 1001, "sally.thomas@acme.com"), (101, DELETE, 1001, None)]
+    assert decoded.rows[KEY_COLUMN].to_pylist() == ["1001", "1001"]

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from ingest.committer import KeyDeletes, RowsCommit, commit_rows
+from ingest.changes import KeyDeletes
+from ingest.committer import RowsCommit, commit_rows
 from ingest.core.commit import Decision
 from ingest.core.ledger import BatchCounts, TopicPartition
 from ingest.core.plan import Batch
