@@ -134,7 +134,7 @@ class LocalEngine:
         failpoints.reach("before-read")
         advanced = advanced if advanced is not None else _nothing
         records = sum(end - start for _, start, end in batch.ranges())
-        # a changelog's changes are folded by one task (sharing by partitions: the next step)
+        # a changelog batch is folded by one task: no key's changes are split between processes
         helpers = self.processes_for(records) - 1 if self.config.changes is None else 0
         stops = Stops(batch.ranges())
         spec = TaskSpec.of(self.config, fields)

@@ -162,9 +162,8 @@ class SparkEngine:
         if self.config.changes is not None:
             raise ConfigError(
                 f"pipeline {self.config.pipeline!r} is a changelog (changes:), which the Spark engine does not run "
-                "yet. "
-                "Nothing was read or committed. Run it with the local engine (ingest run, or the Airflow operator's "
-                "default engine)."
+                "yet. Nothing was read or committed. Run it with the local engine (ingest run, or the Airflow "
+                "operator's default engine)."
             )
         tasks = self.tasks(batch)
         failpoints.reach("before-read")

@@ -161,17 +161,6 @@ def decode_and_write(
         files.extend(rows.write(pa.concat_tables(held)))
         held, held_rows = [], 0
 
-    deletes: KeyDeletes | None = None
-
-    def fold_and_write() -> None:
-        nonlocal held, deletes
-        assert key is not None
-        changes = pa.concat_tables(held)
-        folded = fold(changes, key)
-        held = [changes.take(folded.rows).drop_columns([OP])]
-        deletes = KeyDeletes(tuple(key), folded.keys)
-        write()
-
     for i, chunk in enumerate(chunks):
         if i == 0:
             reach("mid-read")
@@ -193,15 +182,22 @@ def decode_and_write(
             write()
         dead.add(decoded.dead_letters)
         advanced(len(chunk), chunk.nbytes, len(files) - written)
+    deletes = None
     if key is not None and held:
-        written = len(files)
-        fold_and_write()
-        advanced(0, 0, len(files) - written)
-    elif held_rows:
+        held, deletes = _folded(held, key)
+    if held_rows:
         written = len(files)
         write()
         advanced(0, 0, len(files) - written)
     return Produced(files, dead, records, nbytes, timestamps, unknown, deletes=deletes)
+
+
+def _folded(changes: list[pa.Table], key: Sequence[str]) -> tuple[list[pa.Table], KeyDeletes]:
+    """A task's changes folded (:func:`ingest.changes.fold`): each key's newest row if an upsert,
+    and every key changed."""
+    together = pa.concat_tables(changes)
+    folded = fold(together, key)
+    return [together.take(folded.rows).drop_columns([OP])], KeyDeletes(tuple(key), folded.keys)
 
 
 #: a task that read this much (8 MB, one read chunk's bytes) hands what it freed back to the system
@@ -313,8 +309,8 @@ def combine(
 def _keys_changed(parts: Sequence[KeyDeletes], incomplete: Callable[[str], IngestError]) -> KeyDeletes | None:
     """The keys the tasks of a changelog batch changed, each in one task; ``incomplete(message)``
     is raised if a key was changed in two (each wrote its newest row: the batch would land both)."""
-    if not parts:
-        return None
+    if len(parts) <= 1:
+        return parts[0] if parts else None
     key = parts[0].key
     keys = pa.concat_tables([part.keys for part in parts])
     counted = keys.group_by(list(key), use_threads=False).aggregate([([], "count_all")])

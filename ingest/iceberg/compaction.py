@@ -14,8 +14,6 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
     ManifestContent,
-    ManifestEntry,
-    ManifestEntryStatus,
     ManifestFile,
 )
 from pyiceberg.table import Table, Transaction
@@ -79,23 +77,8 @@ class _RewriteProducer(_OverwriteFiles):
                 continue
             if not staying:
                 continue
-            writer = DeleteManifestWriter(
-                self.spec(manifest.partition_spec_id),
-                self.schema(),
-                self.new_manifest_output(),
-                self._snapshot_id,
-                self._compression,
-            )
-            with writer:
+            with DeleteManifestWriter.of(self, manifest.partition_spec_id) as writer:
                 for entry in staying:
-                    writer.add_entry(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.EXISTING,
-                            snapshot_id=entry.snapshot_id,
-                            sequence_number=entry.sequence_number,
-                            file_sequence_number=entry.file_sequence_number,
-                            data_file=entry.data_file,
-                        )
-                    )
+                    writer.existing(entry)
             kept.append(writer.to_manifest_file())
         return kept

@@ -11,6 +11,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.table import FileScanTask
 from pyiceberg.types import StringType
 
 from ingest.errors import TableMismatch
@@ -124,26 +125,22 @@ class EqualityDeletes(Exception):
     """The table has equality deletes: its live rows are not known by position."""
 
 
-def deleted_from(table: IcebergTable) -> dict[str, list[DataFile]]:
-    """Per data file of the branch head that position deletes apply to (by path), those delete
-    files. Raises :class:`EqualityDeletes` if any equality delete applies."""
+def scan_tasks(table: IcebergTable) -> dict[str, FileScanTask]:
+    """Per data file of the branch head (by path), its scan task: the file and the position delete
+    files that apply to it. Raises :class:`EqualityDeletes` if any equality delete applies."""
     head = table.branch_head(table.branch)
     if head is None:
         return {}
-    applied: dict[str, list[DataFile]] = {}
+    tasks: dict[str, FileScanTask] = {}
     for task in table.table.scan(snapshot_id=head).plan_files():
         if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
             raise EqualityDeletes(task.file.file_path)
-        if task.delete_files:
-            applied[task.file.file_path] = list(task.delete_files)
-    return applied
+        tasks[task.file.file_path] = task
+    return tasks
 
 
-def read_live(table: IcebergTable, files: Sequence[DataFile]) -> pa.Table:
-    """The live rows of ``files`` (of the branch head), their position deletes applied."""
-    head = table.branch_head(table.branch)
-    paths = {f.file_path for f in files}
-    tasks = [task for task in table.table.scan(snapshot_id=head).plan_files() if task.file.file_path in paths]
+def read_live(table: IcebergTable, tasks: Sequence[FileScanTask]) -> pa.Table:
+    """The live rows of the data files of ``tasks`` (:func:`scan_tasks`), their deletes applied."""
     metadata = table.table.metadata
     return ArrowScan(metadata, table.table.io, metadata.schema(), AlwaysTrue()).to_table(tasks)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +32,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.types import LongType, StringType
 
@@ -174,6 +175,17 @@ def write_position_deletes(table: Table, data_file: DataFile, positions: pa.Arra
 class DeleteManifestWriter(ManifestWriterV2):
     """A manifest of delete files (pyiceberg writes data manifests only)."""
 
+    @classmethod
+    def of(cls, producer: _SnapshotProducer[Any], spec_id: int) -> DeleteManifestWriter:
+        """A delete manifest of ``producer``'s snapshot, in partition spec ``spec_id``."""
+        return cls(
+            producer.spec(spec_id),
+            producer.schema(),
+            producer.new_manifest_output(),
+            producer._snapshot_id,
+            producer._compression,
+        )
+
     def content(self) -> ManifestContent:
         return ManifestContent.DELETES
 
@@ -213,19 +225,14 @@ class _RowDeltaProducer(_FastAppendFiles):
         for delete_file in self._deletes:
             by_spec.setdefault(delete_file.spec_id, []).append(delete_file)
         for spec_id, files in by_spec.items():
-            writer = DeleteManifestWriter(
-                self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
-            )
-            with writer:
+            with DeleteManifestWriter.of(self, spec_id) as writer:
                 for delete_file in files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=delete_file,
-                        )
+                    added = ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=self._snapshot_id,
+                        sequence_number=None,
+                        data_file=delete_file,
                     )
+                    writer.add(added)
             manifests.append(writer.to_manifest_file())
         return manifests

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,13 +29,13 @@ from ingest.errors import CommitConflict, CommitGaveUp, CommitUnknown
 from ingest.iceberg.files import (
     EqualityDeletes,
     delete_file,
-    deleted_from,
     live_data_files,
     live_files,
     read_files,
     read_live,
     referenced_paths,
     removable,
+    scan_tasks,
     stored_data_files,
     unreferenced,
 )
@@ -169,7 +169,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
     table.refresh()
     files, deletes = live_files(table)
     try:
-        deleted = deleted_from(table) if deletes else {}
+        tasks = scan_tasks(table) if deletes else {}
     except EqualityDeletes:
         log.warning(
             "compaction of %s skipped: equality deletes apply to its data (written by a merge-on-read tool such as "
@@ -177,13 +177,17 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
             table.identifier,
         )
         return Compaction(skipped_delete_files=deletes)
+    deleted = {path: task.delete_files for path, task in tasks.items() if task.delete_files}
     groups = _groups(files, int(spec.small_file_mb * MB), deleted)
     if not groups:
         return Compaction()
     remove = [f for group in groups for f in group]
     add: list[WrittenFile] = []
     for group in groups:
-        rows = read_live(table, group) if any(f.file_path in deleted for f in group) else read_files(table, group)
+        if any(f.file_path in deleted for f in group):
+            rows = read_live(table, [tasks[f.file_path] for f in group])
+        else:
+            rows = read_files(table, group)
         add.extend(table.write(rows, target_file_bytes=int(spec.target_file_mb * MB)))
     dropped = removable([d for f in remove for d in deleted.get(f.file_path, ())], remove)
     read_with = _deletes_of(deleted, remove)
@@ -218,7 +222,7 @@ def compact(table: IcebergTable, spec: MaintenanceSpec) -> Compaction:
     )
 
 
-def _deletes_of(deleted: Mapping[str, Sequence[DataFile]], files: Sequence[DataFile]) -> dict[str, set[str]]:
+def _deletes_of(deleted: Mapping[str, Iterable[DataFile]], files: Sequence[DataFile]) -> dict[str, set[str]]:
     """Per file of ``files``, the delete files (by path) that apply to it."""
     return {f.file_path: {d.file_path for d in deleted.get(f.file_path, ())} for f in files}
 
@@ -226,7 +230,7 @@ def _deletes_of(deleted: Mapping[str, Sequence[DataFile]], files: Sequence[DataF
 def _deletes_now(table: IcebergTable, files: Sequence[DataFile]) -> dict[str, set[str]] | None:
     """:func:`_deletes_of` ``files`` on the head now (None: equality deletes apply now)."""
     try:
-        return _deletes_of(deleted_from(table), files)
+        return _deletes_of({path: task.delete_files for path, task in scan_tasks(table).items()}, files)
     except EqualityDeletes:
         return None
 

@@ -36,22 +36,8 @@ from ingest.ops.verify_report import PROBLEMS as PROBLEMS
 from ingest.ops.verify_report import SAMPLE as SAMPLE
 from ingest.ops.verify_report import PartitionCheck as PartitionCheck
 from ingest.ops.verify_report import Problem as Problem
+from ingest.ops.verify_report import offsets_by_partition, sample
 from ingest.siblings import for_table
-
-
-def _offsets_by_partition(table: pa.Table, topic: str, partition: str, offset: str) -> dict[TopicPartition, pa.Array]:
-    result: dict[TopicPartition, pa.Array] = {}
-    if table.num_rows == 0:
-        return result
-    keys = table.group_by([topic, partition]).aggregate([]).to_pylist()
-    for key in keys:
-        mask = pc.and_(pc.equal(table[topic], key[topic]), pc.equal(table[partition], key[partition]))
-        result[TopicPartition(key[topic], key[partition])] = table.filter(mask)[offset].combine_chunks()
-    return result
-
-
-def _sample(array: pa.Array) -> list[int]:
-    return sorted(array.to_pylist())[:SAMPLE]
 
 
 def _within(values: pa.Array, spans: list[Range], tp: TopicPartition) -> pa.Array:
@@ -124,19 +110,19 @@ def judge_partition(
         once = pc.less_equal(expected, 1)
         rows_allowed = pc.if_else(is_dead, pc.max_element_wise(pc.subtract(expected, 1), 1), expected)
         nowhere = pc.and_(pc.invert(is_dead), pc.less_equal(expected, 0))
-        found["duplicated_dead_letters"].update(_sample(values.filter(pc.greater(in_dead, 1))))
+        found["duplicated_dead_letters"].update(sample(values.filter(pc.greater(in_dead, 1))))
         in_both = pc.and_(pc.and_(is_dead, pc.greater(in_rows, 0)), once)
-        found["in_both_tables"].update(_sample(values.filter(in_both)))
+        found["in_both_tables"].update(sample(values.filter(in_both)))
         too_many = pc.and_(pc.greater(in_rows, rows_allowed), pc.invert(nowhere))
-        found["duplicated"].update(_sample(values.filter(too_many)))
+        found["duplicated"].update(sample(values.filter(too_many)))
         too_few = pc.and_(pc.invert(is_dead), pc.less(in_rows, expected))
-        found["missing"].update(_sample(values.filter(pc.and_(too_few, pc.greater_equal(values, start)))))
+        found["missing"].update(sample(values.filter(pc.and_(too_few, pc.greater_equal(values, start)))))
         in_range = landed.filter(pc.and_(pc.greater_equal(landed, start), pc.less(landed, top)))
         strays = in_range.filter(pc.invert(pc.is_in(in_range, held))) if len(held) else in_range
-        found["unexpected"].update(_sample(values.filter(nowhere)) + _sample(strays))
+        found["unexpected"].update(sample(values.filter(nowhere)) + sample(strays))
     if len(kafka):
         absent = kafka.filter(pc.invert(pc.is_in(kafka, landed))) if len(landed) else kafka
-        found["missing"].update(_sample(absent))
+        found["missing"].update(sample(absent))
     check.found = {kind: sorted(offsets)[:SAMPLE] for kind, offsets in found.items() if offsets}
     return check
 
@@ -270,13 +256,13 @@ def verify(pipeline: Opened) -> Verification:
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
     for chunk in pipeline.source.read([span for span, _ in spans]):
         table = pa.table({"t": chunk.topic, "p": chunk.partition, "o": chunk.offset})
-        for tp, offsets in _offsets_by_partition(table, "t", "p", "o").items():
+        for tp, offsets in offsets_by_partition(table, "t", "p", "o").items():
             in_kafka.setdefault(tp, []).append(offsets)
     rows = _rows_coordinates(rows_tables)
     rows = rows.filter(pc.is_in(rows[r.topic], pa.array(pipeline.config.topics_in(found.ledger.topics), pa.string())))
     dead = _dead_letters(pipeline, found, dead_head)
-    row_offsets = _offsets_by_partition(rows, r.topic, r.partition, r.offset)
-    dead_offsets = _offsets_by_partition(dead, d.topic, d.partition, d.offset)
+    row_offsets = offsets_by_partition(rows, r.topic, r.partition, r.offset)
+    dead_offsets = offsets_by_partition(dead, d.topic, d.partition, d.offset)
     empty = pa.array([], pa.int64())
     checks = []
     for span, end in spans:

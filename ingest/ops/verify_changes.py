@@ -12,6 +12,7 @@ in neither table, and are judged by the key's row instead.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,10 +20,9 @@ import pyarrow.compute as pc
 from ingest import records
 from ingest.changes import OP
 from ingest.changes_check import judge
-from ingest.core.ledger import TopicPartition
 from ingest.core.ranges import Range
 from ingest.engines.task_spec import TaskSpec
-from ingest.ops.verify_report import SAMPLE, PartitionCheck, Problem
+from ingest.ops.verify_report import SAMPLE, PartitionCheck, Problem, offsets_by_partition, sample
 from ingest.ports import ValueDecoder
 from ingest.records import RawChunk
 
@@ -53,29 +53,39 @@ def changelog_checks(
     changes = changes.join(stored_dead, _COORDINATES, join_type="left anti")
     in_range = _in_spans(rows, [span for span, _ in spans])
     found = judge(changes, rows, in_range, key)
+    by_partition = {  # (each table's offsets per partition, once)
+        name: offsets_by_partition(table, *_COORDINATES)
+        for name, table in {
+            "read": read,
+            "rows": rows.filter(in_range),
+            "dead": stored_dead,
+            "refused": refused,
+            **{kind.name: getattr(found, kind.name) for kind in fields(found)},
+        }.items()
+    }
+    empty = pa.array([], pa.int64())
     checks = []
     for (tp, start, top), end in spans:
+        here = {name: offsets.get(tp, empty) for name, offsets in by_partition.items()}
         check = PartitionCheck(tp, start, end, top)
-        check.in_kafka = len(_of(read, tp))
-        mine, gone = _of(rows.filter(in_range), tp), _of(stored_dead, tp)
+        mine, gone = here["rows"], here["dead"]
         gone = gone.filter(pc.and_(pc.greater_equal(gone, start), pc.less(gone, top))) if len(gone) else gone
-        check.rows, check.dead_letters = len(mine), len(gone)
+        check.in_kafka, check.rows, check.dead_letters = len(here["read"]), len(mine), len(gone)
         problems: dict[Problem, set[int]] = {
-            "missing": {*_sample(_of(found.missing, tp))},
+            "missing": {*sample(here["missing"])},
             # a row that is not its key's last change's, or whose key that change deleted, or that no change left
-            "unexpected": {*_sample(_of(found.stale, tp)), *_sample(_of(found.undeleted, tp))}
-            | {*_sample(_of(found.unexpected, tp))},
-            "duplicated": {*_sample(_of(found.duplicated, tp))},
+            "unexpected": {*sample(here["stale"]), *sample(here["undeleted"]), *sample(here["unexpected"])},
+            "duplicated": {*sample(here["duplicated"])},
         }
-        owed = _of(refused, tp)
+        owed = here["refused"]
         if len(owed):  # records that are no change: each a dead letter, once, and no row
-            problems["missing"] |= {*_sample(owed.filter(pc.invert(pc.is_in(owed, gone))))}
+            problems["missing"] |= {*sample(owed.filter(pc.invert(pc.is_in(owed, gone))))}
         if len(gone):
             counts = pc.value_counts(gone)
             problems["duplicated_dead_letters"] = {
-                *_sample(counts.field("values").filter(pc.greater(counts.field("counts"), 1)))
+                *sample(counts.field("values").filter(pc.greater(counts.field("counts"), 1)))
             }
-            problems["in_both_tables"] = {*_sample(gone.filter(pc.is_in(gone, mine)))} if len(mine) else set()
+            problems["in_both_tables"] = {*sample(gone.filter(pc.is_in(gone, mine)))} if len(mine) else set()
         check.found = {kind: sorted(offsets)[:SAMPLE] for kind, offsets in problems.items() if offsets}
         checks.append(check)
     return checks
@@ -107,14 +117,6 @@ def _as(table: pa.Table, like: pa.Table) -> pa.Table:
     return table.cast(pa.schema([like.schema.field(name) for name in table.column_names]))
 
 
-def _of(table: pa.Table, tp: TopicPartition) -> pa.Array:
-    """The offsets of ``table`` (coordinates) in partition ``tp``."""
-    if not table.num_rows:
-        return pa.array([], pa.int64())
-    mask = pc.and_(pc.equal(table[_R.topic], tp.topic), pc.equal(table[_R.partition], tp.partition))
-    return table.filter(mask)[_R.offset].combine_chunks()
-
-
 def _in_spans(rows: pa.Table, spans: Sequence[Range]) -> pa.Array:
     inside = pa.array([False] * rows.num_rows)
     for tp, lo, hi in spans:
@@ -122,7 +124,3 @@ def _in_spans(rows: pa.Table, spans: Sequence[Range]) -> pa.Array:
         within = pc.and_(pc.greater_equal(rows[_R.offset], lo), pc.less(rows[_R.offset], hi))
         inside = pc.or_(inside, pc.and_(here, within))
     return inside
-
-
-def _sample(array: pa.Array) -> list[int]:
-    return sorted(int(v) for v in array.to_pylist())[:SAMPLE]

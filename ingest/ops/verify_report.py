@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ingest.core.ledger import TopicPartition
 
 #: how many offsets of each kind a verification report lists per partition
@@ -52,3 +55,20 @@ class PartitionCheck:
             **dict(self.problems()),
             "ok": self.ok,
         }
+
+
+def offsets_by_partition(table: pa.Table, topic: str, partition: str, offset: str) -> dict[TopicPartition, pa.Array]:
+    """The offsets of ``table`` (columns ``topic``, ``partition``, ``offset``) by partition."""
+    result: dict[TopicPartition, pa.Array] = {}
+    if table.num_rows == 0:
+        return result
+    keys = table.group_by([topic, partition]).aggregate([]).to_pylist()
+    for key in keys:
+        mask = pc.and_(pc.equal(table[topic], key[topic]), pc.equal(table[partition], key[partition]))
+        result[TopicPartition(key[topic], key[partition])] = table.filter(mask)[offset].combine_chunks()
+    return result
+
+
+def sample(array: pa.Array) -> list[int]:
+    """The first :data:`SAMPLE` of ``array``'s offsets, in order."""
+    return sorted(array.to_pylist())[:SAMPLE]

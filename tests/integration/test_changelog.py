@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
+from ingest.assembly import open_pipeline
 from ingest.failpoints import POINTS
 from ingest.kafka.admin import produce
 from tests.integration.conftest import Env, MakeEnv, race
+from tests.runs import head_ledger, one_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 
@@ -63,22 +65,25 @@ def send(env: Env, events: list[tuple[int, dict[str, Any] | None]]) -> None:
 
 
 def table_rows(env: Env) -> dict[int, dict[str, Any]]:
-    from ingest.assembly import open_pipeline
-
     data = open_pipeline(env.config).rows.table.scan().to_arrow().select(["id", "email", "visits"])
     rows = data.to_pylist()
     assert len(rows) == len({r["id"] for r in rows}), "a key has two rows"
     return {r["id"]: r for r in rows}
 
 
-def test_a_debezium_stream_lands_as_the_fold_of_its_changes(make_env: MakeEnv) -> None:
-    env = make_env(
+def changelog(make_env: MakeEnv, max_records: int = 500, envelope: str = "debezium") -> Env:
+    """A two-partition topic of customers' changes and its pipeline (``changes:`` keyed by ``id``)."""
+    return make_env(
         partitions=2,
         schema=CUSTOMERS,
         partition_by=[],
-        changes={"envelope": "debezium", "key": ["id"]},
-        batch={"max_records": 700, "read_timeout_s": 20},
+        changes={"envelope": envelope, "key": ["id"]},
+        batch={"max_records": max_records, "read_timeout_s": 20},
     )
+
+
+def test_a_debezium_stream_lands_as_the_fold_of_its_changes(make_env: MakeEnv) -> None:
+    env = changelog(make_env, max_records=700)
     events = debezium_stream(3_000, 400, seed=7)
     send(env, events[:1_800])
     assert env.cli("run", "--until-caught-up").returncode == 0
@@ -93,8 +98,6 @@ def test_a_debezium_stream_lands_as_the_fold_of_its_changes(make_env: MakeEnv) -
     assert report["ok"], report
 
     # another tool deletes a key's row: verify names the offset of the change that row was
-    from ingest.assembly import open_pipeline
-
     final = fold(events)
     victim = min(final)
     table = open_pipeline(env.config).rows.table
@@ -111,16 +114,7 @@ def test_a_changelog_replayed_from_a_snapshot_and_published_is_the_fold_again(ma
     deltas on the branch's rows) while the scheduled runs go on; published, main is the fold of every
     change, and verify says so. redrive refuses a changelog, changing nothing. A rollback to that
     snapshot, and the runs after it, come back to the same fold."""
-    from ingest.assembly import open_pipeline
-    from tests.runs import head_ledger, one_batch
-
-    env = make_env(
-        partitions=2,
-        schema=CUSTOMERS,
-        partition_by=[],
-        changes={"envelope": "debezium", "key": ["id"]},
-        batch={"max_records": 600, "read_timeout_s": 20},
-    )
+    env = changelog(make_env, max_records=600)
     events = debezium_stream(2_400, 300, seed=11)
     send(env, events[:1_200])
     pipeline = open_pipeline(env.config)
@@ -150,19 +144,9 @@ def test_a_changelog_replayed_from_a_snapshot_and_published_is_the_fold_again(ma
     assert json.loads(env.cli("verify", "--json").stdout)["ok"]
 
 
-def _changelog(make_env: MakeEnv, **batch: Any) -> Env:
-    return make_env(
-        partitions=2,
-        schema=CUSTOMERS,
-        partition_by=[],
-        changes={"envelope": "debezium", "key": ["id"]},
-        batch={"max_records": 500, "read_timeout_s": 20, **batch},
-    )
-
-
 @pytest.mark.parametrize("point", POINTS)
 def test_a_changelog_killed_at_each_step_then_run_again_is_the_fold(make_env: MakeEnv, point: str) -> None:
-    env = _changelog(make_env)
+    env = changelog(make_env)
     events = debezium_stream(1_500, 200, seed=3)
     send(env, events)
 
@@ -176,7 +160,7 @@ def test_a_changelog_killed_at_each_step_then_run_again_is_the_fold(make_env: Ma
 
 
 def test_three_racing_copies_with_different_caps_land_the_fold_once(make_env: MakeEnv) -> None:
-    env = _changelog(make_env)
+    env = changelog(make_env)
     events = debezium_stream(4_000, 300, seed=5)
     send(env, events)
     base = yaml.safe_load(env.config_path.read_text())
@@ -197,14 +181,7 @@ def test_three_racing_copies_with_different_caps_land_the_fold_once(make_env: Ma
 def test_an_upsert_topic_with_tombstones_lands_as_the_fold_and_verifies(make_env: MakeEnv) -> None:
     """A compacted, keyed topic: each value its key's row, a tombstone (a null value) deleting the
     key its Kafka key names (``key_format: string``, cast to the key column's type)."""
-    env = make_env(
-        partitions=2,
-        topics=[],
-        schema=CUSTOMERS,
-        partition_by=[],
-        changes={"envelope": "upsert", "key": ["id"]},
-        batch={"max_records": 400, "read_timeout_s": 20},
-    )
+    env = changelog(make_env, max_records=400, envelope="upsert")
     base = yaml.safe_load(env.config_path.read_text())
     env.config_path.write_text(yaml.safe_dump({**base, "topics": [{"name": env.topic, "key_format": "string"}]}))
     events = debezium_stream(2_000, 250, seed=9)
