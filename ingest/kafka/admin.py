@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from ingest.errors import BrokerUnavailable
+from ingest.kafka.clients import LIBRDKAFKA_LOG
 
 #: a record's headers as sent: each key with its value, or None for a header without one
 SentHeaders = Sequence[tuple[str, bytes | None]] | None
@@ -17,10 +19,16 @@ SentHeaders = Sequence[tuple[str, bytes | None]] | None
 def ping(bootstrap_servers: str, timeout_s: float = 1.0) -> bool:
     """Whether a broker answers a metadata request."""
     try:
-        AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout_s)
+        _admin(bootstrap_servers).list_topics(timeout=timeout_s)
         return True
     except KafkaException:
         return False
+
+
+def _admin(bootstrap_servers: str) -> AdminClient:
+    """An admin client whose log lines go where the other clients' go (not raw to stderr)."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": LIBRDKAFKA_LOG}
+    return AdminClient(conf)
 
 
 #: how long producing waits for the broker to acknowledge what it sent
@@ -30,7 +38,7 @@ FLUSH_TIMEOUT_S = 120.0
 def create_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 10.0) -> None:
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = _admin(bootstrap_servers)
     futures = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout_s)
     for future in futures.values():
         try:
@@ -55,6 +63,8 @@ def produce(
     producer = Producer(
         {
             "bootstrap.servers": bootstrap_servers,
+            # its log lines (a queue purged at close, say) go where the other clients' go, not raw to stderr
+            "logger": LIBRDKAFKA_LOG,
             "enable.idempotence": True,
             "compression.type": "lz4",
             "linger.ms": 20,
