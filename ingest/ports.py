@@ -67,7 +67,8 @@ class Source(Protocol):
 
     def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Tell Kafka's consumer group how far the ledger reached, for lag dashboards (never read
-        back: the ledger in the table is the truth); a failure is only logged."""
+        back: the ledger in the table is the truth), without waiting for the answer; a failure is
+        only logged."""
         ...
 
 

@@ -178,7 +178,8 @@ def opened(
             with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target, spark)) as on_spark:
                 running = True
                 events = _lineage(pipeline, metrics) if lineage else None
-                yield Run(pipeline, on_spark, metrics, _progress(config), events)
+                with _advising(pipeline):
+                    yield Run(pipeline, on_spark, metrics, _progress(config), events)
             return
         # workers start early to overlap this process's imports of pyiceberg and the catalog; once
         # they are imported (the second table of a run of several), a batch starts them as it needs
@@ -194,7 +195,8 @@ def opened(
         with contextlib.closing(LocalEngine(config, pipeline.target, pool)) as local:
             running = True
             events = _lineage(pipeline, metrics) if lineage else None
-            yield Run(pipeline, local, metrics, _progress(config), events)
+            with _advising(pipeline):
+                yield Run(pipeline, local, metrics, _progress(config), events)
     except Exception:
         if metrics is not None and not running:  # the run failed before its first batch: say so too
             metrics.ended(False, None, None)
@@ -207,8 +209,18 @@ def engine_for(pipeline: Opened, engine: EngineChoice = "local") -> Iterator[Run
     if engine == "spark":
         from ingest.engines.spark import SparkEngine
 
-        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target)) as on_spark:
+        with contextlib.closing(SparkEngine.create(pipeline.config, pipeline.target)) as on_spark, _advising(pipeline):
             yield Run(pipeline, on_spark, progress=_progress(pipeline.config))
         return
-    with contextlib.closing(LocalEngine(pipeline.config, pipeline.target)) as local:
+    with contextlib.closing(LocalEngine(pipeline.config, pipeline.target)) as local, _advising(pipeline):
         yield Run(pipeline, local, progress=_progress(pipeline.config))
+
+
+@contextlib.contextmanager
+def _advising(pipeline: Opened) -> Iterator[None]:
+    """The run of ``pipeline``; as it ends, the consumer group's advisory offsets still unsent are
+    sent (a few seconds at most: see :mod:`ingest.kafka.advisory`)."""
+    try:
+        yield
+    finally:
+        pipeline.source.flush_advisory()

@@ -5,8 +5,8 @@ through. It describes the configured topics (the cluster's id, each topic's id, 
 watermarks as a ``read_committed`` reader sees them, and when they were read), reads exact offset
 ranges ``[start, end)`` (:mod:`ingest.kafka.reading`), and answers the operations' questions: the
 backlog past the consumer group's offsets, the offsets at a time, each topic's largest record
-batch, and the group's advisory offsets for lag dashboards. Its clients, and the errors Kafka's
-failures become, are :mod:`ingest.kafka.clients`.
+batch, and the group's advisory offsets for lag dashboards (:mod:`ingest.kafka.advisory`). Its
+clients, and the errors Kafka's failures become, are :mod:`ingest.kafka.clients`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicCollection, Uuid
+from confluent_kafka import KafkaError, KafkaException, TopicCollection, Uuid
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
@@ -26,6 +26,7 @@ from ingest.core.ledger import TopicPartition
 from ingest.core.plan import KafkaView, Watermarks
 from ingest.core.ranges import Range
 from ingest.errors import BrokerUnavailable, KafkaRefused, TopicNotFound
+from ingest.kafka.advisory import AdvisoryOffsets
 from ingest.kafka.clients import REFUSED_HINT, TOPIC_REFUSALS, Clients
 from ingest.kafka.reading import READ_CHUNK_BYTES, READ_CHUNK_RECORDS, Stops, read_ranges
 from ingest.kafka.settings import consumer_config, receive_limit
@@ -51,6 +52,7 @@ class KafkaSource:
         self.topics: list[str] | TopicMatcher = list(topics) if isinstance(topics, Sequence) else topics
         self.timeout_s = timeout_s
         self._clients = Clients(props, group_id, timeout_s)
+        self._advisory = AdvisoryOffsets(self._clients.admin, group_id, timeout_s)
 
     def check_clients(self) -> int:
         """Build the clients a run builds (the admin client is built with the source, the consumer
@@ -261,25 +263,13 @@ class KafkaSource:
         return {TopicPartition(str(t.topic), t.partition): t.offset for t in found}
 
     def commit_advisory(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Consumer-group offsets for lag dashboards. Never read back; failures are only logged.
+        """Consumer-group offsets for lag dashboards, sent without waiting for Kafka's answer
+        (:mod:`ingest.kafka.advisory`): never read back; failures are only logged."""
+        self._advisory.commit(offsets)
 
-        Sent through the admin client the source holds (an OffsetCommit outside any group
-        generation, as a consumer with ``assign()`` sends it): about a millisecond once the
-        group's coordinator is known, where a consumer made for it took 4-57 ms to start, commit
-        and close. Kafka refuses it, as it refuses the consumer's, while the group has members."""
-        if not offsets:
-            return
-        request = ConsumerGroupTopicPartitions(
-            self._clients.group_id, [KafkaTP(tp.topic, tp.partition, o) for tp, o in offsets.items()]
-        )
-        try:
-            futures = self._clients.admin.alter_consumer_group_offsets([request], request_timeout=self.timeout_s)
-            for future in futures.values():
-                refused = [tp for tp in future.result().topic_partitions if tp.error is not None]
-                if refused:
-                    raise KafkaException(", ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in refused))
-        except KafkaException as error:
-            log.warning("advisory offsets of consumer group %r not stored (ignored): %s", self._clients.group_id, error)
+    def flush_advisory(self) -> None:
+        """Wait a few seconds at most for the advisory offsets still unsent (a run's end)."""
+        self._advisory.flush()
 
 
 def _printable(topic_id: Uuid | None) -> str | None:

@@ -3,7 +3,8 @@
 The topic has three replicas and ``min.insync.replicas=2``; producers use ``acks=all``
 (idempotence). Each test kills brokers with SIGKILL while ``ingest run --until-caught-up`` is
 committing batch after batch, then checks the table holds every acknowledged record exactly once
-(``ingest verify`` included). The cluster is this module's own, so the session broker is untouched.
+(``ingest verify`` included); and a run whose consumer group has lost its coordinator. The cluster
+is this module's own, so the session broker is untouched.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.conftest import Env, MakeEnv, broker_choice, record
@@ -43,6 +44,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka_service.
         # the controller fences a silent broker after 3 s (default 9 s), so leadership moves quickly
         "broker.session.timeout.ms": "3000",
         "broker.heartbeat.interval.ms": "500",
+        # a consumer group's offsets on one broker only: killing it leaves the group no coordinator
+        "offsets.topic.replication.factor": "1",
     }
     with kafka_service.KafkaCluster(tmp_path_factory.mktemp("cluster"), nodes=3, settings=settings) as started:
         yield started
@@ -51,6 +54,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka_service.
 def _leader(env: Env, partition: int) -> int:
     metadata = AdminClient({"bootstrap.servers": env.bootstrap}).list_topics(env.topic, timeout=10)
     return int(metadata.topics[env.topic].partitions[partition].leader)
+
+
+def _coordinator(bootstrap: str, group: str, partitions: list[tuple[str, int]]) -> int:
+    """The broker coordinating ``group``, once the group exists (offsets at 0: nothing skipped)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(topic, p, 0) for topic, p in partitions], asynchronous=False)
+    consumer.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the future is done
+    return int(admin.describe_consumer_groups([group])[group].result(30).coordinator.id)
 
 
 def _first_batch(process: subprocess.Popen[str]) -> dict[str, Any]:
@@ -171,3 +183,31 @@ def test_every_broker_restarts_mid_run(make_env: MakeEnv, cluster: kafka_service
             if node.process is None:
                 cluster.start_node(node.node_id, wait=False)
         cluster.wait_ready()
+
+
+def test_a_consumer_group_without_a_coordinator_holds_no_batch(
+    make_env: MakeEnv, cluster: kafka_service.KafkaCluster
+) -> None:
+    """The group's advisory offsets (lag dashboards) are never waited for: with the broker that
+    holds the group's offsets dead, a catch-up of ten batches lands at full speed (each batch waited
+    ``read_timeout_s``, 30 s, for the coordinator's answer: over five minutes in all) and says the
+    offsets were not stored."""
+    env = make_env(partitions=3, cluster=cluster.bootstrap_servers, replicas=3, batch={"max_records": 1_500})
+    env.produce(15_000)
+    group = env.config.group_id
+    victim = _coordinator(env.bootstrap, group, [(env.topic, p) for p in range(env.partitions)])
+    cluster.stop_node(victim, signal.SIGKILL)
+    try:
+        deadline = time.monotonic() + 60
+        while any(_leader(env, p) in (victim, -1) for p in range(env.partitions)):  # the topic's leaders move
+            assert time.monotonic() < deadline, "the partitions' leadership never left the dead broker"
+            time.sleep(0.5)
+
+        result = env.cli("run", "--until-caught-up", "--json", timeout=150)
+
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 10
+        assert f"advisory offsets of consumer group {group!r} not stored (ignored)" in result.stderr
+        _exact(env, 15_000)
+    finally:
+        cluster.start_node(victim)
