@@ -243,6 +243,11 @@ class TooManyDeadLetters(FatalError):
     """A batch's share of dead letters is over ``dead_letters.max_ratio``; nothing was committed."""
 
 
+class KeyInTwoTasks(FatalError):
+    """A changelog batch changed a key in two partitions that two tasks read: neither knows the
+    order of the other's change, so the batch cannot be folded; nothing was committed."""
+
+
 class VerificationFailed(FatalError):
     """``ingest verify`` found offsets missing or duplicated."""
 

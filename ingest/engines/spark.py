@@ -23,6 +23,11 @@ Tuning keys, read from the session's conf at every batch (``spark-submit --conf`
   tasks a batch is split into; large ranges are split proportionally to their size, like the
   ``minPartitions`` option of Spark's Kafka source.
 * ``spark.ingest.maxRecordsPerPartition`` (default: unbounded): the most offsets one task reads.
+
+A changelog batch (``changes:``) is one task per Kafka partition, whatever these say: a task folds
+its partition's changes in offset order (:mod:`ingest.changes`), and a key's changes are in one
+partition. A key changed in two partitions of one batch stops the batch
+(:class:`~ingest.errors.KeyInTwoTasks`); the local engine folds such a batch in one task.
 """
 
 from __future__ import annotations
@@ -159,12 +164,6 @@ class SparkEngine:
         return self._spark
 
     def produce(self, batch: Batch, fields: Sequence[Declared], advanced: Advanced | None = None) -> Produced:
-        if self.config.changes is not None:
-            raise ConfigError(
-                f"pipeline {self.config.pipeline!r} is a changelog (changes:), which the Spark engine does not run "
-                "yet. Nothing was read or committed. Run it with the local engine (ingest run, or the Airflow "
-                "operator's default engine)."
-            )
         tasks = self.tasks(batch)
         failpoints.reach("before-read")
         outputs = self._run(tasks, batch, fields, advanced) if tasks else []
@@ -175,6 +174,8 @@ class SparkEngine:
         """The batch's ranges as tasks, split by the ``spark.ingest.*`` settings current in the session."""
         if not batch.ranges():  # the ledger moves without data (new partitions, a skipped loss): no job
             return []
+        if self.config.changes is not None:  # a changelog's partition is folded whole, by one task
+            return split_ranges(batch.ranges())
         min_partitions = _positive(self.spark, MIN_PARTITIONS) or self.spark.sparkContext.defaultParallelism
         return split_ranges(batch.ranges(), min_partitions, _positive(self.spark, MAX_RECORDS_PER_PARTITION))
 

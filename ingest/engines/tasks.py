@@ -25,7 +25,7 @@ from ingest.core.ledger import TopicPartition, merge_timestamps
 from ingest.core.ranges import Range, coverage_problem, share
 from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.engines.task_spec import TaskSpec
-from ingest.errors import IngestError
+from ingest.errors import IngestError, KeyInTwoTasks
 from ingest.intents import DataFile
 from ingest.kafka.reading import Stops
 from ingest.kafka.source import KafkaSource
@@ -302,13 +302,14 @@ def combine(
         timestamps=merge_timestamps(output.timestamps for output in ordered),
         unknown=sum(output.unknown for output in ordered),
         missing=frozenset().union(*(output.missing for output in ordered)),
-        deletes=_keys_changed([output.deletes for output in ordered if output.deletes is not None], incomplete),
+        deletes=_keys_changed([output.deletes for output in ordered if output.deletes is not None]),
     )
 
 
-def _keys_changed(parts: Sequence[KeyDeletes], incomplete: Callable[[str], IngestError]) -> KeyDeletes | None:
-    """The keys the tasks of a changelog batch changed, each in one task; ``incomplete(message)``
-    is raised if a key was changed in two (each wrote its newest row: the batch would land both)."""
+def _keys_changed(parts: Sequence[KeyDeletes]) -> KeyDeletes | None:
+    """The keys the tasks of a changelog batch changed, each in one task (a task reads whole
+    partitions); :class:`~ingest.errors.KeyInTwoTasks` if a key was changed in two (each wrote its
+    newest row: the batch would land both, and which is newer neither task knows)."""
     if len(parts) <= 1:
         return parts[0] if parts else None
     key = parts[0].key
@@ -316,9 +317,12 @@ def _keys_changed(parts: Sequence[KeyDeletes], incomplete: Callable[[str], Inges
     counted = keys.group_by(list(key), use_threads=False).aggregate([([], "count_all")])
     twice = counted.filter(pa.compute.greater(counted["count_all"], 1))
     if twice.num_rows:
-        raise incomplete(
-            f"key {twice.select(list(key)).slice(0, 1).to_pylist()[0]} was changed by two tasks of the batch (its "
-            "changes are in two partitions, or one partition was read by two tasks); nothing was committed. Run "
-            "again."
+        raise KeyInTwoTasks(
+            f"key {twice.select(list(key)).slice(0, 1).to_pylist()[0]} of the changelog was changed in two "
+            "partitions of this batch, which two tasks read; the order of its changes across partitions is "
+            "unknown to each, so nothing was committed. A key's changes belong in one partition (Kafka's "
+            "partitioner by key puts them there, until the topic gains partitions). Run this batch with the "
+            "local engine (`ingest run`), which folds a changelog batch in one task (a key's change in the "
+            "higher partition wins), then carry on."
         )
     return KeyDeletes(key, keys)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tests.integration.conftest import MakeEnv
-from tests.runs import one_batch
+from tests.runs import catch_up, one_batch
 from tests.services.apicurio import Apicurio
 
 if TYPE_CHECKING:
@@ -26,11 +26,12 @@ from ingest.config import BatchSpec, FieldSpec
 from ingest.core.ledger_codec import decode_counts, find_ledger
 from ingest.core.plan import Batch
 from ingest.engines.spark import MAX_RECORDS_PER_PARTITION, MIN_PARTITIONS, SparkEngine
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, KeyInTwoTasks
 from ingest.kafka.admin import produce
 from ingest.ports import Produced
 from ingest.progress import Advanced
 from ingest.records import Declared
+from tests.integration.test_changelog import changelog, debezium_stream, fold, send, table_rows
 from tests.integration.test_registry_formats import V1, Avro, avro_env, v2
 from tests.integration.test_route_by import RoutedByValue, route
 
@@ -281,3 +282,48 @@ def test_spark_executors_decode_avro_and_the_batch_evolves_for_a_writer_schema_t
     assert [r["order_id"] for r in rows] == list(range(1_000))
     assert [r["coupon"] for r in rows] == [None] * 600 + [f"c{i}" for i in range(600, 1_000)]
     env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_spark_folds_a_changelog_as_the_local_engine_does(
+    make_env: MakeEnv, spark: SparkSession, spark_conf: RuntimeConfig
+) -> None:
+    env = changelog(make_env, max_records=700)
+    events = debezium_stream(3_000, 400, seed=13)
+    send(env, events)
+    spark_conf.set(MAX_RECORDS_PER_PARTITION, "50")  # not for a changelog: its partitions are folded whole
+    local = open_pipeline(env.config)
+    on_spark = open_pipeline(env.config.model_copy(update={"table": f"{env.topic}.spark_customers"}))
+    engine = SparkEngine.create(on_spark.config, on_spark.rows, spark)
+
+    tasks = engine.tasks(on_spark.plan())
+    local_results = catch_up(local)
+    spark_results = list(on_spark.run(engine, until_caught_up=True, max_batches=None))
+
+    assert [(t.tp.partition, t.start) for t in tasks] == [(0, 0), (1, 0)]
+    assert [r.as_dict() | {"snapshot_id": 0, "seconds": 0} for r in spark_results] == [
+        r.as_dict() | {"snapshot_id": 0, "seconds": 0} for r in local_results
+    ]
+    assert len(spark_results) > 1  # later batches delete rows earlier ones wrote
+    assert table_rows(env) == fold(events)
+    columns = local.rows.table.schema().column_names
+    assert _sorted(on_spark.rows.scan_columns(columns), "id").equals(_sorted(local.rows.scan_columns(columns), "id"))
+    env.verify()
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_a_key_changed_in_two_partitions_stops_a_spark_batch_and_the_local_engine_folds_it(
+    make_env: MakeEnv, spark: SparkSession
+) -> None:
+    env = changelog(make_env)
+    created = {"before": None, "after": {"id": 1, "email": "a@acme.com", "visits": 1}, "op": "c", "source": {}}
+    updated = {**created, "before": created["after"], "after": {"id": 1, "email": "b@acme.com", "visits": 2}}
+    produce(env.bootstrap, env.topic, [(p, b"1", json.dumps(e).encode(), []) for p, e in ((0, created), (1, updated))])
+    pipeline = open_pipeline(env.config)
+
+    with pytest.raises(KeyInTwoTasks, match=re.escape("key {'id': 1} of the changelog was changed in two partitions")):
+        pipeline.run_batch(SparkEngine.create(pipeline.config, pipeline.rows, spark))
+    assert pipeline.ledger() is None  # nothing committed
+    assert one_batch(pipeline).status == "committed"
+
+    assert table_rows(env) == {1: updated["after"]}  # the change in the higher partition wins

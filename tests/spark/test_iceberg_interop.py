@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.integration.conftest import MakeEnv
+from tests.integration.test_changelog import changelog, debezium_stream, fold, send
 from tests.runs import one_batch
 
 if TYPE_CHECKING:
@@ -98,3 +99,26 @@ def test_iceberg_spark_reads_a_row_delta_as_pyiceberg_does(tmp_path: Path, icebe
     assert seen["as_of"] == expected
     assert (seen["count"], seen["distinct"]) == (8, 8)
     assert [s["operation"] for s in seen["snapshots"]] == ["append", "append", "overwrite", "delete", "overwrite"]
+
+
+@pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)
+def test_iceberg_spark_reads_a_changelog_both_engines_landed_as_pyiceberg_does(
+    make_env: MakeEnv, spark: SparkSession, iceberg_jars: list[Path]
+) -> None:
+    env = changelog(make_env, max_records=600)
+    events = debezium_stream(2_000, 300, seed=17)
+    send(env, events)
+    pipeline = open_pipeline(env.config)
+    first = one_batch(pipeline)  # local engine
+    engine = SparkEngine.create(pipeline.config, pipeline.rows, spark)
+    rest = list(pipeline.run(engine, until_caught_up=True, max_batches=None))
+    assert [first.status, *(r.status for r in rest)] == ["committed"] * (1 + len(rest))
+    pipeline.rows.refresh()
+    table = pipeline.rows.table
+    location = table.metadata_location
+
+    seen = read(iceberg_jars, [location])[location]
+
+    expected = {str(s.snapshot_id): table.scan(snapshot_id=s.snapshot_id).count() for s in table.snapshots()}
+    assert seen["as_of"] == expected
+    assert seen["count"] == seen["distinct"] == len(fold(events))  # a row per live key, each change's own
