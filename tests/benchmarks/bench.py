@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import poison
+from tests.benchmarks import changelog, poison
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results.jsonl")
@@ -827,6 +827,7 @@ STAGES = {
     "small": stage_small,
 }
 STAGES |= {name: functools.partial(stage_poison, name) for name in poison.MATRIX}
+STAGES |= changelog.STAGES
 
 
 def run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -922,6 +923,8 @@ def orchestrate(args: argparse.Namespace) -> None:
         results |= poison.run(
             args, set(good), good, lambda fmt, topic: poison_topic(args, fmt, topic), run_stage, console.print
         )
+        changelog.produce_topics(args, console.print)
+        results |= changelog.run(args, run_stage)
         with _s3_and_rest(console) as storage:  # up only for their stages, not beside the others
             if storage is not None:
                 args.s3, args.rest = storage
@@ -972,7 +975,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "route_by_vs_ingest": results["route_by"]["records_per_s"] / results["ingest"]["records_per_s"],
         },
     }
-    report["ratios"] |= poison.ratios(results)
+    report["ratios"] |= poison.ratios(results) | changelog.ratios(results)
     if "avro_ingest" in results:
         report["ratios"] |= {
             "avro_ingest_vs_ingest": results["avro_ingest"]["records_per_s"] / results["ingest"]["records_per_s"],
@@ -1006,6 +1009,9 @@ def orchestrate(args: argparse.Namespace) -> None:
             "spawn": "`ingest run --until-caught-up`, spawn to exit, new tables",
             "small": f"`ingest run`, {SMALL_RECORDS:,} records, spawn to exit",
             "route_by": f"ingest, route_by status into 3 tables ({r.get('processes')} processes)",
+            "changelog": f"changelog, {r.get('rows_before', 0):,}-row table, Debezium changes in one batch",
+            "changelog_append": "appends of as many orders in one batch (the changelog's twin)",
+            "changelog_4x": "changelog, the 4× table (see the summary)",
         }.get(name, poison.MATRIX[name].label if name in poison.MATRIX else name)
         table.add_row(label, f"{r['records_per_s']:,.0f}", f"{r['mb_per_s']:.1f}", f"{r['peak_rss_mb']:.0f}")
     console.print(table)
@@ -1035,6 +1041,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     )
     for line in poison.summary(results):
         console.print(line)
+    console.print(changelog.summary(results))
     if "spark" in results:
         spark = results["spark"]
         console.print(
