@@ -7,6 +7,8 @@ What runs at once, on Apache Kafka (one broker, started here) and a PostgreSQL c
 * a producer writing throughout into two topics, one record in 97 poison (five kinds);
 * pipeline ``orders`` (topic of 4 partitions) and pipeline ``refunds`` (2 partitions), both into
   the same table, each with its own dead-letter table;
+* pipeline ``customers``, a changelog (Debezium changes over 400 keys, 2 partitions) into a table
+  of its own, checked against the fold of its changes (:mod:`tests.soak.changelog`);
 * rounds of 1-3 racing copies of ``ingest run --until-caught-up`` (a cap of 150-2,000 records per
   batch each), started every 0.2-2.5 s, 80 % of them SIGKILLed at a random moment;
 * ``ingest maintain`` (keep 3 snapshots, no retention) in a quarter of the rounds;
@@ -49,11 +51,12 @@ from ingest.iceberg.catalog import connect
 from ingest.iceberg.layout import existing
 from ingest.kafka.admin import create_topic
 from tests.services import kafka as kafka_service
+from tests.soak import changelog
 
 REPO = Path(__file__).resolve().parents[2]
 POSTGRES_URI = os.environ.get("INGEST_TEST_POSTGRES_URI", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 POISON = [b"{not json", b'{"amount": 1}', b'{"order_id": "x"}', b"[1]", b""]
-SCHEMA = [
+SCHEMA: list[dict[str, Any]] = [
     {"name": "order_id", "type": "long", "required": True},
     {"name": "amount", "type": "decimal(12,2)"},
     {"name": "created_at", "type": "timestamptz"},
@@ -89,7 +92,9 @@ class Tally:
     failures: list[str] = field(default_factory=list)
 
 
-def _producer(bootstrap: str, topics: dict[str, int], produced: Produced, stop: threading.Event) -> None:
+def _producer(
+    bootstrap: str, topics: dict[str, int], produced: Produced, changes: changelog.Changes, stop: threading.Event
+) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
     seq = 0
 
@@ -120,18 +125,30 @@ def _producer(bootstrap: str, topics: dict[str, int], produced: Produced, stop: 
                     on_delivery=delivered,
                 )
             producer.poll(0)
+        changes.send(producer, RECORDS_PER_TICK)
+        producer.poll(0)
         time.sleep(0.05)
     producer.flush(30)
 
 
-def _config(directory: Path, name: str, topic: str, table: str, catalog: dict[str, str], cap: int) -> Path:
+def _config(
+    directory: Path,
+    name: str,
+    topic: str,
+    table: str,
+    catalog: dict[str, str],
+    cap: int,
+    schema: list[dict[str, Any]] = SCHEMA,
+    changes: dict[str, Any] | None = None,
+) -> Path:
     data = {
         "pipeline": name,
         "kafka": {"bootstrap.servers": os.environ["SOAK_BOOTSTRAP"]},
         "topics": [topic],
         "catalog": catalog,
         "table": table,
-        "schema": SCHEMA,
+        "schema": schema,
+        **({"changes": changes} if changes is not None else {}),
         "batch": {"max_records": cap, "read_timeout_s": 30},
         "maintenance": {"keep_last_snapshots": 3, "snapshot_retention_hours": 0},
     }
@@ -261,6 +278,17 @@ def _check(config_path: Path, produced: Produced, topic: str, tally: Tally) -> d
         and mine[key][0] != r["order_id"]
     ]
     problems += [f"{w} is not the record produced there" for w in wrong]
+    poisoned = sum(1 for _, p in mine.values() if p)
+    return _report(config_path, problems, {"records": len(mine), "poison": poisoned}, tally)
+
+
+def _check_changes(config_path: Path, changes: changelog.Changes, tally: Tally) -> dict[str, int]:
+    problems, figures = changelog.problems(config_path, changes)
+    return _report(config_path, problems, figures, tally)
+
+
+def _report(config_path: Path, problems: list[str], figures: dict[str, int], tally: Tally) -> dict[str, int]:
+    """``problems`` and what ``ingest verify`` says as the pipeline's failures; the figures checked."""
     verify = subprocess.run(
         [sys.executable, "-m", "ingest", "verify", "--json", "-c", str(config_path)],
         capture_output=True,
@@ -270,12 +298,12 @@ def _check(config_path: Path, produced: Produced, topic: str, tally: Tally) -> d
     )
     if verify.returncode != 0:
         problems.append(f"ingest verify exited {verify.returncode}: {verify.stdout[-3000:]}")
+    pipeline = load(config_path).pipeline
     for problem in problems[:40]:
-        tally.failures.append(f"{config.pipeline}: {problem}")
+        tally.failures.append(f"{pipeline}: {problem}")
     if len(problems) > 40:
-        tally.failures.append(f"{config.pipeline}: … {len(problems) - 40} more")
-    poisoned = sum(1 for _, p in mine.values() if p)
-    return {"records": len(mine), "poison": poisoned, "problems": len(problems)}
+        tally.failures.append(f"{pipeline}: … {len(problems) - 40} more")
+    return figures | {"problems": len(problems)}
 
 
 def main() -> int:
@@ -292,7 +320,8 @@ def main() -> int:
         (directory / "warehouse").mkdir()
         catalog = {"name": "soak", "type": "sql", "uri": uri, "warehouse": (directory / "warehouse").as_uri()}
         topics = {f"{name}_orders": 4, f"{name}_refunds": 2}
-        for topic, partitions in topics.items():
+        changes = changelog.Changes(f"{name}_{changelog.PIPELINE}", seed)
+        for topic, partitions in {**topics, changes.topic: changelog.PARTITIONS}.items():
             create_topic(kafka.bootstrap_servers, topic, partitions)
         table = f"{name}.orders"
         configs = {
@@ -301,8 +330,21 @@ def main() -> int:
             ]
             for pipeline in ("orders", "refunds")
         }
+        configs[changelog.PIPELINE] = [
+            _config(
+                directory,
+                changelog.PIPELINE,
+                changes.topic,
+                f"{name}.{changelog.PIPELINE}",
+                catalog,
+                cap,
+                changelog.SCHEMA,
+                changelog.CHANGES,
+            )
+            for cap in (150, 700, 2000)
+        ]
         produced, stop = Produced(), threading.Event()
-        producing = threading.Thread(target=_producer, args=(kafka.bootstrap_servers, topics, produced, stop))
+        producing = threading.Thread(target=_producer, args=(kafka.bootstrap_servers, topics, produced, changes, stop))
         producing.start()
         tally = Tally()
         background: list[threading.Thread] = []
@@ -324,7 +366,10 @@ def main() -> int:
         for paths in configs.values():
             _catch_up(paths[-1], tally)
         for pipeline, paths in configs.items():
-            checked = _check(paths[-1], produced, f"{name}_{pipeline}", tally)
+            if pipeline == changelog.PIPELINE:
+                checked = _check_changes(paths[-1], changes, tally)
+            else:
+                checked = _check(paths[-1], produced, f"{name}_{pipeline}", tally)
             print(f"soak: {pipeline}: {checked}", flush=True)
     for failure in tally.failures:
         print(f"FAILED {failure}", flush=True)
