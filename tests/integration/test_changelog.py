@@ -56,11 +56,18 @@ def fold(events: list[tuple[int, dict[str, Any] | None]]) -> dict[int, dict[str,
     return rows
 
 
-def send(env: Env, events: list[tuple[int, dict[str, Any] | None]]) -> None:
-    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]]]] = [
-        (key % env.partitions, str(key).encode(), json.dumps(event).encode() if event is not None else None, [])
-        for key, event in events
-    ]
+def send(env: Env, events: list[tuple[int, dict[str, Any] | None]], envelope: str = "debezium") -> None:
+    """``events`` into the topic, a key's in partition ``key mod partitions``: as Debezium's events,
+    or (``upsert``) as an upsert topic's records: the ``after`` image, a delete its tombstone alone."""
+    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    for key, event in events:
+        if envelope == "debezium":
+            value = json.dumps(event).encode() if event is not None else None
+        elif event is None:
+            continue  # (Debezium's tombstone after a delete: an upsert topic's delete is the tombstone alone)
+        else:
+            value = json.dumps(event["after"]).encode() if event["op"] != "d" else None
+        records.append((key % env.partitions, str(key).encode(), value, []))
     produce(env.bootstrap, env.topic, records)
 
 
@@ -72,14 +79,19 @@ def table_rows(env: Env) -> dict[int, dict[str, Any]]:
 
 
 def changelog(make_env: MakeEnv, max_records: int = 500, envelope: str = "debezium") -> Env:
-    """A two-partition topic of customers' changes and its pipeline (``changes:`` keyed by ``id``)."""
-    return make_env(
+    """A two-partition topic of customers' changes and its pipeline (``changes:`` keyed by ``id``;
+    an upsert topic's keys decoded as strings: a tombstone names its row by its Kafka key alone)."""
+    env = make_env(
         partitions=2,
         schema=CUSTOMERS,
         partition_by=[],
         changes={"envelope": envelope, "key": ["id"]},
         batch={"max_records": max_records, "read_timeout_s": 20},
     )
+    if envelope == "upsert":
+        base = yaml.safe_load(env.config_path.read_text())
+        env.config_path.write_text(yaml.safe_dump({**base, "topics": [{"name": env.topic, "key_format": "string"}]}))
+    return env
 
 
 def test_a_debezium_stream_lands_as_the_fold_of_its_changes(make_env: MakeEnv) -> None:
@@ -144,11 +156,14 @@ def test_a_changelog_replayed_from_a_snapshot_and_published_is_the_fold_again(ma
     assert json.loads(env.cli("verify", "--json").stdout)["ok"]
 
 
+@pytest.mark.parametrize("envelope", ["debezium", "upsert"])
 @pytest.mark.parametrize("point", POINTS)
-def test_a_changelog_killed_at_each_step_then_run_again_is_the_fold(make_env: MakeEnv, point: str) -> None:
-    env = changelog(make_env)
+def test_a_changelog_killed_at_each_step_then_run_again_is_the_fold(
+    make_env: MakeEnv, point: str, envelope: str
+) -> None:
+    env = changelog(make_env, envelope=envelope)
     events = debezium_stream(1_500, 200, seed=3)
-    send(env, events)
+    send(env, events, envelope)
 
     killed = env.cli("run", env={"INGEST_FAILPOINT": point})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -159,10 +174,11 @@ def test_a_changelog_killed_at_each_step_then_run_again_is_the_fold(make_env: Ma
     assert json.loads(env.cli("verify", "--json").stdout)["ok"]
 
 
-def test_three_racing_copies_with_different_caps_land_the_fold_once(make_env: MakeEnv) -> None:
-    env = changelog(make_env)
+@pytest.mark.parametrize("envelope", ["debezium", "upsert"])
+def test_three_racing_copies_with_different_caps_land_the_fold_once(make_env: MakeEnv, envelope: str) -> None:
+    env = changelog(make_env, envelope=envelope)
     events = debezium_stream(4_000, 300, seed=5)
-    send(env, events)
+    send(env, events, envelope)
     base = yaml.safe_load(env.config_path.read_text())
     paths = []
     for cap in (300, 500, 900):
@@ -182,16 +198,8 @@ def test_an_upsert_topic_with_tombstones_lands_as_the_fold_and_verifies(make_env
     """A compacted, keyed topic: each value its key's row, a tombstone (a null value) deleting the
     key its Kafka key names (``key_format: string``, cast to the key column's type)."""
     env = changelog(make_env, max_records=400, envelope="upsert")
-    base = yaml.safe_load(env.config_path.read_text())
-    env.config_path.write_text(yaml.safe_dump({**base, "topics": [{"name": env.topic, "key_format": "string"}]}))
     events = debezium_stream(2_000, 250, seed=9)
-    records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
-    for key, event in events:
-        if event is None:
-            continue  # (the stream's tombstones: an upsert topic's delete is its tombstone alone)
-        value = json.dumps(event["after"]).encode() if event["op"] != "d" else None
-        records.append((key % env.partitions, str(key).encode(), value, []))
-    produce(env.bootstrap, env.topic, records)
+    send(env, events, "upsert")
     result = env.cli("run", "--until-caught-up")
     assert result.returncode == 0, result.stderr
     assert table_rows(env) == fold(events)
