@@ -32,37 +32,13 @@ from ingest.iceberg.table import IcebergTable
 from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
 from ingest.ops.verify_changes import changelog_checks
+from ingest.ops.verify_reads import expected_reads
 from ingest.ops.verify_report import PROBLEMS as PROBLEMS
 from ingest.ops.verify_report import SAMPLE as SAMPLE
 from ingest.ops.verify_report import PartitionCheck as PartitionCheck
 from ingest.ops.verify_report import Problem as Problem
 from ingest.ops.verify_report import offsets_by_partition, sample
 from ingest.siblings import for_table
-
-
-def _within(values: pa.Array, spans: list[Range], tp: TopicPartition) -> pa.Array:
-    """How many of ``spans`` (of partition ``tp``) contain each value."""
-    hits = pa.array([0] * len(values), pa.int64())
-    for span_tp, lo, hi in spans:
-        if span_tp == tp:
-            inside = pc.and_(pc.greater_equal(values, lo), pc.less(values, hi))
-            hits = pc.add(hits, pc.cast(inside, pa.int64()))
-    return hits
-
-
-def expected_reads(values: pa.Array, claims: Coverage, tp: TopicPartition, end: int) -> pa.Array:
-    """How many times the ledger's moves read each offset of ``values``, ``end`` being where the
-    ledger is now. Each read moved the ledger up over the offset once, so it was read as many
-    times as the ledger crossed it upwards in batches: once if the ledger went from below it
-    (where the partition began) to above it (``end``), plus once per backward move over it (a
-    reset that re-reads), less once per forward move over it (a reset that skips, a loss skipped).
-    Counting crossings so gives the net effect of any sequence of resets, in whatever order, also
-    above ``end`` (what a backward reset left to be read again) and below where the partition began."""
-    began = pc.cast(pc.less(values, end), pa.int64())
-    if claims.complete:
-        began = pc.subtract(began, pc.cast(pc.less(values, claims.origin.get(tp, 0)), pa.int64()))
-    # (where reading began expired: every offset below the ledger is taken as read once before the resets)
-    return pc.subtract(pc.add(_within(values, claims.reread, tp), began), _within(values, claims.excluded, tp))
 
 
 def _counts(values: pa.Array, of: pa.Array) -> pa.Array:
@@ -251,7 +227,8 @@ def verify(pipeline: Opened) -> Verification:
         columns = [*pipeline.config.changes.key, r.topic, r.partition, r.offset]
         dead = _dead_letters(pipeline, found, dead_head)
         read = pipeline.source.read([span for span, _ in spans])
-        checks = changelog_checks(spec, spans, read, pipeline.rows.scan_columns(columns, rows_tables[0][1]), dead)
+        stored = pipeline.rows.scan_columns(columns, rows_tables[0][1])
+        checks = changelog_checks(spec, spans, read, stored, dead, claims)
         return _verification(pipeline, found, claims, checks, rows_tables, dead_head)
     in_kafka: dict[TopicPartition, list[pa.Array]] = {}
     for chunk in pipeline.source.read([span for span, _ in spans]):

@@ -20,8 +20,10 @@ import pyarrow.compute as pc
 from ingest import records
 from ingest.changes import OP
 from ingest.changes_check import judge
+from ingest.core.coverage import Coverage
 from ingest.core.ranges import Range
 from ingest.engines.task_spec import TaskSpec
+from ingest.ops.verify_reads import expected_reads
 from ingest.ops.verify_report import SAMPLE, PartitionCheck, Problem, offsets_by_partition, sample
 from ingest.ports import ValueDecoder
 from ingest.records import RawChunk
@@ -36,14 +38,20 @@ def changelog_checks(
     chunks: Iterable[RawChunk],
     rows: pa.Table,
     dead: pa.Table,
+    claims: Coverage,
 ) -> list[PartitionCheck]:
     """Each partition of ``spans`` (the checked range, and the ledger's end) judged: ``chunks`` are
-    Kafka's records of the spans, decoded by ``spec``'s decoder; ``rows`` are the table's (the key
-    columns and coordinates), ``dead`` the dead letters' coordinates."""
+    Kafka's records of the spans, decoded by ``spec``'s decoder, those the ledger history read
+    (``claims``: not what a forward reset or a skipped loss passed over) taken as its changes;
+    ``rows`` are the table's (the key columns and coordinates), ``dead`` the dead letters'
+    coordinates."""
     assert spec.changes is not None
     key = list(spec.changes[1])
     decoder = spec.decoder()
     changes, refused, read = _decoded(decoder, chunks, key)
+    refused, read = _read_by_the_ledger(refused, spans, claims), _read_by_the_ledger(read, spans, claims)
+    if changes is not None:
+        changes = _read_by_the_ledger(changes, spans, claims)
     if changes is None:  # (nothing read)
         changes = rows.select([*key, *_COORDINATES]).slice(0, 0).append_column(OP, pa.array([], pa.string()))
     # (pyiceberg reads strings as large strings: every table takes the decoded changes' types)
@@ -110,6 +118,15 @@ def _decoded(
         pa.concat_tables([empty, *refused], promote_options="permissive"),
         pa.concat_tables(read),
     )
+
+
+def _read_by_the_ledger(table: pa.Table, spans: Sequence[tuple[Range, int]], claims: Coverage) -> pa.Table:
+    """The records of ``table`` (coordinates among its columns) that the ledger's moves read."""
+    read = pa.array([False] * table.num_rows, pa.bool_())
+    for (tp, _, _), end in spans:
+        here = pc.and_(pc.equal(table[_R.topic], tp.topic), pc.equal(table[_R.partition], tp.partition))
+        read = pc.or_(read, pc.and_(here, pc.greater(expected_reads(table[_R.offset], claims, tp, end), 0)))
+    return table.filter(read)
 
 
 def _as(table: pa.Table, like: pa.Table) -> pa.Table:

@@ -118,7 +118,8 @@ from ingest.ops.replay import replay as ingest_replay
 from ingest.ops.replay import roll_back
 from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetCommand, ResetTarget
-from ingest.ops.verify import Problem, expected_reads, judge_partition
+from ingest.ops.verify import Problem, judge_partition
+from ingest.ops.verify_reads import expected_reads
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema
 from ingest.progress import Advanced

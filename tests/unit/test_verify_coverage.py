@@ -26,7 +26,7 @@ from ingest.core.ledger_codec import decode, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.ops.reset import reset
 from ingest.ops.reset_command import ResetTarget
-from ingest.ops.verify import expected_reads
+from ingest.ops.verify_reads import expected_reads
 from ingest.testing.memory_table import MemoryCatalog
 
 TOPIC = "orders"
