@@ -12,6 +12,7 @@ import yaml
 
 from ingest.kafka.embedded import free_port
 from tests.integration.conftest import Env, MakeEnv, Routed, gone, record, workers_of
+from tests.integration.test_changelog import changelog, debezium_stream, fold, send, table_rows
 
 from .conftest import NEEDS_AIRFLOW, Airflow, dag_id, quick_retries
 
@@ -59,6 +60,23 @@ def test_dag_run_ingests_exactly_the_produced_records(make_env: MakeEnv, airflow
     assert airflow.test(dag).state == "success"  # nothing new: no event
     later = 700 - (env.bad - bad_before)
     assert [e["records"] for e in airflow.asset_events(table)] == [3_000 - bad_before, later]
+
+
+def test_a_dag_run_lands_a_changelog_as_the_fold_of_its_changes(make_env: MakeEnv, airflow: Airflow) -> None:
+    env = changelog(make_env, max_records=700)
+    events = debezium_stream(3_000, 300, seed=23)
+    send(env, events[:2_000])
+    dag = airflow.dag(env)
+
+    first = airflow.test(dag)
+
+    assert first.state == "success", first.tasks
+    assert table_rows(env) == fold(events[:2_000])
+    send(env, events[2_000:])  # the next run's changes update and delete rows the first landed
+    second = airflow.test(dag)
+    assert second.state == "success", second.tasks
+    assert table_rows(env) == fold(events)
+    env.verify()
 
 
 def test_a_dag_of_a_config_of_two_tables_ingests_both(routed: Routed, airflow: Airflow) -> None:
