@@ -830,6 +830,21 @@ STAGES |= {name: functools.partial(stage_poison, name) for name in poison.MATRIX
 STAGES |= changelog.STAGES
 
 
+def record(suite: str, args: argparse.Namespace, results: dict[str, Any], ratios: dict[str, float]) -> None:
+    """Append the report of a suite run alone (``python -m tests.benchmarks.<suite>``) to ``results.jsonl``."""
+    report = {
+        "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        "suite": suite,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "records": args.records,
+        "partitions": args.partitions,
+        "stages": results,
+        "ratios": ratios,
+    }
+    with RESULTS.open("a") as out:
+        out.write(json.dumps(report) + "\n")
+
+
 def run_stage(name: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable,

@@ -18,14 +18,10 @@ By default (the benchmark's 2M records) 1M changes over 500k keys, and a 200k-ch
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 #: the topics' names after the benchmark's ``--topic``
@@ -248,17 +244,7 @@ def main() -> None:
         rate, seconds, rss = result["records_per_s"], result["seconds"], result["peak_rss_mb"]
         console.print(f"{name}: {rate:,.0f} records/s, {seconds:.2f}s, {rss:,.0f} MB")
     console.print(summary(results))
-    report = {
-        "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
-        "suite": "changelog",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "records": args.records,
-        "partitions": args.partitions,
-        "stages": results,
-        "ratios": ratios(results),
-    }
-    with bench.RESULTS.open("a") as out:
-        out.write(json.dumps(report) + "\n")
+    bench.record("changelog", args, results, ratios(results))
 
 
 if __name__ == "__main__":

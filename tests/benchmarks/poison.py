@@ -10,14 +10,10 @@ appended to ``results.jsonl``, ``"suite": "poison"``); ``make bench`` runs them 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 #: the limit the ``oversized`` stages set (``dead_letters.max_value_bytes``), twice the longest
@@ -268,17 +264,7 @@ def main() -> None:
         console.print(f"{name}: {result['records_per_s']:,.0f} records/s, {result['peak_rss_mb']:,.0f} MB{workers}")
     for line in summary(results):
         console.print(line)
-    report = {
-        "when": datetime.now(tz=UTC).isoformat(timespec="seconds"),
-        "suite": "poison",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "records": args.records,
-        "partitions": args.partitions,
-        "stages": results,
-        "ratios": ratios(results),
-    }
-    with bench.RESULTS.open("a") as out:
-        out.write(json.dumps(report) + "\n")
+    bench.record("poison", args, results, ratios(results))
 
 
 if __name__ == "__main__":
