@@ -107,7 +107,7 @@ def verify(
     log_format: LogFormatOption = LogFormat.text,
 ) -> None:
     """Exit 0 only if every ledger offset still in Kafka is in the table or dead letters exactly once."""
-    from ingest.ops import verify as verifying
+    from ingest.ops.verify_report import SAMPLE
 
     def body() -> None:
         from ingest import render
@@ -120,7 +120,7 @@ def verify(
         if not all(result.ok for result in results):
             failed = VerificationFailed(
                 "verification failed: offsets are missing, duplicated (as rows or dead letters), unexpected, or both "
-                f"a row and a dead letter (listed above, at most {verifying.SAMPLE} per kind and partition)"
+                f"a row and a dead letter (listed above, at most {SAMPLE} per kind and partition)"
             )
             fail(failed, json_output=False)  # with --json, the result above is the one document
 

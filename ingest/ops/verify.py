@@ -33,11 +33,7 @@ from ingest.ops.blame import Change, blame
 from ingest.ops.report import Span
 from ingest.ops.verify_changes import changelog_checks
 from ingest.ops.verify_reads import expected_reads
-from ingest.ops.verify_report import PROBLEMS as PROBLEMS
-from ingest.ops.verify_report import SAMPLE as SAMPLE
-from ingest.ops.verify_report import PartitionCheck as PartitionCheck
-from ingest.ops.verify_report import Problem as Problem
-from ingest.ops.verify_report import offsets_by_partition, sample
+from ingest.ops.verify_report import PROBLEMS, SAMPLE, PartitionCheck, Problem, offsets_by_partition, sample
 from ingest.siblings import for_table
 
 

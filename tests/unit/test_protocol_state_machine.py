@@ -118,8 +118,9 @@ from ingest.ops.replay import replay as ingest_replay
 from ingest.ops.replay import roll_back
 from ingest.ops.reset import reset as ingest_reset
 from ingest.ops.reset_command import ResetCommand, ResetTarget
-from ingest.ops.verify import Problem, judge_partition
+from ingest.ops.verify import judge_partition
 from ingest.ops.verify_reads import expected_reads
+from ingest.ops.verify_report import Problem
 from ingest.pipeline import Pipeline
 from ingest.ports import Produced, WriterSchema
 from ingest.progress import Advanced

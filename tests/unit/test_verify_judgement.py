@@ -21,7 +21,8 @@ from ingest.core.ledger_codec import COMPACTION, MAINTENANCE_KEY, encode
 from ingest.core.plan import KafkaView, PlanPolicy, Watermarks, plan_batch
 from ingest.dead_letter_spool import DeadLetterSpool
 from ingest.ops.blame import change_points
-from ingest.ops.verify import PROBLEMS, Problem, Verification, judge_partition, verify
+from ingest.ops.verify import Verification, judge_partition, verify
+from ingest.ops.verify_report import PROBLEMS, Problem
 from ingest.pipeline import Pipeline
 from ingest.records import DEAD_LETTERS, ROWS, Coordinates
 from ingest.testing.memory_table import MemoryCatalog
