@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.changes import DELETE, OP, UPSERT
+from ingest.changes import DELETE, OP, UPSERT, from_tombstones
 from ingest.config import FieldSpec
 from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields
 from ingest.formats.json import Decoder
@@ -138,6 +138,27 @@ def test_an_upsert_topics_values_upsert_and_its_tombstones_delete_the_key_they_n
     assert sorted(dead) == [3, 4, 5]
     assert "'two'" in dead[3] and "'id'" in dead[5]
     assert decoded.dead_letters["offset"].to_pylist() == [3, 4, 5]  # in the order of their records
+
+
+def test_a_tombstones_structured_key_names_the_key_columns_by_field() -> None:
+    """A registry key format's key is a record: its fields give the key columns of the same name
+    (cast to their types); a tombstone whose key lacks one, or has it null, deletes nothing."""
+    others = pa.table({"_kafka_offset": pa.array([0, 1, 2], pa.int64())})
+    kind = pa.struct([("tenant", pa.string()), ("id", pa.int32()), ("extra", pa.string())])
+    keys = pa.array([{"tenant": "a", "id": 7}, {"tenant": "b", "id": None}, {"tenant": "c", "id": 9}], kind)
+    row = pa.schema([("tenant", pa.string()), ("id", pa.int64()), ("name", pa.string())])
+
+    deletes, why = from_tombstones(others, keys, ("tenant", "id"), row)
+
+    assert deletes.to_pylist() == [
+        {"_kafka_offset": 0, "tenant": "a", "id": 7, "name": None, OP: DELETE},
+        {"_kafka_offset": 2, "tenant": "c", "id": 9, "name": None, OP: DELETE},
+    ]
+    assert deletes.schema.field("id").type == pa.int64()
+    assert why == {1: "a tombstone whose key gives no 'id'"}
+    lacking = pa.array([{"tenant": "a"}] * 3, pa.struct([("tenant", pa.string())]))
+    none, why = from_tombstones(others, lacking, ("tenant", "id"), row)
+    assert none.num_rows == 0 and why == dict.fromkeys(range(3), "the key has no field 'id'")
 
 
 def test_an_upsert_topics_chunks_decode_to_one_schema_with_tombstones_or_without() -> None:
