@@ -11,7 +11,9 @@ from ingest.config import PipelineConfig, TopicSource, schema_file_text
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.formats.avro_schema import record_fields
+from ingest.formats.changelog import debezium_row
 from ingest.formats.decoders import key_field, writer_fields
+from ingest.formats.wire import RowOf
 from ingest.ports import SchemaRegistry, WriterSchema
 from ingest.records import KEY_COLUMN, Declared, Field, Merged, merge, parse_transform, renamed
 
@@ -22,8 +24,10 @@ def from_schema_file(config: PipelineConfig) -> list[Field] | None:
     if config.schema_file is None:
         return None
     text = schema_file_text(config.schema_file)
+    row = row_of(config)
     try:
         own = renamed(record_fields(text), config.renames)
+        own = row(own) if row is not None else own
     except ValueError as error:
         raise ConfigError(f"schema_file {config.schema_file} cannot be a table's schema: {error}") from None
     if config.schema_:
@@ -32,6 +36,12 @@ def from_schema_file(config: PipelineConfig) -> list[Field] | None:
             raise ConfigError(f"schema_file {config.schema_file} does not fit `schema:`: {'; '.join(problems)}")
         return None
     return own
+
+
+def row_of(config: PipelineConfig) -> RowOf | None:
+    """How a value's writer fields give the row's, where a value is a change event around its row
+    (``changes.envelope: debezium``: the event's ``after`` record); None: a value is its row."""
+    return debezium_row if config.changes is not None and config.changes.envelope == "debezium" else None
 
 
 def values_in_registry(config: PipelineConfig) -> bool:
@@ -93,14 +103,20 @@ def from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> li
     """The rows table's fields when ``schema:`` is omitted: the latest schemas of the topics'
     subjects, merged (in the order of ``topics:``)."""
     assert registry is not None  # config requires a registry format then
+    row = row_of(config)
     fields = _merged_subjects(
         config,
         lambda t: registry.latest(t.value_subject),
-        lambda w: renamed(writer_fields(w), config.renames),
+        lambda w: renamed(writer_fields(w), config.renames) if row is None else row(writer_fields(w)),
         "value",
         "Declare `schema:` for the fields you want, or fix the subject.",
     )
     names = {f.name for f in fields} | ({KEY_COLUMN} if config.key_format == "string" else set())
+    if config.changes is not None and (missing := [c for c in config.changes.key if c not in names]):
+        raise ConfigError(
+            f"changes.key: {missing} not in the latest schema of the topics' subjects (the key columns are fields "
+            f"of the rows{', the after record of a Debezium event' if row is not None else ''}); fix `changes.key`"
+        )
     for item in config.partition_by:
         transform = parse_transform(item)
         column = transform.column if transform is not None else item  # validated in config
@@ -110,10 +126,16 @@ def from_subjects(config: PipelineConfig, registry: SchemaRegistry | None) -> li
 
 
 def evolved(
-    fields: Sequence[Declared], writers: Sequence[WriterSchema], renames: dict[str, str], *, key: bool = False
+    fields: Sequence[Declared],
+    writers: Sequence[WriterSchema],
+    renames: dict[str, str],
+    *,
+    key: bool = False,
+    row: RowOf | None = None,
 ) -> list[Declared]:
     """``fields`` evolved to take ``writers``' records (with ``key``: their keys, into the key
-    column); :class:`~ingest.errors.SchemaChangeRefused` where Iceberg cannot follow."""
+    column; with ``row``, the rows inside their values: :func:`row_of`);
+    :class:`~ingest.errors.SchemaChangeRefused` where Iceberg cannot follow."""
     fields = list(fields)
     for writer in writers:
         try:
@@ -125,7 +147,8 @@ def evolved(
                 ]
                 merged = Merged(tuple(evolved), column.problems)
             else:
-                merged = merge(fields, renamed(writer_fields(writer), renames))
+                own = renamed(writer_fields(writer), renames)
+                merged = merge(fields, row(own) if row is not None else own)
         except ValueError as error:
             what = "a key column" if key else "a table's schema"
             raise SchemaChangeRefused(f"schema id {writer.schema_id} cannot be {what}: {error}") from None

@@ -27,7 +27,7 @@ from ingest.core.plan import Batch, KafkaView, PlanPolicy, plan_batch
 from ingest.core.poison import too_many
 from ingest.dead_letters import settle
 from ingest.errors import Fenced, SchemaAhead, TooManyDeadLetters, TopicIdChanged, firsts_text
-from ingest.fields import evolved, latest_key, values_in_registry
+from ingest.fields import evolved, latest_key, row_of, values_in_registry
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.logcontext import about
 from ingest.ports import Engine, LedgerTable, Produced, SchemaRegistry, Source, WriterSchema
@@ -327,7 +327,7 @@ class Pipeline(Generic[TableT, SourceT]):
     def _evolve(self, writers: Sequence[WriterSchema], *, key: bool = False) -> None:
         """Make the table's fields (and, with the batch's commit, its schema) take ``writers``'
         records (with ``key``: their keys, into the key column)."""
-        fields = evolved(self.fields, writers, self.config.renames, key=key)
+        fields = evolved(self.fields, writers, self.config.renames, key=key, row=row_of(self.config))
         if [(f.name, f.type, f.required) for f in fields] != [(f.name, f.type, f.required) for f in self.fields]:
             if self.routes is not None:
                 self.routes.evolve_to(fields)

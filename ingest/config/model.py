@@ -288,10 +288,11 @@ class PipelineConfig(PipelineKeys):
         missing = [c for c in changes.key if names and c not in names]
         if missing:
             raise ValueError(f"changes.key: {missing} not in schema (the key columns are fields of the rows)")
-        if changes.envelope == "debezium" and self.format != "json":
+        if changes.envelope == "debezium" and self.renames:
             raise ValueError(
-                f"changes.envelope: debezium reads JSON change events for now; {self.format} envelopes (the table's "
-                "columns from the envelope's after schema) are not supported yet"
+                "renames: a Debezium event's columns are inside its before and after images, which `renames:` does not "
+                "reach (it renames an event's own top-level fields); the table's columns keep the images' names: leave "
+                "`renames:` out"
             )
         if changes.envelope == "debezium" and self.unknown_fields != "drop":
             raise ValueError("unknown_fields: a Debezium event's own fields are not the table's; leave it `drop`")

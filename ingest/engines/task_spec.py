@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ingest.config import PipelineConfig, schema_file_text
 from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
-from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields
+from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields, debezium_row
 from ingest.formats.decoders import Decoding, key_decoder, value_decoder
 from ingest.formats.keys import KeyedDecoder, value_fields
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
@@ -108,11 +108,18 @@ class TaskSpec:
             from ingest.kafka.registry import Registry  # the registry client costs ~130 ms to import
 
             registry = Registry(self.registry or {})  # config requires it for these formats
-        decoding = Decoding(
-            self.on_schema_change, self.renames, self.unknown_fields, frozenset(self.refuse), self.schema_text
-        )
         envelope, key_columns = self.changes if self.changes is not None else (None, ())
-        read = debezium_fields(value_fields(fields)) if envelope == "debezium" else value_fields(fields)
+        decoding = Decoding(
+            self.on_schema_change,
+            self.renames,
+            self.unknown_fields,
+            frozenset(self.refuse),
+            self.schema_text,
+            debezium_row if envelope == "debezium" else None,
+        )
+        read: Sequence[Declared] = value_fields(fields)
+        if envelope == "debezium":  # (the JSON converter may wrap the event beside its schema)
+            read = debezium_fields(read, wrapped=self.format == "json")
         values = value_decoder(self.format, read, decoding, registry)
         if envelope == "debezium":
             values = DebeziumChanges(values, key_columns)

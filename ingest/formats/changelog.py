@@ -4,11 +4,12 @@
 decoder, and a tombstone (a null value) deletes the key its Kafka key names (``key_format``).
 
 ``debezium``: the value decoder of the topic's format reads each record as the change event it is (its
-``before`` and ``after`` images, ``op``, and what Debezium says of its source), and
-:class:`DebeziumChanges` makes changes of the events (:func:`ingest.changes.from_debezium`). With
-JSON, :func:`debezium_fields` are the fields the decoder reads: the event at the top level (the
-JSON converter's ``schemas.enable=false``) or under ``payload`` beside its ``schema`` (``true``),
-either in the same topic.
+``before`` and ``after`` images and ``op``; :func:`debezium_fields`), and :class:`DebeziumChanges`
+makes changes of the events (:func:`ingest.changes.from_debezium`). With JSON, the event is read at
+the top level (the JSON converter's ``schemas.enable=false``) or under ``payload`` beside its
+``schema`` (``true``), either in the same topic. With a registry format (Avro, Protobuf, JSON
+Schema), the writer schema is the event's, and its ``after`` record is the row
+(:func:`debezium_row`): the table's columns are that record's fields, and evolve with it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import pyarrow.compute as pc
 from ingest.changes import AFTER, BEFORE, DEBEZIUM_OP, from_debezium, from_tombstones, from_upserts
 from ingest.formats.keys import KeyDecoder, value_fields
 from ingest.formats.rows import assemble, dead_letters, together
+from ingest.formats.wire import Refused
 from ingest.ports import ValueDecoder
 from ingest.records import ROWS, Declared, Decoded, Field, RawChunk, rows_schema
-from ingest.type_names import arrow_type
+from ingest.type_names import arrow_type, type_name
 
 #: where the JSON converter puts the event when it sends its schema too (``schemas.enable=true``)
 PAYLOAD = "payload"
@@ -34,12 +36,30 @@ def _struct(fields: Sequence[Declared]) -> str:
     return f"struct<{', '.join(f'{f.name}: {f.type}' for f in fields)}>"
 
 
-def debezium_fields(row: Sequence[Declared]) -> list[Field]:
-    """The fields a JSON decoder reads a Debezium change event with, whose images are rows of
-    ``row``: ``before``, ``after`` and ``op``, and the same under ``payload``. The event's other
-    fields (``source``, ``ts_ms``, ``transaction``, the converter's ``schema``) are not read."""
+def debezium_fields(row: Sequence[Declared], *, wrapped: bool) -> list[Field]:
+    """The fields a decoder reads a Debezium change event with, whose images are rows of ``row``:
+    ``before``, ``after`` and ``op``, and (``wrapped``: JSON, whose converter may send the schema
+    with the event) the same under ``payload``. The event's other fields (``source``, ``ts_ms``,
+    ``transaction``, the converter's ``schema``) are not read."""
     event = [Field(BEFORE, _struct(row)), Field(AFTER, _struct(row)), Field(DEBEZIUM_OP, "string")]
-    return [*event, Field(PAYLOAD, _struct(event))]
+    return [*event, Field(PAYLOAD, _struct(event))] if wrapped else event
+
+
+def debezium_row(event: Sequence[Declared]) -> list[Field]:
+    """The row fields of a Debezium change event's fields (a registry writer schema's, or
+    :func:`debezium_fields`'): its ``after`` record's, each optional (raises
+    :class:`~ingest.formats.wire.Refused` if the event has no ``after`` record or no ``op``)."""
+    fields = {f.name: f for f in event}
+    if DEBEZIUM_OP not in fields or AFTER not in fields:
+        lacking = " and ".join(repr(n) for n in (AFTER, DEBEZIUM_OP) if n not in fields)
+        raise Refused(
+            f"it has no {lacking} field: it is not a Debezium change event (changes.envelope: debezium expects "
+            "before, after, op and source)"
+        )
+    image = arrow_type(fields[AFTER].type)
+    if not pa.types.is_struct(image):
+        raise Refused(f"its {AFTER!r} field is a {fields[AFTER].type}, not a record of the row's columns")
+    return [Field(f.name, type_name(f.type)) for f in image]
 
 
 def _unwrapped(events: pa.Table) -> pa.Table:
@@ -109,6 +129,9 @@ class UpsertChanges:
     def _upserts(self, chunk: RawChunk) -> Decoded:
         decoded = self.values.decode(chunk)
         rows, why = from_upserts(decoded.rows, self.key)
+        # every column nullable, with tombstones in the chunk or not: a delete's other columns are null,
+        # even where the table requires a value (its row is never written: the fold takes its key alone)
+        rows = rows.cast(pa.schema([f.with_nullable(True) for f in rows.schema]))
         return Decoded(rows, together(decoded.dead_letters, _refused(chunk, decoded.rows, why)), decoded.unknown)
 
     def _deletes(self, tombstones: RawChunk) -> Decoded:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ingest.format_names import BY_REGISTRY_KIND, FORMATS, Format, OnSchemaChange
 from ingest.formats.json import Decoder
 from ingest.formats.keys import KeyDecoder, RegistryKeys, StringKeys, key_column, wrapped
-from ingest.formats.wire import RegistryDecoder
+from ingest.formats.wire import RegistryDecoder, RowOf
 from ingest.ports import SchemaRegistry, ValueDecoder, WriterSchema
 from ingest.records import Declared, Field
 
@@ -34,6 +34,9 @@ class Decoding:
     refuse: frozenset[str] = frozenset()
     #: the writer schema of values without a registry (``schema_file:``), as text
     schema_text: str | None = None
+    #: the row fields of a value's, where a value is a change event around its row (Debezium's);
+    #: None: a value is its row
+    row: RowOf | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def value_decoder(
         return made.file(fields, decoding.schema_text, decoding.renames)
     if made.registry is not None:
         assert registry is not None  # checked in config
-        return made.registry()(fields, registry, decoding.on_schema_change, decoding.renames)
+        return made.registry()(fields, registry, decoding.on_schema_change, decoding.renames, decoding.row)
     assert made.values is not None  # config takes only value formats as `format:`
     return made.values(fields, decoding)
 

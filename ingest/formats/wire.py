@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,6 +32,9 @@ PREFIX = 5
 
 #: the rows of a group's decoded records: their positions in the chunk, and their fields
 Parts = list[tuple[Sequence[int], pa.Table]]
+#: the row fields of a value's fields, where a value is an event around its row (a Debezium change
+#: event's ``after`` record: :func:`ingest.formats.changelog.debezium_row`); raises :class:`Refused`
+RowOf = Callable[[Sequence[Declared]], list[Field]]
 
 
 class Refused(ValueError):
@@ -144,12 +147,17 @@ class RegistryDecoder:
         registry: SchemaRegistry,
         on_change: OnSchemaChange,
         renames: Mapping[str, str] | None = None,
+        row: RowOf | None = None,
     ) -> None:
         self.fields = list(fields)
         self.registry = registry
         self.on_change = on_change
         #: top-level fields the writers renamed, old name → the table's (``renames:``)
         self.renames = dict(renames or {})
+        #: a value's row fields of its fields: a value is a change event around its row (``fields``
+        #: are the event's, and the table's columns are its row's); None: a value is its row
+        self.row = row
+        self._row_fields = row(self.fields) if row is not None else self.fields
         #: what this decoder reads of each record, in messages: ``value``, or ``key``
         self.part = "value"
         self._schema = rows_schema(self.fields)
@@ -192,9 +200,11 @@ class RegistryDecoder:
             return Reading(schema_id, reason=f"{written}; this topic is read as {self.format.label}")
         try:
             writer_fields = renamed(self.writer_fields(writer), self.renames)
+            if self.row is not None:
+                writer_fields = self.row(writer_fields)
         except Refused as error:
             return self._changed(schema_id, f"schema id {schema_id} cannot be a table's schema: {error}", fatal=True)
-        merged = merge(self.fields, writer_fields)
+        merged = merge(self._row_fields, writer_fields)
         if merged.problems:
             problems = "; ".join(merged.problems)
             return self._changed(
@@ -202,8 +212,8 @@ class RegistryDecoder:
                 f"schema id {schema_id} changes a column's type in a way Iceberg cannot follow: {problems}",
                 fatal=True,
             )
-        if merged.changes(self.fields):
-            added = [f.name for f in merged.fields if f.name not in {g.name for g in self.fields}]
+        if merged.changes(self._row_fields):
+            added = [f.name for f in merged.fields if f.name not in {g.name for g in self._row_fields}]
             what = f"adds {', '.join(added)}" if added else "widens or relaxes columns"
             return self._changed(schema_id, f"schema id {schema_id} {what}, which the table does not have", fatal=False)
         return Reading(schema_id, self.plan(writer))

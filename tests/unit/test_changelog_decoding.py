@@ -50,7 +50,7 @@ def with_schema(payload: dict[str, Any]) -> dict[str, Any]:
 
 def decode(values: list[dict[str, Any] | None], key: tuple[str, ...] = ("id",)) -> Decoded:
     raw = [json.dumps(v).encode() if v is not None else None for v in values]
-    return DebeziumChanges(Decoder(debezium_fields(CUSTOMERS)), key).decode(chunk(raw))
+    return DebeziumChanges(Decoder(debezium_fields(CUSTOMERS, wrapped=True)), key).decode(chunk(raw))
 
 
 def changes(decoded: Decoded, value: str = "email") -> list[tuple[int, str, int, str | None]]:
@@ -107,7 +107,7 @@ def test_an_event_that_changes_no_keyed_row_is_a_dead_letter_saying_why() -> Non
         {"not": "an event"},  # 104
     ]
     raw: list[bytes | None] = [*(json.dumps(v).encode() for v in values), b"{not json"]  # 105
-    decoded = DebeziumChanges(Decoder(debezium_fields(CUSTOMERS)), ("id",)).decode(chunk(raw))
+    decoded = DebeziumChanges(Decoder(debezium_fields(CUSTOMERS, wrapped=True)), ("id",)).decode(chunk(raw))
     assert changes(decoded) == [(100, UPSERT, 1001, "sally.thomas@acme.com")]
     dead = dict(zip(decoded.dead_letters["offset"].to_pylist(), decoded.dead_letters["error"].to_pylist(), strict=True))
     assert sorted(dead) == [101, 102, 103, 104, 105]
@@ -138,6 +138,15 @@ def test_an_upsert_topics_values_upsert_and_its_tombstones_delete_the_key_they_n
     assert sorted(dead) == [3, 4, 5]
     assert "'two'" in dead[3] and "'id'" in dead[5]
     assert decoded.dead_letters["offset"].to_pylist() == [3, 4, 5]  # in the order of their records
+
+
+def test_a_tombstone_deletes_its_key_where_the_table_requires_every_column() -> None:
+    """A delete has no value for the row's other columns, even required ones (a registry subject's
+    non-null fields): its change carries nulls there, and the key alone."""
+    fields = [Field("id", "long", True), Field("name", "string", True)]
+    decoder = UpsertChanges(Decoder(fields), StringKeys(), ("id",), fields)
+    decoded = decoder.decode(key_chunk([b"1", b"1"], [b'{"id": 1, "name": "a"}', None]))
+    assert sorted(changes(decoded, "name")) == [(0, UPSERT, 1, "a"), (1, DELETE, 1, None)]
 
 
 def test_a_tombstones_structured_key_names_the_key_columns_by_field() -> None:
