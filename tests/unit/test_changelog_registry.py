@@ -5,12 +5,18 @@ changes as JSON events do."""
 from __future__ import annotations
 
 import copy
+import io
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
+import yaml
 
 from ingest.changes import DELETE, UPSERT
+from ingest.config import load
 from ingest.errors import SchemaAhead, SchemaChangeRefused
 from ingest.fields import evolved
 from ingest.formats.avro import AvroDecoder
@@ -19,6 +25,7 @@ from ingest.formats.wire import Refused
 from ingest.records import Declared, Field
 from tests.unit.test_avro import Registry, chunk, framed
 from tests.unit.test_changelog_decoding import SALLY, SOURCE, changes
+from tests.unit.test_config import minimal, write
 
 VALUE: dict[str, Any] = {
     "type": "record",
@@ -171,3 +178,27 @@ def test_an_after_that_is_no_record_is_refused() -> None:
     broken["fields"][1] = {"name": "after", "type": ["null", "string"]}
     with pytest.raises(Refused, match="'after' field is a string"):
         debezium_row(AvroDecoder.writer_fields(Registry((1, broken)).latest("")))
+
+
+def test_plain_avro_events_of_a_schema_file_give_the_after_records_columns_and_decode(tmp_path: Path) -> None:
+    """Without a registry (``schema_file:``, the envelope's schema), the table's columns are the
+    after record's too, and the events decode into their changes."""
+    from ingest.engines.task_spec import TaskSpec
+    from ingest.fields import from_schema_file
+
+    (tmp_path / "customers.avsc").write_text(json.dumps(V1))
+    data = minimal()
+    del data["schema"]
+    data["topics"] = [{"name": "orders", "format": "avro", "schema_file": "customers.avsc"}]
+    data["changes"] = {"envelope": "debezium", "key": ["id"]}
+    config = load(write(tmp_path, yaml.safe_dump(data)))
+    fields = from_schema_file(config)
+    assert fields is not None and [f.name for f in fields] == ["id", "first_name", "last_name", "email"]
+
+    bodies: list[bytes | None] = []
+    for e in (event("c", None, SALLY), event("d", SALLY, None)):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(copy.deepcopy(V1)), e)
+        bodies.append(out.getvalue())
+    decoded = TaskSpec.of(config, fields).decoder().decode(chunk(bodies))
+    assert sorted(changes(decoded)) == [(0, UPSERT, 1001, "sally.thomas@acme.com"), (1, DELETE, 1001, None)]
