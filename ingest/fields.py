@@ -11,7 +11,7 @@ from ingest.config import PipelineConfig, TopicSource, schema_file_text
 from ingest.errors import ConfigError, SchemaChangeRefused, SubjectNotFound
 from ingest.format_names import REGISTRY_FORMATS
 from ingest.formats.avro_schema import record_fields
-from ingest.formats.changelog import debezium_row
+from ingest.formats.changelog import row_of as row_of_envelope
 from ingest.formats.decoders import key_field, writer_fields
 from ingest.formats.wire import RowOf
 from ingest.ports import SchemaRegistry, WriterSchema
@@ -41,7 +41,7 @@ def from_schema_file(config: PipelineConfig) -> list[Field] | None:
 def row_of(config: PipelineConfig) -> RowOf | None:
     """How a value's writer fields give the row's, where a value is a change event around its row
     (``changes.envelope: debezium``: the event's ``after`` record); None: a value is its row."""
-    return debezium_row if config.changes is not None and config.changes.envelope == "debezium" else None
+    return row_of_envelope(config.changes.envelope if config.changes is not None else None)
 
 
 def values_in_registry(config: PipelineConfig) -> bool:

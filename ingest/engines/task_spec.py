@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ingest.config import PipelineConfig, schema_file_text
 from ingest.format_names import REGISTRY_FORMATS, OnSchemaChange
-from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields, debezium_row
+from ingest.formats.changelog import DebeziumChanges, UpsertChanges, debezium_fields, row_of
 from ingest.formats.decoders import Decoding, key_decoder, value_decoder
 from ingest.formats.keys import KeyedDecoder, value_fields
 from ingest.formats.rows import NotFinite, SizeLimited, WithHeaders
@@ -115,7 +115,7 @@ class TaskSpec:
             self.unknown_fields,
             frozenset(self.refuse),
             self.schema_text,
-            debezium_row if envelope == "debezium" else None,
+            row_of(envelope),
         )
         read: Sequence[Declared] = value_fields(fields)
         if envelope == "debezium":  # (the JSON converter may wrap the event beside its schema)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ingest.changes import AFTER, BEFORE, DEBEZIUM_OP, from_debezium, from_tombstones, from_upserts
 from ingest.formats.keys import KeyDecoder, value_fields
 from ingest.formats.rows import assemble, dead_letters, together
-from ingest.formats.wire import Refused
+from ingest.formats.wire import Refused, RowOf
 from ingest.ports import ValueDecoder
 from ingest.records import ROWS, Declared, Decoded, Field, RawChunk, rows_schema
 from ingest.type_names import arrow_type, type_name
@@ -60,6 +60,12 @@ def debezium_row(event: Sequence[Declared]) -> list[Field]:
     if not pa.types.is_struct(image):
         raise Refused(f"its {AFTER!r} field is a {fields[AFTER].type}, not a record of the row's columns")
     return [Field(f.name, type_name(f.type)) for f in image]
+
+
+def row_of(envelope: str | None) -> RowOf | None:
+    """How a value's fields give its row's under ``changes.envelope``: a Debezium event's are its
+    ``after`` record's (:func:`debezium_row`); None: a value is its row."""
+    return debezium_row if envelope == "debezium" else None
 
 
 def _unwrapped(events: pa.Table) -> pa.Table:

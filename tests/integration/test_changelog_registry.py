@@ -22,6 +22,7 @@ from ingest.kafka.registry import REQUEST_TIMEOUT_S
 from tests.integration.conftest import Env, KafkaRecord, MakeEnv
 from tests.integration.test_changelog import debezium_stream, fold, table_rows
 from tests.services.apicurio import Apicurio
+from tests.unit.test_changelog_registry import AVRO_SOURCE, envelope
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("catalog_kind", ["sqlite"], indirect=True)]
 
@@ -58,29 +59,7 @@ def _avro_envelope(version: int) -> dict[str, Any]:
     ]
     if version == 2:
         fields.append({"name": "phone", "type": ["null", "string"], "default": None})
-    value = {"type": "record", "name": "Value", "fields": fields, "connect.name": "dbserver1.inventory.customers.Value"}
-    source = {
-        "type": "record",
-        "name": "Source",
-        "namespace": "io.debezium.connector.mysql",
-        "fields": [
-            {"name": "connector", "type": "string"},
-            {"name": "db", "type": "string"},
-            {"name": "ts_ms", "type": "long"},
-        ],
-    }
-    return {
-        "type": "record",
-        "name": "Envelope",
-        "namespace": "dbserver1.inventory.customers",
-        "fields": [
-            {"name": "before", "type": ["null", value], "default": None},
-            {"name": "after", "type": ["null", "Value"], "default": None},
-            {"name": "source", "type": source},
-            {"name": "op", "type": "string"},
-            {"name": "ts_ms", "type": ["null", "long"], "default": None},
-        ],
-    }
+    return envelope({"type": "record", "name": "Value", "fields": fields})
 
 
 def avro(registry: Apicurio, topic: str) -> Serialize:
@@ -91,7 +70,7 @@ def avro(registry: Apicurio, topic: str) -> Serialize:
     serializers = {
         v: AvroSerializer(client, json.dumps(_avro_envelope(v)), conf={"auto.register.schemas": True}) for v in (1, 2)
     }
-    return lambda event, version: serializers[version](_with_phone(event, version), context)
+    return lambda event, version: serializers[version]({**_with_phone(event, version), "source": AVRO_SOURCE}, context)
 
 
 # --- JSON Schema: the envelope Confluent's JSON Schema converter registers ------------------------
